@@ -1,0 +1,273 @@
+//! The batch table. Ids given out are checked at every use: each id packs an engine tag, a
+//! generation and a slot, so a freed, stale or foreign id is refused, never dereferenced.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::status::{aggregate, TransferStatus};
+use crate::task::{Task, TaskSnapshot};
+
+const SLOT_BITS: u32 = 20;
+const GEN_BITS: u32 = 20;
+const TAG_BITS: u32 = 13; // 20 + 20 + 13 = 53 bits: exact in a JS number
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
+const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
+/// Most batches alive at once in one engine.
+pub const MAX_BATCHES: usize = 1 << SLOT_BITS;
+/// Most tasks one batch may hold.
+pub const MAX_BATCH_CAPACITY: usize = 1 << 20;
+
+static NEXT_TAG: AtomicU64 = AtomicU64::new(0);
+
+/// A group of tasks submitted and polled together.
+pub struct Batch {
+    capacity: usize,
+    tasks: Mutex<Vec<Arc<Task>>>,
+}
+
+impl Batch {
+    /// Capacity given at allocation.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Appends tasks if they fit; returns the index of the first.
+    pub(crate) fn push(&self, id: u64, tasks: Vec<Arc<Task>>) -> Result<usize> {
+        let mut all = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        if all.len() + tasks.len() > self.capacity {
+            return Err(Error::BatchFull {
+                batch: id,
+                capacity: self.capacity,
+                requested: tasks.len(),
+            });
+        }
+        let first = all.len();
+        all.extend(tasks);
+        Ok(first)
+    }
+
+    /// Checks that `count` more tasks would fit.
+    pub(crate) fn check_room(&self, id: u64, count: usize) -> Result<()> {
+        let all = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        if all.len() + count > self.capacity {
+            return Err(Error::BatchFull {
+                batch: id,
+                capacity: self.capacity,
+                requested: count,
+            });
+        }
+        Ok(())
+    }
+
+    /// The task at `index`.
+    pub fn task(&self, index: usize) -> Option<Arc<Task>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(index)
+            .cloned()
+    }
+
+    /// All tasks.
+    pub fn tasks(&self) -> Vec<Arc<Task>> {
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Snapshots of all tasks.
+    pub fn snapshots(&self) -> Vec<TaskSnapshot> {
+        self.tasks().iter().map(|t| t.snapshot()).collect()
+    }
+
+    /// The aggregate status and bytes moved.
+    pub fn status(&self) -> (TransferStatus, u64, usize) {
+        let snaps = self.snapshots();
+        let bytes = snaps.iter().map(|s| s.transferred).sum();
+        (aggregate(snaps.iter().map(|s| s.status)), bytes, snaps.len())
+    }
+}
+
+struct Slot {
+    generation: u64,
+    batch: Option<Arc<Batch>>,
+}
+
+/// Slots of live batches and their generations.
+pub struct BatchTable {
+    tag: u64,
+    slots: Mutex<(Vec<Slot>, Vec<usize>)>,
+}
+
+impl Default for BatchTable {
+    fn default() -> Self {
+        // A process-wide counter started at a random point: engines in one process never
+        // share a tag, engines in different processes rarely do.
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        let base = u64::from_le_bytes(seed);
+        let tag = base.wrapping_add(NEXT_TAG.fetch_add(1, Ordering::Relaxed)) & TAG_MASK;
+        Self::with_tag(tag)
+    }
+}
+
+impl BatchTable {
+    /// A table whose ids carry `tag`.
+    pub fn with_tag(tag: u64) -> Self {
+        Self {
+            tag: tag & TAG_MASK,
+            slots: Mutex::new((Vec::new(), Vec::new())),
+        }
+    }
+
+    fn encode(&self, slot: usize, generation: u64) -> u64 {
+        (self.tag << (SLOT_BITS + GEN_BITS)) | ((generation & GEN_MASK) << SLOT_BITS) | slot as u64
+    }
+
+    /// Allocates a batch for up to `capacity` tasks.
+    pub fn allocate(&self, capacity: usize) -> Result<u64> {
+        if capacity == 0 || capacity > MAX_BATCH_CAPACITY {
+            return Err(Error::InvalidArgument(format!(
+                "batch capacity must be in 1..={MAX_BATCH_CAPACITY}, got {capacity}"
+            )));
+        }
+        let batch = Arc::new(Batch {
+            capacity,
+            tasks: Mutex::new(Vec::with_capacity(capacity.min(1024))),
+        });
+        let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let (slots, free) = &mut *guard;
+        let index = match free.pop() {
+            Some(i) => i,
+            None => {
+                if slots.len() >= MAX_BATCHES {
+                    return Err(Error::InvalidArgument(format!(
+                        "too many live batches (max {MAX_BATCHES})"
+                    )));
+                }
+                slots.push(Slot {
+                    generation: 0,
+                    batch: None,
+                });
+                slots.len() - 1
+            }
+        };
+        let slot = &mut slots[index];
+        slot.generation = (slot.generation + 1) & GEN_MASK;
+        slot.batch = Some(batch);
+        Ok(self.encode(index, slot.generation))
+    }
+
+    fn locate(&self, id: u64) -> Option<(usize, u64)> {
+        if id >> (SLOT_BITS + GEN_BITS) != self.tag || id >= 1 << 53 {
+            return None;
+        }
+        Some(((id & SLOT_MASK) as usize, (id >> SLOT_BITS) & GEN_MASK))
+    }
+
+    /// The live batch with this id.
+    pub fn get(&self, id: u64) -> Result<Arc<Batch>> {
+        let (index, generation) = self.locate(id).ok_or(Error::InvalidBatch(id))?;
+        let guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.0.get(index) {
+            Some(Slot {
+                generation: g,
+                batch: Some(b),
+            }) if *g == generation => Ok(b.clone()),
+            _ => Err(Error::InvalidBatch(id)),
+        }
+    }
+
+    /// Frees a batch; returns it so the caller can cancel what is still pending.
+    pub fn free(&self, id: u64) -> Result<Arc<Batch>> {
+        let (index, generation) = self.locate(id).ok_or(Error::InvalidBatch(id))?;
+        let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let (slots, free) = &mut *guard;
+        match slots.get_mut(index) {
+            Some(slot) if slot.generation == generation && slot.batch.is_some() => {
+                let batch = slot.batch.take().ok_or(Error::InvalidBatch(id))?;
+                free.push(index);
+                Ok(batch)
+            }
+            _ => Err(Error::InvalidBatch(id)),
+        }
+    }
+
+    /// Every live batch (for close).
+    pub fn drain(&self) -> Vec<Arc<Batch>> {
+        let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let (slots, free) = &mut *guard;
+        let mut out = Vec::new();
+        for (i, slot) in slots.iter_mut().enumerate() {
+            if let Some(b) = slot.batch.take() {
+                out.push(b);
+                free.push(i);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_generation_checked() {
+        let table = BatchTable::with_tag(5);
+        let a = table.allocate(4).expect("a");
+        assert!(table.get(a).is_ok());
+        table.free(a).expect("free");
+        // freed
+        assert_eq!(table.get(a).err(), Some(Error::InvalidBatch(a)));
+        assert_eq!(table.free(a).err(), Some(Error::InvalidBatch(a)));
+        // the slot is reused with a new generation: the stale id stays invalid
+        let b = table.allocate(4).expect("b");
+        assert_ne!(a, b);
+        assert_eq!(a & SLOT_MASK, b & SLOT_MASK);
+        assert!(table.get(a).is_err());
+        assert!(table.get(b).is_ok());
+    }
+
+    #[test]
+    fn ids_from_another_engine_are_refused() {
+        let one = BatchTable::default();
+        let two = BatchTable::default();
+        let id = one.allocate(1).expect("alloc");
+        let _ = two.allocate(1).expect("alloc");
+        assert!(two.get(id).is_err(), "foreign id accepted");
+        assert!(one.get(id).is_ok());
+        // garbage ids
+        for bad in [0, u64::MAX, 1 << 53, id + 1, id ^ (1 << SLOT_BITS)] {
+            assert!(one.get(bad).is_err(), "{bad:#x}");
+        }
+    }
+
+    #[test]
+    fn ids_fit_a_js_number() {
+        let table = BatchTable::with_tag(TAG_MASK);
+        for _ in 0..100 {
+            let id = table.allocate(1).expect("alloc");
+            assert!(id < (1 << 53));
+        }
+    }
+
+    #[test]
+    fn capacity_is_enforced() {
+        let table = BatchTable::default();
+        assert!(table.allocate(0).is_err());
+        assert!(table.allocate(MAX_BATCH_CAPACITY + 1).is_err());
+        let id = table.allocate(2).expect("alloc");
+        let batch = table.get(id).expect("get");
+        assert!(batch.check_room(id, 2).is_ok());
+        assert_eq!(
+            batch.check_room(id, 3).unwrap_err().code(),
+            "ERR_FERRY_BATCH_FULL"
+        );
+        let (status, bytes, n) = batch.status();
+        assert_eq!((status, bytes, n), (TransferStatus::Completed, 0, 0));
+    }
+}

@@ -1,0 +1,679 @@
+//! The engine: ties memory, segments, batches, transports and the control plane together.
+//!
+//! `Engine` is a cheap handle over `Arc<Inner>`. Its state machine is Open → Closing →
+//! Closed. `close()` stops new work, cancels what is in flight (waking every waiter), stops
+//! the I/O threads and releases memory and sockets. It is idempotent, and safe to race with
+//! status reads from any number of threads: they get a terminal status or `Closed`.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::runtime::Runtime;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::BatchTable;
+use crate::control::{fetch_descriptor, run_link, LinkConfig, LinkEvents};
+use crate::error::{Error, Result};
+use crate::memory::{Access, KeepAlive, Region, RegionId, RegionTable};
+use crate::request::{validate, Request, ValidatedRequest};
+use crate::segment::{BufferDescriptor, Peer, SegmentTable};
+use crate::select::rank;
+use crate::server::{accept_loop, LocalSegment};
+use crate::status::{aggregate, TransferStatus};
+use crate::task::{Counters, Group, Task, TaskSnapshot};
+use crate::transport::{Transport, TransportKind};
+use crate::transports::tcp::{TcpConfig, TcpTransport};
+
+/// Engine settings. `Default` gives the embedded, loopback-only default.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Listen address for control and data (`host:port`, port 0 = any). Default
+    /// `127.0.0.1:0`: loopback only.
+    pub listen: String,
+    /// A peer silent for this long is declared lost and its in-flight work fails.
+    pub peer_timeout: Duration,
+    /// I/O threads of the engine's runtime.
+    pub io_threads: usize,
+    /// Transports enabled here.
+    pub transports: Vec<TransportKind>,
+    /// TCP transport settings.
+    pub tcp: TcpConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:0".into(),
+            peer_timeout: Duration::from_millis(3000),
+            io_threads: 2,
+            transports: vec![TransportKind::Tcp],
+            tcp: TcpConfig::default(),
+        }
+    }
+}
+
+/// Something that happened to the engine, for the event stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineEvent {
+    /// A peer was declared lost; its in-flight work failed.
+    PeerLost {
+        /// Segment name.
+        segment: String,
+        /// Why.
+        reason: String,
+    },
+    /// A lost peer answers again.
+    PeerBack {
+        /// Segment name.
+        segment: String,
+    },
+}
+
+/// What `open_segment` returns.
+#[derive(Debug, Clone)]
+pub struct SegmentInfo {
+    /// Handle to use in requests.
+    pub handle: u64,
+    /// Segment name.
+    pub name: String,
+    /// The peer's engine id.
+    pub engine_id: u64,
+    /// Buffers the peer exposes.
+    pub buffers: Vec<BufferDescriptor>,
+}
+
+/// Aggregate status of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchSnapshot {
+    /// Aggregated status.
+    pub status: TransferStatus,
+    /// Bytes moved (a lower bound while pending).
+    pub transferred: u64,
+    /// Number of tasks.
+    pub tasks: usize,
+}
+
+/// Counters for `metrics()`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Metrics {
+    /// Tasks submitted.
+    pub tasks_submitted: u64,
+    /// Tasks completed.
+    pub tasks_completed: u64,
+    /// Tasks that ended otherwise.
+    pub tasks_failed: u64,
+    /// Bytes moved by completed tasks.
+    pub bytes_transferred: u64,
+    /// Times a peer was declared lost.
+    pub peers_lost: u64,
+    /// Segments open.
+    pub segments_open: u64,
+    /// Regions registered.
+    pub regions: u64,
+}
+
+type EventSink = Arc<dyn Fn(EngineEvent) + Send + Sync>;
+
+const OPEN: u8 = 0;
+const CLOSING: u8 = 1;
+const CLOSED: u8 = 2;
+
+struct Inner {
+    state: AtomicU8,
+    engine_id: u64,
+    config: EngineConfig,
+    local: Arc<LocalSegment>,
+    local_addr: SocketAddr,
+    runtime: Mutex<Option<Runtime>>,
+    handle: tokio::runtime::Handle,
+    shutdown: CancellationToken,
+    regions: Arc<RegionTable>,
+    segments: SegmentTable,
+    batches: BatchTable,
+    tcp: TcpTransport,
+    ops: Mutex<HashMap<u64, Vec<Arc<Task>>>>,
+    next_op: AtomicU64,
+    counters: Arc<Counters>,
+    submitted: AtomicU64,
+    peers_lost: AtomicU64,
+    events: Mutex<Option<EventSink>>,
+}
+
+/// A Ferry engine. Clones share the engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("segment", &self.inner.local.name)
+            .field("engine_id", &self.inner.engine_id)
+            .finish()
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // getrandom only fails where the OS has no entropy source; fall back to time and pid.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        return t ^ (u64::from(std::process::id()) << 32);
+    }
+    u64::from_le_bytes(b).max(1)
+}
+
+fn machine_identity() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    format!(
+        "{}/{}",
+        read("/etc/machine-id"),
+        read("/proc/sys/kernel/random/boot_id")
+    )
+}
+
+impl Engine {
+    /// Starts an engine: binds the listen address and starts its I/O threads.
+    pub fn new(config: EngineConfig) -> Result<Self> {
+        if config.peer_timeout < Duration::from_millis(10) {
+            return Err(Error::InvalidArgument("peerTimeoutMs must be >= 10".into()));
+        }
+        if config.transports.is_empty() {
+            return Err(Error::InvalidArgument("at least one transport must be enabled".into()));
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.io_threads.clamp(1, 64))
+            .thread_name("ferry-io")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start I/O threads", &e))?;
+        let std_listener = std::net::TcpListener::bind(&config.listen).map_err(|e| {
+            Error::InvalidArgument(format!("cannot listen on {}: {e}", config.listen))
+        })?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("listen", &e))?;
+        let local_addr = std_listener
+            .local_addr()
+            .map_err(|e| Error::io("listen", &e))?;
+        if !local_addr.ip().is_loopback() {
+            tracing::warn!(%local_addr, "listening on a non-loopback address without authentication");
+        }
+        let name = if local_addr.ip().is_unspecified() {
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local_addr.port()).to_string()
+        } else {
+            local_addr.to_string()
+        };
+        let listener = {
+            let _guard = runtime.enter();
+            tokio::net::TcpListener::from_std(std_listener).map_err(|e| Error::io("listen", &e))?
+        };
+        let engine_id = random_u64();
+        let mut token = [0u8; 16];
+        token[..8].copy_from_slice(&random_u64().to_le_bytes());
+        token[8..].copy_from_slice(&random_u64().to_le_bytes());
+        let regions = Arc::new(RegionTable::default());
+        let local = Arc::new(LocalSegment {
+            engine_id,
+            name,
+            machine_id: machine_identity(),
+            token,
+            regions: regions.clone(),
+            transports: config.transports.clone(),
+        });
+        let shutdown = CancellationToken::new();
+        let handle = runtime.handle().clone();
+        handle.spawn(accept_loop(listener, local.clone(), shutdown.clone()));
+        let tcp = TcpTransport::new(handle.clone(), engine_id, config.tcp, shutdown.child_token());
+        let inner = Arc::new(Inner {
+            state: AtomicU8::new(OPEN),
+            engine_id,
+            config,
+            local,
+            local_addr,
+            runtime: Mutex::new(Some(runtime)),
+            handle,
+            shutdown,
+            regions,
+            segments: SegmentTable::default(),
+            batches: BatchTable::default(),
+            tcp,
+            ops: Mutex::new(HashMap::new()),
+            next_op: AtomicU64::new(1),
+            counters: Arc::new(Counters::default()),
+            submitted: AtomicU64::new(0),
+            peers_lost: AtomicU64::new(0),
+            events: Mutex::new(None),
+        });
+        tracing::debug!(segment = %inner.local.name, "engine started");
+        Ok(Self { inner })
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.state.load(Ordering::Acquire) == OPEN {
+            Ok(())
+        } else {
+            Err(Error::Closed)
+        }
+    }
+
+    /// Whether `close` has been called.
+    pub fn is_closed(&self) -> bool {
+        self.inner.state.load(Ordering::Acquire) != OPEN
+    }
+
+    /// This engine's segment name (`host:port`), which peers pass to `open_segment`.
+    pub fn segment_name(&self) -> &str {
+        &self.inner.local.name
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.local_addr
+    }
+
+    /// Random id of this engine instance.
+    pub fn engine_id(&self) -> u64 {
+        self.inner.engine_id
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Receives engine events (peer lost/back). Replaces any previous sink.
+    pub fn set_event_sink(&self, sink: Option<EventSink>) {
+        *self.inner.events.lock().unwrap_or_else(|p| p.into_inner()) = sink;
+    }
+
+    // ---- memory -------------------------------------------------------------------
+
+    /// Allocates an engine-owned, page-aligned, zero-filled region.
+    pub fn allocate(&self, len: u64) -> Result<Arc<Region>> {
+        self.check_open()?;
+        self.inner.regions.allocate(len)
+    }
+
+    /// Registers user memory.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long as `keep_alive`
+    /// lives, and `keep_alive` must keep it so.
+    pub unsafe fn register_memory(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        keep_alive: Box<dyn KeepAlive>,
+    ) -> Result<Arc<Region>> {
+        self.check_open()?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.inner.regions.register(ptr, len, access, keep_alive) }
+    }
+
+    /// Releases a region (allocated or registered). In-flight transfers finish first.
+    pub fn release(&self, id: RegionId) -> Result<()> {
+        self.check_open()?;
+        self.inner.regions.release(id)
+    }
+
+    /// Looks a local region up.
+    pub fn region(&self, id: RegionId) -> Result<Arc<Region>> {
+        self.check_open()?;
+        self.inner.regions.get(id)
+    }
+
+    // ---- segments -----------------------------------------------------------------
+
+    /// Opens (or refreshes) a remote segment by name (`host:port`).
+    pub async fn open_segment(&self, name: &str) -> Result<SegmentInfo> {
+        self.check_open()?;
+        if name.is_empty() || !name.contains(':') {
+            return Err(Error::InvalidArgument(format!(
+                "segment name must be host:port, got {name:?}"
+            )));
+        }
+        let timeout = self.inner.config.tcp.connect_timeout;
+        let desc = fetch_descriptor(name, self.inner.engine_id, timeout).await?;
+        self.check_open()?;
+        let (peer, fresh) = self.inner.segments.insert_with(name, |handle| {
+            Peer::new(
+                handle,
+                name.to_string(),
+                desc.clone(),
+                self.inner.shutdown.child_token(),
+            )
+        });
+        if fresh {
+            let cfg = LinkConfig {
+                local_engine_id: self.inner.engine_id,
+                peer_timeout: self.inner.config.peer_timeout,
+            };
+            let events: Arc<dyn LinkEvents> = Arc::new(Events(Arc::downgrade(&self.inner)));
+            self.inner.handle.spawn(run_link(peer.clone(), cfg, events));
+        } else {
+            peer.set_descriptor(desc);
+        }
+        let desc = peer.descriptor();
+        Ok(SegmentInfo {
+            handle: peer.handle(),
+            name: peer.name().to_string(),
+            engine_id: desc.engine_id,
+            buffers: desc.buffers.clone(),
+        })
+    }
+
+    /// Runs `fut` on the engine's I/O threads (for callers outside async code).
+    pub fn spawn<F>(&self, fut: F) -> Result<()>
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.check_open()?;
+        self.inner.handle.spawn(fut);
+        Ok(())
+    }
+
+    /// `open_segment` for synchronous callers; must not be called from the engine's threads.
+    pub fn open_segment_blocking(&self, name: &str) -> Result<SegmentInfo> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let engine = self.clone();
+        let name = name.to_string();
+        self.spawn(async move {
+            let _ = tx.send(engine.open_segment(&name).await);
+        })?;
+        rx.recv().unwrap_or(Err(Error::Closed))
+    }
+
+    /// Closes a segment: its link stops and its in-flight work fails.
+    pub fn close_segment(&self, handle: u64) -> Result<()> {
+        self.check_open()?;
+        let peer = self.inner.segments.remove(handle)?;
+        peer.link_cancel.cancel();
+        self.inner
+            .tcp
+            .forget_peer(&peer, Error::UnknownSegment(format!("{} was closed", peer.name())));
+        Ok(())
+    }
+
+    // ---- submission ---------------------------------------------------------------
+
+    fn prepare(&self, requests: &[Request]) -> Result<Vec<ValidatedRequest>> {
+        self.check_open()?;
+        if requests.is_empty() {
+            return Err(Error::InvalidArgument("no requests given".into()));
+        }
+        requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let v = validate(r, |id| self.inner.regions.get(id), |h| self.inner.segments.get(h))
+                    .map_err(|e| annotate(e, i))?;
+                let buffer = v.descriptor.buffer(v.remote_buffer).map(|b| b.transports.clone()).unwrap_or_default();
+                rank(&buffer, &self.inner.config.transports, v.transport).map_err(|e| annotate(e, i))?;
+                Ok(v)
+            })
+            .collect()
+    }
+
+    fn launch(&self, tasks: &[Arc<Task>]) {
+        self.inner
+            .submitted
+            .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+        let results = self.inner.tcp.submit(tasks);
+        for (task, result) in tasks.iter().zip(results) {
+            if let Err(e) = result {
+                task.fail(e);
+            }
+        }
+    }
+
+    /// Allocates a batch for up to `capacity` tasks.
+    pub fn allocate_batch(&self, capacity: usize) -> Result<u64> {
+        self.check_open()?;
+        self.inner.batches.allocate(capacity)
+    }
+
+    /// Validates every request, then submits them as tasks of `batch`. Returns the index
+    /// of the first new task. On any error nothing is submitted.
+    pub fn submit_transfer(&self, batch: u64, requests: &[Request]) -> Result<usize> {
+        let b = self.inner.batches.get(batch)?;
+        b.check_room(batch, requests.len())?;
+        let validated = self.prepare(requests)?;
+        let tasks: Vec<_> = validated
+            .into_iter()
+            .map(|r| Task::new(r, None, self.inner.counters.clone()))
+            .collect();
+        let first = b.push(batch, tasks.clone())?;
+        self.launch(&tasks);
+        Ok(first)
+    }
+
+    /// Status of one task.
+    pub fn transfer_status(&self, batch: u64, task: usize) -> Result<TaskSnapshot> {
+        self.check_open()?;
+        let b = self.inner.batches.get(batch)?;
+        b.task(task)
+            .map(|t| t.snapshot())
+            .ok_or(Error::InvalidTask { batch, task: task as u64 })
+    }
+
+    /// Status of every task of a batch.
+    pub fn transfer_status_list(&self, batch: u64) -> Result<Vec<TaskSnapshot>> {
+        self.check_open()?;
+        Ok(self.inner.batches.get(batch)?.snapshots())
+    }
+
+    /// Aggregate status of a batch.
+    pub fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
+        self.check_open()?;
+        let (status, transferred, tasks) = self.inner.batches.get(batch)?.status();
+        Ok(BatchSnapshot {
+            status,
+            transferred,
+            tasks,
+        })
+    }
+
+    /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
+    pub fn free_batch(&self, batch: u64) -> Result<()> {
+        self.check_open()?;
+        let b = self.inner.batches.free(batch)?;
+        for t in b.tasks() {
+            t.finish(TransferStatus::Canceled, Some(Error::Canceled));
+        }
+        Ok(())
+    }
+
+    /// Submits `requests` and calls `on_done` once with every task's final snapshot.
+    /// Returns an operation id for `cancel`.
+    pub fn transfer<F>(&self, requests: &[Request], on_done: F) -> Result<u64>
+    where
+        F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
+    {
+        let validated = self.prepare(requests)?;
+        let op = self.inner.next_op.fetch_add(1, Ordering::Relaxed);
+        let weak = Arc::downgrade(&self.inner);
+        let holder: Arc<Mutex<Vec<Arc<Task>>>> = Arc::default();
+        let holder_cb = holder.clone();
+        let group = Group::new(
+            validated.len(),
+            Box::new(move || {
+                let tasks = std::mem::take(&mut *holder_cb.lock().unwrap_or_else(|p| p.into_inner()));
+                if let Some(inner) = weak.upgrade() {
+                    inner.ops.lock().unwrap_or_else(|p| p.into_inner()).remove(&op);
+                }
+                on_done(tasks.iter().map(|t| t.snapshot()).collect());
+            }),
+        );
+        let tasks: Vec<_> = validated
+            .into_iter()
+            .map(|r| Task::new(r, Some(group.clone()), self.inner.counters.clone()))
+            .collect();
+        *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
+        self.inner
+            .ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(op, tasks.clone());
+        self.launch(&tasks);
+        Ok(op)
+    }
+
+    /// `transfer` for synchronous callers (tests, tools): waits for the outcome.
+    pub fn transfer_blocking(&self, requests: &[Request]) -> Result<Vec<TaskSnapshot>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.transfer(requests, move |snaps| {
+            let _ = tx.send(snaps);
+        })?;
+        rx.recv().map_err(|_| Error::Closed)
+    }
+
+    /// Cancels a pending `transfer`; returns whether it was still pending.
+    pub fn cancel(&self, op: u64) -> bool {
+        let tasks = self
+            .inner
+            .ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&op)
+            .cloned();
+        let Some(tasks) = tasks else { return false };
+        let mut any = false;
+        for t in tasks {
+            any |= t.finish(TransferStatus::Canceled, Some(Error::Canceled));
+        }
+        any
+    }
+
+    /// Engine counters.
+    pub fn metrics(&self) -> Metrics {
+        let c = &self.inner.counters;
+        Metrics {
+            tasks_submitted: self.inner.submitted.load(Ordering::Relaxed),
+            tasks_completed: c.completed.load(Ordering::Relaxed),
+            tasks_failed: c.failed.load(Ordering::Relaxed),
+            bytes_transferred: c.bytes.load(Ordering::Relaxed),
+            peers_lost: self.inner.peers_lost.load(Ordering::Relaxed),
+            segments_open: 0,
+            regions: self.inner.regions.snapshot().len() as u64,
+        }
+    }
+
+    /// Closes the engine. Idempotent; pending work ends CANCELED with `Closed`.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+}
+
+fn annotate(e: Error, index: usize) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("request {index}: {m}")),
+        Error::OutOfRange(m) => Error::OutOfRange(format!("request {index}: {m}")),
+        other => other,
+    }
+}
+
+impl Inner {
+    fn close(&self) {
+        if self
+            .state
+            .compare_exchange(OPEN, CLOSING, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        self.shutdown.cancel();
+        // Cancel in-flight work first so every waiter wakes with a terminal status.
+        let mut pending: Vec<Arc<Task>> = self
+            .ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .flat_map(|(_, t)| t)
+            .collect();
+        for batch in self.batches.drain() {
+            pending.extend(batch.tasks());
+        }
+        for t in &pending {
+            t.finish(TransferStatus::Canceled, Some(Error::Closed));
+        }
+        self.tcp.shutdown();
+        for peer in self.segments.drain() {
+            peer.link_cancel.cancel();
+        }
+        let runtime = self
+            .runtime
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(rt) = runtime {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                // Inside some runtime (possibly our own): we may not block here.
+                rt.shutdown_background();
+            } else {
+                rt.shutdown_timeout(Duration::from_secs(2));
+            }
+        }
+        self.regions.clear();
+        *self.events.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.state.store(CLOSED, Ordering::Release);
+        tracing::debug!(segment = %self.local.name, "engine closed");
+    }
+
+    fn emit(&self, event: EngineEvent) {
+        let sink = self.events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(sink) = sink {
+            sink(event);
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Routes link events to the engine without keeping it alive.
+struct Events(Weak<Inner>);
+
+impl LinkEvents for Events {
+    fn peer_lost(&self, peer: &Arc<Peer>, reason: String) {
+        let Some(inner) = self.0.upgrade() else { return };
+        if !peer.mark_lost(&reason) {
+            return;
+        }
+        inner.peers_lost.fetch_add(1, Ordering::Relaxed);
+        inner.tcp.fail_peer(peer, peer.lost_error());
+        inner.emit(EngineEvent::PeerLost {
+            segment: peer.name().to_string(),
+            reason,
+        });
+    }
+
+    fn peer_back(&self, peer: &Arc<Peer>) {
+        peer.mark_alive();
+        if let Some(inner) = self.0.upgrade() {
+            inner.emit(EngineEvent::PeerBack {
+                segment: peer.name().to_string(),
+            });
+        }
+    }
+}
+
+/// Aggregates snapshots (used by the Promise path to pick the outcome).
+pub fn outcome_status(snaps: &[TaskSnapshot]) -> TransferStatus {
+    aggregate(snaps.iter().map(|s| s.status))
+}

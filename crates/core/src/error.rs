@@ -1,0 +1,190 @@
+//! The one error type of the core. Each variant maps to a stable `code` string that the
+//! binding puts on JS errors, so callers can branch on `err.code`.
+
+use crate::status::TransferStatus;
+
+/// Result alias for the core.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in Ferry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A caller passed a value that can never be valid.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A range lies outside the buffer it names.
+    #[error("out of range: {0}")]
+    OutOfRange(String),
+    /// The engine is closing or closed.
+    #[error("engine is closed")]
+    Closed,
+    /// A batch id that is stale, freed, or from another engine.
+    #[error("invalid batch id {0}")]
+    InvalidBatch(u64),
+    /// A task index outside the batch's submitted tasks.
+    #[error("invalid task {task} in batch {batch}")]
+    InvalidTask {
+        /// Batch id.
+        batch: u64,
+        /// Task index.
+        task: u64,
+    },
+    /// A batch cannot take more tasks.
+    #[error("batch {batch} is full: capacity {capacity}, {requested} more requested")]
+    BatchFull {
+        /// Batch id.
+        batch: u64,
+        /// Its capacity.
+        capacity: usize,
+        /// Tasks that did not fit.
+        requested: usize,
+    },
+    /// A local region id that was never allocated or has been released.
+    #[error("unknown or released local region {0}")]
+    UnknownRegion(u64),
+    /// A segment handle that was never opened or has been closed.
+    #[error("unknown or closed segment {0}")]
+    UnknownSegment(String),
+    /// A remote buffer id that the segment does not expose.
+    #[error("segment {segment} has no buffer {buffer}")]
+    UnknownBuffer {
+        /// Segment name.
+        segment: String,
+        /// Buffer id.
+        buffer: u64,
+    },
+    /// The operation is not allowed on this memory (e.g. writing a read-only buffer).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// The peer stopped answering or went away; its in-flight work failed at once.
+    #[error("peer {peer} lost: {reason}")]
+    PeerLost {
+        /// Segment name of the peer.
+        peer: String,
+        /// Why it was declared lost.
+        reason: String,
+    },
+    /// Could not connect to a peer.
+    #[error("cannot connect to {peer}: {reason}")]
+    Connect {
+        /// Address.
+        peer: String,
+        /// OS or protocol reason.
+        reason: String,
+    },
+    /// No transport can serve the request.
+    #[error("no transport available: {0}")]
+    TransportUnavailable(String),
+    /// The peer violated the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The target refused a request (bad token, bounds, permission).
+    #[error("target rejected the request: {0}")]
+    RemoteRejected(String),
+    /// An I/O error on a connection.
+    #[error("i/o error: {0}")]
+    Io(String),
+    /// Canceled by the caller.
+    #[error("operation canceled")]
+    Canceled,
+    /// An attempt ran past its deadline.
+    #[error("operation timed out")]
+    Timeout,
+    /// The final outcome of a transfer that did not complete.
+    #[error("transfer {status}: {reason}")]
+    TransferFailed {
+        /// Terminal status.
+        status: TransferStatus,
+        /// What caused it.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// The stable code string for this kind of error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidArgument(_) => "ERR_FERRY_INVALID_ARGUMENT",
+            Self::OutOfRange(_) => "ERR_FERRY_OUT_OF_RANGE",
+            Self::Closed => "ERR_FERRY_CLOSED",
+            Self::InvalidBatch(_) => "ERR_FERRY_INVALID_BATCH",
+            Self::InvalidTask { .. } => "ERR_FERRY_INVALID_TASK",
+            Self::BatchFull { .. } => "ERR_FERRY_BATCH_FULL",
+            Self::UnknownRegion(_) => "ERR_FERRY_UNKNOWN_REGION",
+            Self::UnknownSegment(_) => "ERR_FERRY_UNKNOWN_SEGMENT",
+            Self::UnknownBuffer { .. } => "ERR_FERRY_UNKNOWN_BUFFER",
+            Self::PermissionDenied(_) => "ERR_FERRY_PERMISSION_DENIED",
+            Self::PeerLost { .. } => "ERR_FERRY_PEER_LOST",
+            Self::Connect { .. } => "ERR_FERRY_CONNECT",
+            Self::TransportUnavailable(_) => "ERR_FERRY_TRANSPORT_UNAVAILABLE",
+            Self::Protocol(_) => "ERR_FERRY_PROTOCOL",
+            Self::RemoteRejected(_) => "ERR_FERRY_REMOTE_REJECTED",
+            Self::Io(_) => "ERR_FERRY_IO",
+            Self::Canceled => "ERR_FERRY_CANCELED",
+            Self::Timeout => "ERR_FERRY_TIMEOUT",
+            Self::TransferFailed { .. } => "ERR_FERRY_TRANSFER_FAILED",
+        }
+    }
+
+    /// The terminal task status this error leaves a task in.
+    pub fn status(&self) -> TransferStatus {
+        match self {
+            Self::InvalidArgument(_)
+            | Self::OutOfRange(_)
+            | Self::UnknownRegion(_)
+            | Self::UnknownSegment(_)
+            | Self::UnknownBuffer { .. }
+            | Self::PermissionDenied(_)
+            | Self::InvalidBatch(_)
+            | Self::InvalidTask { .. }
+            | Self::BatchFull { .. } => TransferStatus::Invalid,
+            Self::Closed | Self::Canceled => TransferStatus::Canceled,
+            Self::Timeout => TransferStatus::Timeout,
+            Self::TransferFailed { status, .. } => *status,
+            Self::PeerLost { .. }
+            | Self::Connect { .. }
+            | Self::TransportUnavailable(_)
+            | Self::Protocol(_)
+            | Self::RemoteRejected(_)
+            | Self::Io(_) => TransferStatus::Failed,
+        }
+    }
+
+    pub(crate) fn io(context: &str, err: &std::io::Error) -> Self {
+        Self::Io(format!("{context}: {err}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_stable_and_prefixed() {
+        let samples = [
+            Error::InvalidArgument("x".into()),
+            Error::Closed,
+            Error::PeerLost {
+                peer: "p".into(),
+                reason: "r".into(),
+            },
+            Error::InvalidBatch(1),
+        ];
+        let codes: Vec<_> = samples.iter().map(Error::code).collect();
+        assert_eq!(
+            codes,
+            [
+                "ERR_FERRY_INVALID_ARGUMENT",
+                "ERR_FERRY_CLOSED",
+                "ERR_FERRY_PEER_LOST",
+                "ERR_FERRY_INVALID_BATCH"
+            ]
+        );
+        assert_eq!(Error::Closed.status(), TransferStatus::Canceled);
+        assert_eq!(
+            Error::Io("reset".into()).status(),
+            TransferStatus::Failed
+        );
+    }
+}

@@ -1,0 +1,52 @@
+//! # ferry-core
+//!
+//! Ferry's transport-agnostic runtime: a process registers memory; another reads or writes
+//! it by segment name and offset. This crate holds the status model, request validation,
+//! the batch table, local memory, the control plane and the transports.
+//!
+//! ```no_run
+//! use ferry_core::{Engine, EngineConfig, Opcode, Request};
+//! let target = Engine::new(EngineConfig::default())?;
+//! let buf = target.allocate(1 << 20)?;
+//! let initiator = Engine::new(EngineConfig::default())?;
+//! let local = initiator.allocate(1 << 20)?;
+//! let seg = initiator.open_segment_blocking(target.segment_name())?;
+//! let req = Request { opcode: Opcode::Write, local: local.id(), local_offset: 0,
+//!     segment: seg.handle, remote_buffer: buf.id(), remote_offset: 0, length: 1 << 20,
+//!     transport: None };
+//! let done = initiator.transfer_blocking(&[req])?;
+//! assert_eq!(done[0].status, ferry_core::TransferStatus::Completed);
+//! initiator.close();
+//! target.close();
+//! # Ok::<(), ferry_core::Error>(())
+//! ```
+//!
+//! Thread safety: `Engine` is `Send + Sync` and cheap to clone; every method may be called
+//! from any thread. Resources: regions are freed when released and no longer used by an
+//! in-flight transfer; `close` releases everything and is idempotent.
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod batch;
+mod control;
+pub mod engine;
+pub mod error;
+pub mod memory;
+mod net;
+pub mod request;
+pub mod segment;
+pub mod select;
+mod server;
+pub mod status;
+pub mod task;
+pub mod transport;
+pub mod transports;
+pub mod wire;
+
+pub use engine::{BatchSnapshot, Engine, EngineConfig, EngineEvent, Metrics, SegmentInfo};
+pub use error::{Error, Result};
+pub use memory::{Access, Region, RegionId};
+pub use request::{Opcode, Request};
+pub use status::TransferStatus;
+pub use task::TaskSnapshot;
+pub use transport::TransportKind;

@@ -1,0 +1,316 @@
+//! Local memory: engine-owned regions (memfd-backed, page-aligned, shareable with same-host
+//! peers) and user buffers registered with the engine, kept in a table by id.
+//!
+//! A region is reference counted: the table, each in-flight slice that touches it, and the
+//! JS Buffer that views it each hold an `Arc<Region>`. The memory is unmapped only when the
+//! last of them goes, so nothing ever points at freed memory.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::error::{Error, Result};
+
+/// Identifies a local region within one engine. Ids start at 0 and are never reused.
+pub type RegionId = u64;
+
+/// Largest region `allocate` accepts (1 TiB): a guard against nonsense sizes.
+pub const MAX_REGION_BYTES: u64 = 1 << 40;
+
+/// Who may touch a registered range from the other side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Access {
+    /// Peers may read it only.
+    ReadOnly,
+    /// Peers may read and write it.
+    ReadWrite,
+}
+
+/// An anonymous shared mapping backed by a memfd. Unmapped and closed on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; sharing its address between
+// threads is sound, and every access through it is raw-pointer based (see `Region`).
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `&Mapping` exposes only the address, length and fd.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Creates a zero-filled memfd of `len` bytes and maps it shared, read-write.
+    pub fn new_memfd(len: usize, name: &str) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("region length must be > 0".into()));
+        }
+        let cname = std::ffi::CString::new(name)
+            .map_err(|_| Error::InvalidArgument("region name contains NUL".into()))?;
+        // SAFETY: `cname` is a valid NUL-terminated string; memfd_create has no other inputs.
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::io("memfd_create", &std::io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size = libc::off_t::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("region length {len} too large")))?;
+        // SAFETY: `fd` is a valid memfd owned by us.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+            return Err(Error::io("ftruncate", &std::io::Error::last_os_error()));
+        }
+        // SAFETY: mapping a descriptor we own with a length it was truncated to; the kernel
+        // chooses the address, so no existing mapping is replaced.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::io("mmap", &std::io::Error::last_os_error()));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>())
+            .ok_or_else(|| Error::Io("mmap returned null".into()))?;
+        Ok(Self { ptr, len, fd })
+    }
+
+    /// The memfd behind the mapping (for passing to same-host peers).
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned, and no `Region` (hence no
+        // reference into the mapping) outlives this value.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// Keeps user memory alive while the engine uses it (e.g. a reference to a JS Buffer).
+pub trait KeepAlive: Send + Sync {}
+impl<T: Send + Sync> KeepAlive for T {}
+
+enum Backing {
+    Owned(Mapping),
+    User(#[allow(dead_code)] Box<dyn KeepAlive>),
+}
+
+/// A registered range of local memory.
+pub struct Region {
+    id: RegionId,
+    ptr: NonNull<u8>,
+    len: usize,
+    access: Access,
+    backing: Backing,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .field("owned", &matches!(self.backing, Backing::Owned(_)))
+            .finish()
+    }
+}
+
+// SAFETY: a region is an address range that stays valid while the `Region` lives (owned
+// mapping or kept-alive user memory). Concurrent access to the bytes is the contract of a
+// transfer engine, as with RDMA: the engine only touches ranges named by requests, and
+// users must not race their own accesses against transfers of the same bytes.
+unsafe impl Send for Region {}
+// SAFETY: as above; shared references expose only the address and metadata.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// Region id in its engine.
+    pub fn id(&self) -> RegionId {
+        self.id
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the region is empty (never true for a registered region).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Remote access permission.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// Start address.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// The memfd backing an engine-owned region.
+    pub fn mapping(&self) -> Option<&Mapping> {
+        match &self.backing {
+            Backing::Owned(m) => Some(m),
+            Backing::User(_) => None,
+        }
+    }
+
+    /// The address of `[offset, offset + len)`, checked to lie inside the region.
+    pub fn range_ptr(&self, offset: u64, len: u64) -> Result<*mut u8> {
+        check_range(offset, len, self.len as u64)?;
+        // `offset < self.len` was just checked, so the add stays inside the allocation.
+        Ok(self.ptr.as_ptr().wrapping_add(offset as usize))
+    }
+}
+
+/// Checks that `[offset, offset + len)` lies inside `[0, size)`, without overflow.
+pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
+    if len == 0 {
+        return Err(Error::InvalidArgument("length must be > 0".into()));
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(Error::OutOfRange(format!(
+            "[{offset}, {offset}+{len}) outside a buffer of {size} bytes"
+        ))),
+    }
+}
+
+/// The engine's table of local regions.
+#[derive(Default)]
+pub struct RegionTable {
+    next_id: AtomicU64,
+    regions: RwLock<HashMap<RegionId, Arc<Region>>>,
+}
+
+impl RegionTable {
+    /// Allocates a new engine-owned region of `len` bytes.
+    pub fn allocate(&self, len: u64) -> Result<Arc<Region>> {
+        if len == 0 || len > MAX_REGION_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "allocate: length must be in 1..={MAX_REGION_BYTES}, got {len}"
+            )));
+        }
+        let len_usize = usize::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("allocate: length {len} too large")))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mapping = Mapping::new_memfd(len_usize, &format!("ferry-region-{id}"))?;
+        let region = Arc::new(Region {
+            id,
+            ptr: mapping.ptr,
+            len: len_usize,
+            access: Access::ReadWrite,
+            backing: Backing::Owned(mapping),
+        });
+        self.insert(region.clone());
+        Ok(region)
+    }
+
+    /// Registers user memory.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long as `keep_alive`
+    /// lives, and `keep_alive` must keep it so.
+    pub unsafe fn register(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        keep_alive: Box<dyn KeepAlive>,
+    ) -> Result<Arc<Region>> {
+        let ptr = NonNull::new(ptr)
+            .ok_or_else(|| Error::InvalidArgument("cannot register a null buffer".into()))?;
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty buffer".into(),
+            ));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let region = Arc::new(Region {
+            id,
+            ptr,
+            len,
+            access,
+            backing: Backing::User(keep_alive),
+        });
+        self.insert(region.clone());
+        Ok(region)
+    }
+
+    fn insert(&self, region: Arc<Region>) {
+        let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        map.insert(region.id, region);
+    }
+
+    /// Looks a region up by id.
+    pub fn get(&self, id: RegionId) -> Result<Arc<Region>> {
+        let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&id).cloned().ok_or(Error::UnknownRegion(id))
+    }
+
+    /// Removes a region from the table. In-flight users keep it alive until they finish.
+    pub fn release(&self, id: RegionId) -> Result<()> {
+        let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        map.remove(&id).map(drop).ok_or(Error::UnknownRegion(id))
+    }
+
+    /// A snapshot of all regions, by id.
+    pub fn snapshot(&self) -> Vec<Arc<Region>> {
+        let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<_> = map.values().cloned().collect();
+        all.sort_by_key(|r| r.id);
+        all
+    }
+
+    /// Drops every region from the table.
+    pub fn clear(&self) {
+        let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
+        map.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_is_zeroed_page_aligned_and_releasable() {
+        let table = RegionTable::default();
+        let r = table.allocate(10_000).expect("allocate");
+        assert_eq!(r.as_ptr() as usize % 4096, 0);
+        assert_eq!(r.len(), 10_000);
+        let p = r.range_ptr(0, 10_000).expect("range");
+        // SAFETY: the whole range belongs to the region we hold.
+        let bytes = unsafe { std::slice::from_raw_parts(p, 10_000) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        assert_eq!(table.get(r.id()).expect("get").id(), r.id());
+        table.release(r.id()).expect("release");
+        assert_eq!(table.get(r.id()).unwrap_err().code(), "ERR_FERRY_UNKNOWN_REGION");
+        assert!(table.release(r.id()).is_err());
+    }
+
+    #[test]
+    fn ranges_are_checked_without_overflow() {
+        assert!(check_range(0, 10, 10).is_ok());
+        assert!(check_range(9, 1, 10).is_ok());
+        assert_eq!(check_range(0, 0, 10).unwrap_err().code(), "ERR_FERRY_INVALID_ARGUMENT");
+        assert_eq!(check_range(10, 1, 10).unwrap_err().code(), "ERR_FERRY_OUT_OF_RANGE");
+        assert_eq!(check_range(u64::MAX, 2, 10).unwrap_err().code(), "ERR_FERRY_OUT_OF_RANGE");
+        assert_eq!(check_range(1, u64::MAX, 10).unwrap_err().code(), "ERR_FERRY_OUT_OF_RANGE");
+    }
+
+    #[test]
+    fn bad_sizes_are_rejected() {
+        let table = RegionTable::default();
+        assert!(table.allocate(0).is_err());
+        assert!(table.allocate(MAX_REGION_BYTES + 1).is_err());
+    }
+}

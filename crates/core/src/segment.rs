@@ -1,0 +1,246 @@
+//! Remote segments: the descriptor a peer publishes, and the local record of an opened
+//! peer (its cached descriptor and liveness).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::memory::Access;
+use crate::transport::TransportKind;
+use crate::wire::Token;
+
+/// What a peer publishes about itself and its buffers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentDescriptor {
+    /// Random id of the engine instance; changes when the peer restarts.
+    pub engine_id: u64,
+    /// The segment's name (`host:port`).
+    pub name: String,
+    /// Machine id (for same-host detection).
+    pub machine_id: String,
+    /// Process id of the engine.
+    pub pid: u32,
+    /// Address of the TCP data path.
+    pub tcp_addr: String,
+    /// Access token for data requests, hex encoded.
+    pub token: String,
+    /// Exposed buffers.
+    pub buffers: Vec<BufferDescriptor>,
+}
+
+/// One exposed buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BufferDescriptor {
+    /// Buffer id (the target's region id).
+    pub id: u64,
+    /// Length in bytes.
+    pub length: u64,
+    /// What peers may do with it.
+    pub access: Access,
+    /// Transports the buffer is registered with.
+    pub transports: Vec<TransportKind>,
+}
+
+impl SegmentDescriptor {
+    /// Finds a buffer by id.
+    pub fn buffer(&self, id: u64) -> Option<&BufferDescriptor> {
+        self.buffers.iter().find(|b| b.id == id)
+    }
+
+    /// Parses the hex token.
+    pub fn token_bytes(&self) -> Result<Token> {
+        parse_token(&self.token)
+    }
+}
+
+/// Encodes a token as lowercase hex.
+pub fn token_hex(token: &Token) -> String {
+    token.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Decodes a hex token.
+pub fn parse_token(hex: &str) -> Result<Token> {
+    let bad = || Error::Protocol(format!("bad token in descriptor: {hex:?}"));
+    if hex.len() != 32 || !hex.is_ascii() {
+        return Err(bad());
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// An opened remote segment.
+pub struct Peer {
+    handle: u64,
+    name: String,
+    descriptor: RwLock<Arc<SegmentDescriptor>>,
+    lost: AtomicBool,
+    lost_reason: Mutex<String>,
+    lost_count: AtomicU64,
+    /// Cancels the control link (heartbeats, reconnects) of this peer.
+    pub(crate) link_cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peer")
+            .field("handle", &self.handle)
+            .field("name", &self.name)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl Peer {
+    pub(crate) fn new(
+        handle: u64,
+        name: String,
+        descriptor: SegmentDescriptor,
+        link_cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            handle,
+            name,
+            descriptor: RwLock::new(Arc::new(descriptor)),
+            lost: AtomicBool::new(false),
+            lost_reason: Mutex::new(String::new()),
+            lost_count: AtomicU64::new(0),
+            link_cancel,
+        }
+    }
+
+    /// Local handle of this segment.
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+    /// Segment name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The cached descriptor.
+    pub fn descriptor(&self) -> Arc<SegmentDescriptor> {
+        self.descriptor
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+    pub(crate) fn set_descriptor(&self, desc: SegmentDescriptor) {
+        *self.descriptor.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(desc);
+    }
+    /// Whether the peer is currently declared lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+    /// How many times it was declared lost.
+    pub fn lost_count(&self) -> u64 {
+        self.lost_count.load(Ordering::Relaxed)
+    }
+    /// The error to give work aimed at this peer while it is lost.
+    pub fn lost_error(&self) -> Error {
+        Error::PeerLost {
+            peer: self.name.clone(),
+            reason: self
+                .lost_reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+    /// Marks the peer lost; returns false if it already was.
+    pub(crate) fn mark_lost(&self, reason: &str) -> bool {
+        *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.to_string();
+        let was = self.lost.swap(true, Ordering::AcqRel);
+        if !was {
+            self.lost_count.fetch_add(1, Ordering::Relaxed);
+        }
+        !was
+    }
+    pub(crate) fn mark_alive(&self) {
+        self.lost.store(false, Ordering::Release);
+    }
+}
+
+/// The engine's table of opened segments.
+#[derive(Default)]
+pub struct SegmentTable {
+    next_handle: AtomicU64,
+    inner: Mutex<Segments>,
+}
+
+#[derive(Default)]
+struct Segments {
+    by_handle: HashMap<u64, Arc<Peer>>,
+    by_name: HashMap<String, u64>,
+}
+
+impl SegmentTable {
+    /// Looks a segment up by handle.
+    pub fn get(&self, handle: u64) -> Result<Arc<Peer>> {
+        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        s.by_handle
+            .get(&handle)
+            .cloned()
+            .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))
+    }
+    /// Looks a segment up by name.
+    pub fn by_name(&self, name: &str) -> Option<Arc<Peer>> {
+        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        s.by_name
+            .get(name)
+            .and_then(|h| s.by_handle.get(h))
+            .cloned()
+    }
+    /// Adds a peer unless one with the same name raced in first; returns the one kept and
+    /// whether it is the new one.
+    pub(crate) fn insert_with(
+        &self,
+        name: &str,
+        make: impl FnOnce(u64) -> Peer,
+    ) -> (Arc<Peer>, bool) {
+        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = s.by_name.get(name).and_then(|h| s.by_handle.get(h)) {
+            return (existing.clone(), false);
+        }
+        let handle = self.next_handle.fetch_add(1, Ordering::Relaxed) + 1;
+        let peer = Arc::new(make(handle));
+        s.by_name.insert(name.to_string(), handle);
+        s.by_handle.insert(handle, peer.clone());
+        (peer, true)
+    }
+    /// Removes a segment.
+    pub fn remove(&self, handle: u64) -> Result<Arc<Peer>> {
+        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let peer = s
+            .by_handle
+            .remove(&handle)
+            .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))?;
+        s.by_name.remove(peer.name());
+        Ok(peer)
+    }
+    /// Removes every segment.
+    pub fn drain(&self) -> Vec<Arc<Peer>> {
+        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        s.by_name.clear();
+        s.by_handle.drain().map(|(_, p)| p).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_hex_round_trip() {
+        let t: Token = [0, 1, 2, 0xfe, 0xff, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0x80];
+        assert_eq!(parse_token(&token_hex(&t)).expect("parse"), t);
+        assert!(parse_token("zz").is_err());
+        assert!(parse_token(&"g".repeat(32)).is_err());
+        assert!(parse_token(&"é".repeat(16)).is_err());
+    }
+}

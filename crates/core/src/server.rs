@@ -1,0 +1,262 @@
+//! The engine's listener: one TCP address for control and data. Each connection starts
+//! with a Hello naming its kind. Control connections fetch the segment descriptor and
+//! exchange heartbeats; data connections carry READ/WRITE slices into registered memory.
+//!
+//! The target checks the token, the buffer, the bounds and the permission of every request
+//! before it touches memory. A malformed, truncated or oversized frame drops that
+//! connection with a logged reason.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::memory::{check_range, Access, Region, RegionTable};
+use crate::net::{read_frame, read_header, tune_accepted, write_frame};
+use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
+use crate::transport::TransportKind;
+use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
+
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read/write buffer of a served data connection.
+const IO_BUFFER: usize = 64 << 10;
+
+/// What the server needs to know about the local segment.
+pub(crate) struct LocalSegment {
+    pub engine_id: u64,
+    pub name: String,
+    pub machine_id: String,
+    pub token: Token,
+    pub regions: Arc<RegionTable>,
+    pub transports: Vec<TransportKind>,
+}
+
+impl LocalSegment {
+    /// The descriptor peers fetch.
+    pub(crate) fn descriptor(&self) -> SegmentDescriptor {
+        SegmentDescriptor {
+            engine_id: self.engine_id,
+            name: self.name.clone(),
+            machine_id: self.machine_id.clone(),
+            pid: std::process::id(),
+            tcp_addr: self.name.clone(),
+            token: token_hex(&self.token),
+            buffers: self
+                .regions
+                .snapshot()
+                .iter()
+                .map(|r| BufferDescriptor {
+                    id: r.id(),
+                    length: r.len() as u64,
+                    access: r.access(),
+                    transports: self.transports.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Accepts connections until `cancel` fires.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    local: Arc<LocalSegment>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, from)) => {
+                let local = local.clone();
+                let cancel = cancel.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        r = serve(stream, local) => {
+                            if let Err(e) = r {
+                                tracing::debug!(%from, error = %e, "connection dropped");
+                            }
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve(mut stream: TcpStream, local: Arc<LocalSegment>) -> Result<()> {
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_header(&mut stream))
+        .await
+        .map_err(|_| Error::Protocol("no hello in time".into()))??;
+    let Some(hello) = hello else { return Ok(()) };
+    if hello.op != Op::Hello {
+        return Err(Error::Protocol(format!("expected Hello, got {:?}", hello.op)));
+    }
+    let kind = ConnKind::from_raw(hello.buffer_id)
+        .ok_or_else(|| Error::Protocol(format!("unknown connection kind {}", hello.buffer_id)))?;
+    tune_accepted(&stream, kind);
+    let mut ack = Header::new(Op::HelloAck);
+    ack.request_id = local.engine_id;
+    write_frame(&mut stream, &ack, &[]).await?;
+    let result = match kind {
+        ConnKind::Control => serve_control(stream, &local).await,
+        ConnKind::Data => serve_data(stream, &local).await,
+    };
+    if let Err(e) = &result {
+        if matches!(e, Error::Protocol(_)) {
+            tracing::warn!(error = %e, ?kind, "dropping connection from misbehaving peer");
+        }
+    }
+    result
+}
+
+async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()> {
+    while let Some((header, _payload)) = read_frame(&mut stream).await? {
+        match header.op {
+            Op::Ping => {
+                let mut pong = Header::new(Op::Pong);
+                pong.request_id = header.request_id;
+                write_frame(&mut stream, &pong, &[]).await?;
+            }
+            Op::GetDescriptor => {
+                let body = serde_json::to_vec(&local.descriptor())
+                    .map_err(|e| Error::Protocol(format!("encode descriptor: {e}")))?;
+                let mut reply = Header::new(Op::Descriptor);
+                reply.request_id = header.request_id;
+                reply.length = body.len() as u64;
+                write_frame(&mut stream, &reply, &body).await?;
+            }
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected {other:?} on a control connection"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a data request against the local segment; returns the region to touch.
+fn admit(local: &LocalSegment, h: &Header) -> std::result::Result<Arc<Region>, (RejectCode, String)> {
+    if !token_eq(&h.token, &local.token) {
+        return Err((RejectCode::BadToken, "access token mismatch".into()));
+    }
+    let region = local
+        .regions
+        .get(h.buffer_id)
+        .map_err(|_| (RejectCode::UnknownBuffer, format!("no buffer {}", h.buffer_id)))?;
+    check_range(h.offset, h.length, region.len() as u64)
+        .map_err(|e| (RejectCode::OutOfRange, e.to_string()))?;
+    if h.op == Op::WriteReq && region.access() == Access::ReadOnly {
+        return Err((RejectCode::Permission, format!("buffer {} is read-only", h.buffer_id)));
+    }
+    Ok(region)
+}
+
+async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
+    let (rd, wr) = stream.into_split();
+    let mut r = BufReader::with_capacity(IO_BUFFER, rd);
+    let mut w = BufWriter::with_capacity(IO_BUFFER, wr);
+    let io = |ctx: &'static str| move |e: std::io::Error| Error::io(ctx, &e);
+    loop {
+        let Some(h) = read_header(&mut r).await? else {
+            return Ok(());
+        };
+        let mut reply = Header::new(Op::Error);
+        reply.request_id = h.request_id;
+        match h.op {
+            Op::WriteReq => match admit(local, &h) {
+                Ok(region) => {
+                    let ptr = region
+                        .range_ptr(h.offset, h.length)
+                        .map_err(|e| Error::Protocol(e.to_string()))?;
+                    // SAFETY: `admit` checked [offset, offset+length) lies inside `region`,
+                    // which we hold alive; the length fits usize because the wire caps it
+                    // at MAX_DATA_PAYLOAD. Writers racing on the same bytes is the transfer
+                    // contract (as with RDMA), not a memory-safety hazard for the engine.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(ptr, h.length as usize) };
+                    r.read_exact(dst)
+                        .await
+                        .map_err(|e| Error::Protocol(format!("truncated WRITE payload: {e}")))?;
+                    reply.op = Op::WriteAck;
+                    reply.length = 0;
+                    w.write_all(&reply.encode()).await.map_err(io("write ack"))?;
+                }
+                Err((code, reason)) => {
+                    drain(&mut r, h.length).await?;
+                    reject(&mut w, reply, code, &reason).await?;
+                }
+            },
+            Op::ReadReq => match admit(local, &h) {
+                Ok(region) => {
+                    let ptr = region
+                        .range_ptr(h.offset, h.length)
+                        .map_err(|e| Error::Protocol(e.to_string()))?;
+                    // SAFETY: as for WRITE: the range was checked inside the live region.
+                    let src = unsafe { std::slice::from_raw_parts(ptr, h.length as usize) };
+                    reply.op = Op::ReadResp;
+                    reply.length = h.length;
+                    w.write_all(&reply.encode()).await.map_err(io("write header"))?;
+                    w.write_all(src).await.map_err(io("write payload"))?;
+                }
+                Err((code, reason)) => reject(&mut w, reply, code, &reason).await?,
+            },
+            Op::Ping => {
+                reply.op = Op::Pong;
+                w.write_all(&reply.encode()).await.map_err(io("write pong"))?;
+            }
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected {other:?} on a data connection"
+                )))
+            }
+        }
+        // Flush when no further complete request is already buffered: replies to a burst
+        // of small requests leave in one write.
+        if r.buffer().len() < HEADER_LEN {
+            w.flush().await.map_err(io("flush"))?;
+        }
+    }
+}
+
+async fn drain<R: AsyncReadExt + Unpin>(r: &mut R, mut len: u64) -> Result<()> {
+    let mut scratch = [0u8; 8192];
+    while len > 0 {
+        let n = (len as usize).min(scratch.len());
+        r.read_exact(&mut scratch[..n])
+            .await
+            .map_err(|e| Error::Protocol(format!("truncated payload: {e}")))?;
+        len -= n as u64;
+    }
+    Ok(())
+}
+
+async fn reject<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    mut reply: Header,
+    code: RejectCode,
+    reason: &str,
+) -> Result<()> {
+    tracing::debug!(?code, reason, "rejecting request");
+    let text = &reason.as_bytes()[..reason.len().min(1024)];
+    reply.op = Op::Error;
+    reply.flags = code as u16;
+    reply.length = text.len() as u64;
+    w.write_all(&reply.encode())
+        .await
+        .map_err(|e| Error::io("write error", &e))?;
+    w.write_all(text)
+        .await
+        .map_err(|e| Error::io("write error", &e))
+}

@@ -1,0 +1,3 @@
+//! Transport implementations.
+
+pub mod tcp;

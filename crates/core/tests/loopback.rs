@@ -1,0 +1,316 @@
+//! Two engines in one process over loopback.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_core::wire::{ConnKind, Header, Op, HEADER_LEN, MAX_DATA_PAYLOAD};
+use ferry_core::{Engine, EngineConfig, Opcode, Region, Request, TransferStatus};
+
+fn fill(region: &Region, seed: u64) {
+    let p = region.range_ptr(0, region.len() as u64).expect("range");
+    // SAFETY: the whole region is ours and nothing transfers into it during the fill.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(p, region.len()) };
+    let mut x = seed | 1;
+    for chunk in bytes.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+fn bytes(region: &Region) -> &[u8] {
+    let p = region.range_ptr(0, region.len() as u64).expect("range");
+    // SAFETY: read after every transfer into the region has completed.
+    unsafe { std::slice::from_raw_parts(p, region.len()) }
+}
+
+fn pair() -> (Engine, Engine) {
+    let cfg = EngineConfig {
+        peer_timeout: Duration::from_millis(1000),
+        ..EngineConfig::default()
+    };
+    (Engine::new(cfg.clone()).expect("target"), Engine::new(cfg).expect("initiator"))
+}
+
+fn req(op: Opcode, local: &Region, seg: u64, remote: &Region, off: u64, len: u64) -> Request {
+    Request {
+        opcode: op,
+        local: local.id(),
+        local_offset: off,
+        segment: seg,
+        remote_buffer: remote.id(),
+        remote_offset: off,
+        length: len,
+        transport: None,
+    }
+}
+
+#[test]
+fn moves_64_mib_each_way_with_bytes_verified() {
+    const SIZE: u64 = 64 << 20;
+    let (target, initiator) = pair();
+    let remote = target.allocate(SIZE).expect("remote");
+    let local = initiator.allocate(SIZE).expect("local");
+    fill(&local, 42);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    assert_eq!(seg.buffers.len(), 1);
+
+    // WRITE 64 MiB as 1 MiB requests in one batch, polled.
+    let batch = initiator.allocate_batch(64).expect("batch");
+    let reqs: Vec<_> = (0..64)
+        .map(|i| req(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
+        .collect();
+    initiator.submit_transfer(batch, &reqs).expect("submit");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = initiator.batch_status(batch).expect("status");
+        if s.status.is_terminal() {
+            assert_eq!(s.status, TransferStatus::Completed);
+            assert_eq!(s.transferred, SIZE);
+            break;
+        }
+        assert!(Instant::now() < deadline, "write did not finish");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let list = initiator.transfer_status_list(batch).expect("list");
+    assert!(list.iter().all(|t| t.transport == Some(ferry_core::TransportKind::Tcp) && t.attempts == 1));
+    initiator.free_batch(batch).expect("free");
+    assert_eq!(bytes(&remote), bytes(&local));
+
+    // READ it back into a fresh region through the callback path, one 64 MiB request.
+    let back = initiator.allocate(SIZE).expect("back");
+    let snaps = initiator
+        .transfer_blocking(&[req(Opcode::Read, &back, seg.handle, &remote, 0, SIZE)])
+        .expect("read");
+    assert_eq!(snaps[0].status, TransferStatus::Completed, "{:?}", snaps[0].error);
+    assert_eq!(snaps[0].transferred, SIZE);
+    assert!(bytes(&back) == bytes(&local), "read-back differs");
+    let m = initiator.metrics();
+    assert_eq!(m.tasks_completed, 65);
+    assert_eq!(m.bytes_transferred, 2 * SIZE);
+    initiator.close();
+    target.close();
+}
+
+#[test]
+fn target_close_fails_in_flight_work_quickly() {
+    let (target, initiator) = pair();
+    let remote = target.allocate(64 << 20).expect("remote");
+    let local = initiator.allocate(64 << 20).expect("local");
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let batch = initiator.allocate_batch(1024).expect("batch");
+    // Keep a stream of writes going, then kill the target.
+    for round in 0..8u64 {
+        let reqs: Vec<_> = (0..64)
+            .map(|i| req(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
+            .collect();
+        initiator.submit_transfer(batch, &reqs).expect("submit");
+        if round == 4 {
+            target.close();
+        }
+    }
+    let killed = Instant::now();
+    loop {
+        let s = initiator.batch_status(batch).expect("status");
+        if s.status.is_terminal() {
+            assert_eq!(s.status, TransferStatus::Failed);
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(2), "not FAILED within 2 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // The peer is declared lost; new work fails fast with PEER_LOST.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let snaps = initiator
+            .transfer_blocking(&[req(Opcode::Write, &local, seg.handle, &remote, 0, 4096)])
+            .expect("submit after loss");
+        assert_eq!(snaps[0].status, TransferStatus::Failed);
+        if snaps[0].error.as_ref().map(|e| e.code()) == Some("ERR_FERRY_PEER_LOST") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "peer never declared lost: {:?}", snaps[0].error);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(initiator.metrics().peers_lost >= 1);
+    initiator.close();
+}
+
+#[test]
+fn bad_input_is_refused_and_moves_nothing() {
+    let (target, initiator) = pair();
+    let remote = target.allocate(8192).expect("remote");
+    let local = initiator.allocate(8192).expect("local");
+    fill(&local, 7);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let good = req(Opcode::Write, &local, seg.handle, &remote, 0, 4096);
+    let batch = initiator.allocate_batch(4).expect("batch");
+    let bad_cases = [
+        (Request { length: 0, ..good.clone() }, "ERR_FERRY_INVALID_ARGUMENT"),
+        (Request { remote_offset: 8000, ..good.clone() }, "ERR_FERRY_OUT_OF_RANGE"),
+        (Request { segment: 999, ..good.clone() }, "ERR_FERRY_UNKNOWN_SEGMENT"),
+        (Request { remote_buffer: 77, ..good.clone() }, "ERR_FERRY_UNKNOWN_BUFFER"),
+    ];
+    for (bad, code) in bad_cases {
+        // A good request beside a bad one: the whole submission is refused.
+        let err = initiator
+            .submit_transfer(batch, &[good.clone(), bad])
+            .expect_err("must refuse");
+        assert_eq!(err.code(), code);
+    }
+    assert_eq!(initiator.batch_status(batch).expect("status").tasks, 0);
+    assert!(bytes(&remote).iter().all(|&b| b == 0), "a refused request moved bytes");
+    // stale, freed and foreign batch ids
+    initiator.free_batch(batch).expect("free");
+    assert_eq!(initiator.batch_status(batch).unwrap_err().code(), "ERR_FERRY_INVALID_BATCH");
+    let foreign = target.allocate_batch(1).expect("foreign");
+    assert_eq!(initiator.batch_status(foreign).unwrap_err().code(), "ERR_FERRY_INVALID_BATCH");
+    // released region
+    initiator.release(local.id()).expect("release");
+    let err = initiator.transfer_blocking(&[good]).expect_err("released");
+    assert_eq!(err.code(), "ERR_FERRY_UNKNOWN_REGION");
+    // after close
+    initiator.close();
+    assert_eq!(initiator.allocate_batch(1).unwrap_err().code(), "ERR_FERRY_CLOSED");
+    assert_eq!(initiator.allocate(1).unwrap_err().code(), "ERR_FERRY_CLOSED");
+    target.close();
+}
+
+fn raw_data_conn(target: &Engine) -> TcpStream {
+    let mut s = TcpStream::connect(target.segment_name()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut hello = Header::new(Op::Hello);
+    hello.buffer_id = ConnKind::Data as u64;
+    s.write_all(&hello.encode()).expect("hello");
+    let mut ack = [0u8; HEADER_LEN];
+    s.read_exact(&mut ack).expect("ack");
+    assert_eq!(Header::decode(&ack).expect("decode").op, Op::HelloAck);
+    s
+}
+
+fn read_reply(s: &mut TcpStream) -> Option<Header> {
+    let mut b = [0u8; HEADER_LEN];
+    s.read_exact(&mut b).ok()?;
+    Header::decode(&b).ok()
+}
+
+#[test]
+fn malformed_frames_drop_the_connection_and_touch_nothing() {
+    let (target, _unused) = pair();
+    let remote = target.allocate(4096).expect("remote");
+    // 1. garbage
+    let mut s = raw_data_conn(&target);
+    s.write_all(&[0xEE; 100]).expect("garbage");
+    assert!(read_reply(&mut s).is_none(), "garbage must drop the connection");
+    // 2. oversized WRITE
+    let mut s = raw_data_conn(&target);
+    let mut h = Header::new(Op::WriteReq);
+    h.length = MAX_DATA_PAYLOAD + 1;
+    let mut enc = h.encode().to_vec();
+    enc.extend_from_slice(&[1; 64]);
+    s.write_all(&enc).expect("oversized");
+    assert!(read_reply(&mut s).is_none(), "oversized frame must drop the connection");
+    // 3. truncated header then EOF
+    let mut s = raw_data_conn(&target);
+    s.write_all(&Header::new(Op::WriteReq).encode()[..20]).expect("partial");
+    s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    assert!(read_reply(&mut s).is_none());
+    // 4. well-formed WRITE with a wrong token: rejected, payload drained, nothing written
+    let mut s = raw_data_conn(&target);
+    let mut h = Header::new(Op::WriteReq);
+    h.request_id = 9;
+    h.buffer_id = remote.id();
+    h.length = 16;
+    let mut enc = h.encode().to_vec();
+    enc.extend_from_slice(&[0xAA; 16]);
+    s.write_all(&enc).expect("bad token");
+    let reply = read_reply(&mut s).expect("error reply");
+    assert_eq!((reply.op, reply.request_id), (Op::Error, 9));
+    let mut text = vec![0u8; reply.length as usize];
+    s.read_exact(&mut text).expect("text");
+    // the connection survives a rejected request: a ping still answers
+    s.write_all(&Header::new(Op::Ping).encode()).expect("ping");
+    assert_eq!(read_reply(&mut s).expect("pong").op, Op::Pong);
+    assert!(bytes(&remote).iter().all(|&b| b == 0));
+    // 5. the engine still serves a real peer afterwards
+    let initiator = Engine::new(EngineConfig::default()).expect("initiator");
+    let local = initiator.allocate(4096).expect("local");
+    fill(&local, 3);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let snaps = initiator
+        .transfer_blocking(&[req(Opcode::Write, &local, seg.handle, &remote, 0, 4096)])
+        .expect("write");
+    assert_eq!(snaps[0].status, TransferStatus::Completed);
+    assert_eq!(bytes(&remote), bytes(&local));
+    initiator.close();
+    target.close();
+}
+
+#[test]
+fn close_wakes_every_waiter_while_threads_poll() {
+    let (target, initiator) = pair();
+    let remote = target.allocate(1 << 20).expect("remote");
+    let local = initiator.allocate(1 << 20).expect("local");
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let batch = initiator.allocate_batch(4096).expect("batch");
+    let reqs: Vec<_> = (0..256)
+        .map(|i| req(Opcode::Write, &local, seg.handle, &remote, (i % 16) << 16, 1 << 16))
+        .collect();
+    initiator.submit_transfer(batch, &reqs).expect("submit");
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..16 {
+        initiator
+            .transfer(&reqs[..4], {
+                let tx = tx.clone();
+                move |snaps| {
+                    let _ = tx.send(snaps);
+                }
+            })
+            .expect("transfer");
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pollers: Vec<_> = (0..8)
+        .map(|_| {
+            let e = initiator.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut polls = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && polls < 1_000_000 {
+                    match e.batch_status(batch) {
+                        Ok(_) => {}
+                        Err(err) => {
+                            assert_eq!(err.code(), "ERR_FERRY_CLOSED");
+                            return;
+                        }
+                    }
+                    polls += 1;
+                }
+            })
+        })
+        .collect();
+    initiator.close();
+    initiator.close(); // idempotent
+    for _ in 0..16 {
+        let snaps = rx.recv_timeout(Duration::from_secs(5)).expect("every waiter wakes");
+        assert!(snaps.iter().all(|s| s.status.is_terminal()));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for p in pollers {
+        p.join().expect("poller panicked");
+    }
+    target.close();
+}
