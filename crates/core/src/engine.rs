@@ -142,6 +142,17 @@ struct Inner {
     events: Mutex<Option<EventSink>>,
 }
 
+/// A handle that does not keep the engine alive.
+#[derive(Clone)]
+pub struct WeakEngine(Weak<Inner>);
+
+impl WeakEngine {
+    /// The engine, if it still exists.
+    pub fn upgrade(&self) -> Option<Engine> {
+        self.0.upgrade().map(|inner| Engine { inner })
+    }
+}
+
 /// A Ferry engine. Clones share the engine.
 #[derive(Clone)]
 pub struct Engine {
@@ -266,6 +277,11 @@ impl Engine {
         } else {
             Err(Error::Closed)
         }
+    }
+
+    /// A weak handle (for cleanup hooks that must not keep the engine alive).
+    pub fn downgrade(&self) -> WeakEngine {
+        WeakEngine(Arc::downgrade(&self.inner))
     }
 
     /// Whether `close` has been called.

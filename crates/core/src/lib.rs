@@ -43,7 +43,9 @@ pub mod transport;
 pub mod transports;
 pub mod wire;
 
-pub use engine::{BatchSnapshot, Engine, EngineConfig, EngineEvent, Metrics, SegmentInfo};
+pub use engine::{
+    BatchSnapshot, Engine, EngineConfig, EngineEvent, Metrics, SegmentInfo, WeakEngine,
+};
 pub use error::{Error, Result};
 pub use memory::{Access, Region, RegionId};
 pub use request::{Opcode, Request};

@@ -1,1 +1,273 @@
+//! Node.js binding of Ferry. Thin: converts JS values, calls the core, converts back.
+//! Misuse throws a JS error with a stable `code`; transfer outcomes are values that the
+//! TypeScript layer turns into resolutions or rejections.
 
+#![deny(clippy::all)]
+
+mod buffer;
+mod convert;
+
+use std::sync::Once;
+
+use ferry_core::{Access, Engine, EngineConfig};
+use napi::bindgen_prelude::{Buffer, Function, Object};
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::{Env, Status};
+use napi_derive::napi;
+
+use crate::buffer::{hold, RegionBuffer};
+use crate::convert::{
+    js_error, requests, to_u64, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions,
+    OpenResult, SegmentDesc, TaskStatus, TransferRequest,
+};
+
+static LOGGING: Once = Once::new();
+
+/// Logs to stderr when FERRY_LOG (e.g. `debug`, `ferry_core=trace`) is set.
+fn init_logging() {
+    LOGGING.call_once(|| {
+        if let Ok(filter) = std::env::var("FERRY_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+    });
+}
+
+type EventFn = ThreadsafeFunction<EngineEventJs, (), EngineEventJs, Status, false, true>;
+
+/// The native engine. Use the `Engine` class of the package, which wraps this one.
+#[napi]
+pub struct NativeEngine {
+    engine: Engine,
+}
+
+#[napi]
+impl NativeEngine {
+    /// Starts an engine listening on `options.listen`.
+    #[napi(constructor, catch_unwind)]
+    pub fn new(env: Env, options: Option<EngineOptions>) -> napi::Result<Self, String> {
+        init_logging();
+        let config = EngineConfig::try_from(options.unwrap_or_default()).map_err(js_error)?;
+        let engine = Engine::new(config).map_err(js_error)?;
+        // Close the engine if the Node environment (or worker thread) goes away first.
+        let weak = engine.downgrade();
+        env.add_env_cleanup_hook(weak, |w| {
+            if let Some(e) = w.upgrade() {
+                e.close();
+            }
+        })
+        .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
+        Ok(Self { engine })
+    }
+
+    /// This engine's segment name (`host:port`).
+    #[napi(getter)]
+    pub fn segment_name(&self) -> String {
+        self.engine.segment_name().to_string()
+    }
+
+    /// Allocates an engine-owned region; returns its id.
+    #[napi(catch_unwind)]
+    pub fn allocate(&self, bytes: f64) -> napi::Result<f64, String> {
+        let len = to_u64(bytes, "bytes").map_err(js_error)?;
+        let region = self.engine.allocate(len).map_err(js_error)?;
+        Ok(region.id() as f64)
+    }
+
+    /// A Buffer over an engine-owned region (call once per region and keep it).
+    #[napi(catch_unwind, ts_return_type = "Buffer")]
+    pub fn region_buffer(&self, id: f64) -> napi::Result<RegionBuffer, String> {
+        let id = to_u64(id, "region").map_err(js_error)?;
+        let region = self.engine.region(id).map_err(js_error)?;
+        if region.mapping().is_none() {
+            return Err(js_error(ferry_core::Error::InvalidArgument(format!(
+                "region {id} is a registered user buffer; use that Buffer"
+            ))));
+        }
+        Ok(RegionBuffer(region))
+    }
+
+    /// Registers a user Buffer; the engine holds it until `release`.
+    #[napi(catch_unwind)]
+    pub fn register_memory(&self, buffer: Buffer, read_only: Option<bool>) -> napi::Result<f64, String> {
+        let access = if read_only.unwrap_or(false) {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        };
+        let (ptr, len, held) = hold(buffer);
+        // SAFETY: `ptr`/`len` describe the Buffer's backing store, which `held` keeps
+        // referenced (and so alive and unmoved) for as long as the region exists.
+        let region = unsafe { self.engine.register_memory(ptr, len, access, Box::new(held)) }
+            .map_err(js_error)?;
+        Ok(region.id() as f64)
+    }
+
+    /// Releases a region.
+    #[napi(catch_unwind)]
+    pub fn release(&self, id: f64) -> napi::Result<(), String> {
+        let id = to_u64(id, "region").map_err(js_error)?;
+        self.engine.release(id).map_err(js_error)
+    }
+
+    /// Opens a remote segment; resolves with an `OpenResult`.
+    #[napi(catch_unwind, ts_return_type = "Promise<OpenResult>")]
+    pub fn open_segment<'env>(&self, env: &'env Env, name: String) -> napi::Result<Object<'env>, String> {
+        let (deferred, promise) = env
+            .create_deferred()
+            .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
+        let engine = self.engine.clone();
+        let spawned = self.engine.spawn(async move {
+            let result = match engine.open_segment(&name).await {
+                Ok(info) => OpenResult {
+                    segment: Some(SegmentDesc::from(info)),
+                    code: None,
+                    message: None,
+                },
+                Err(e) => OpenResult {
+                    segment: None,
+                    code: Some(e.code().to_string()),
+                    message: Some(e.to_string()),
+                },
+            };
+            deferred.resolve(move |_| Ok(result));
+        });
+        spawned.map_err(js_error)?;
+        Ok(promise)
+    }
+
+    /// Closes a segment.
+    #[napi(catch_unwind)]
+    pub fn close_segment(&self, handle: f64) -> napi::Result<(), String> {
+        let handle = to_u64(handle, "segment").map_err(js_error)?;
+        self.engine.close_segment(handle).map_err(js_error)
+    }
+
+    /// Allocates a batch; returns its id.
+    #[napi(catch_unwind)]
+    pub fn allocate_batch(&self, capacity: u32) -> napi::Result<f64, String> {
+        let id = self
+            .engine
+            .allocate_batch(capacity as usize)
+            .map_err(js_error)?;
+        Ok(id as f64)
+    }
+
+    /// Submits requests as tasks of a batch; returns the index of the first task.
+    #[napi(catch_unwind)]
+    pub fn submit_transfer(&self, batch: f64, requests_js: Vec<TransferRequest>) -> napi::Result<u32, String> {
+        let batch = to_u64(batch, "batch").map_err(js_error)?;
+        let reqs = requests(&requests_js).map_err(js_error)?;
+        let first = self.engine.submit_transfer(batch, &reqs).map_err(js_error)?;
+        Ok(first as u32)
+    }
+
+    /// Status of one task.
+    #[napi(catch_unwind)]
+    pub fn get_transfer_status(&self, batch: f64, task: u32) -> napi::Result<TaskStatus, String> {
+        let batch = to_u64(batch, "batch").map_err(js_error)?;
+        self.engine
+            .transfer_status(batch, task as usize)
+            .map(TaskStatus::from)
+            .map_err(js_error)
+    }
+
+    /// Status of every task of a batch.
+    #[napi(catch_unwind)]
+    pub fn get_transfer_status_list(&self, batch: f64) -> napi::Result<Vec<TaskStatus>, String> {
+        let batch = to_u64(batch, "batch").map_err(js_error)?;
+        self.engine
+            .transfer_status_list(batch)
+            .map(|v| v.into_iter().map(TaskStatus::from).collect())
+            .map_err(js_error)
+    }
+
+    /// Aggregate status of a batch.
+    #[napi(catch_unwind)]
+    pub fn get_batch_status(&self, batch: f64) -> napi::Result<BatchStatus, String> {
+        let batch = to_u64(batch, "batch").map_err(js_error)?;
+        let s = self.engine.batch_status(batch).map_err(js_error)?;
+        Ok(BatchStatus {
+            status: u32::from(s.status.raw()),
+            name: s.status.name().to_string(),
+            transferred_bytes: s.transferred as f64,
+            tasks: s.tasks as u32,
+        })
+    }
+
+    /// Frees a batch (pending tasks are canceled).
+    #[napi(catch_unwind)]
+    pub fn free_batch(&self, batch: f64) -> napi::Result<(), String> {
+        let batch = to_u64(batch, "batch").map_err(js_error)?;
+        self.engine.free_batch(batch).map_err(js_error)
+    }
+
+    /// Starts a transfer; returns `{ op, promise }` where the promise resolves with every
+    /// task's final status.
+    #[napi(
+        catch_unwind,
+        ts_return_type = "{ op: number, promise: Promise<Array<TaskStatus>> }"
+    )]
+    pub fn transfer<'env>(
+        &self,
+        env: &'env Env,
+        requests_js: Vec<TransferRequest>,
+    ) -> napi::Result<Object<'env>, String> {
+        let internal = |e: napi::Error| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string());
+        let reqs = requests(&requests_js).map_err(js_error)?;
+        let (deferred, promise) = env.create_deferred().map_err(internal)?;
+        let op = self
+            .engine
+            .transfer(&reqs, move |snaps| {
+                let statuses: Vec<TaskStatus> = snaps.into_iter().map(TaskStatus::from).collect();
+                deferred.resolve(move |_| Ok(statuses));
+            })
+            .map_err(js_error)?;
+        let mut out = Object::new(env).map_err(internal)?;
+        out.set("op", op as f64).map_err(internal)?;
+        out.set("promise", promise).map_err(internal)?;
+        Ok(out)
+    }
+
+    /// Cancels a pending transfer; returns whether it was pending.
+    #[napi(catch_unwind)]
+    pub fn cancel(&self, op: f64) -> napi::Result<bool, String> {
+        let op = to_u64(op, "op").map_err(js_error)?;
+        Ok(self.engine.cancel(op))
+    }
+
+    /// Sets the function that receives engine events. It does not keep Node alive.
+    #[napi(catch_unwind)]
+    pub fn set_event_handler(&self, callback: Function<EngineEventJs, ()>) -> napi::Result<(), String> {
+        let tsfn: EventFn = callback
+            .build_threadsafe_function()
+            .callee_handled::<false>()
+            .weak::<true>()
+            .build()
+            .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
+        self.engine.set_event_sink(Some(std::sync::Arc::new(move |event| {
+            let _ = tsfn.call(EngineEventJs::from(event), ThreadsafeFunctionCallMode::NonBlocking);
+        })));
+        Ok(())
+    }
+
+    /// Engine counters.
+    #[napi(catch_unwind)]
+    pub fn metrics(&self) -> EngineMetrics {
+        EngineMetrics::from(self.engine.metrics())
+    }
+
+    /// Closes the engine: pending work is canceled, threads stop, memory is released.
+    #[napi(catch_unwind)]
+    pub fn close(&self) {
+        self.engine.close();
+    }
+
+    /// Whether the engine is closed.
+    #[napi(getter)]
+    pub fn closed(&self) -> bool {
+        self.engine.is_closed()
+    }
+}

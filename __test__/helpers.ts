@@ -1,0 +1,91 @@
+/** Test helpers: a target engine in a child process, cleaned up by pid. */
+import { spawn, type ChildProcess } from 'node:child_process'
+import * as path from 'node:path'
+import * as readline from 'node:readline'
+
+export interface TargetProcess {
+  proc: ChildProcess
+  pid: number
+  segment: string
+  buffer: number
+  /** Sends a command and waits for its JSON reply. */
+  ask(cmd: string): Promise<Record<string, unknown>>
+  /** Kills the process (SIGKILL unless told otherwise) and waits for it to exit. */
+  kill(signal?: NodeJS.Signals): Promise<void>
+}
+
+const live = new Set<ChildProcess>()
+
+/** Kills every child still alive (call from test.after.always). */
+export function killAll(): void {
+  for (const p of live) {
+    if (p.exitCode === null && p.signalCode === null && p.pid) {
+      try {
+        process.kill(p.pid, 'SIGKILL')
+      } catch {
+        // already gone
+      }
+    }
+  }
+  live.clear()
+}
+
+/** Starts tsx-run `script` with the repo's loader; resolves with its first JSON line. */
+export function spawnNode(script: string, env: Record<string, string> = {}, args: string[] = []) {
+  const proc = spawn(process.execPath, ['--import=tsx', script, ...args], {
+    cwd: path.join(__dirname, '..'),
+    env: { ...process.env, ...env },
+    stdio: ['pipe', 'pipe', 'pipe'],
+  })
+  live.add(proc)
+  proc.on('exit', () => live.delete(proc))
+  return proc
+}
+
+export async function startTarget(env: Record<string, string> = {}, timeoutMs = 20_000): Promise<TargetProcess> {
+  const proc = spawnNode(path.join(__dirname, 'fixtures', 'target.ts'), env)
+  let stderr = ''
+  proc.stderr?.on('data', (d) => (stderr += d))
+  const lines = readline.createInterface({ input: proc.stdout! })
+  const waiting: Array<(v: Record<string, unknown>) => void> = []
+  const first = new Promise<Record<string, unknown>>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`target did not start in ${timeoutMs} ms: ${stderr}`)), timeoutMs)
+    proc.once('exit', (code) => reject(new Error(`target exited early (${code}): ${stderr}`)))
+    waiting.push((v) => {
+      clearTimeout(timer)
+      resolve(v)
+    })
+  })
+  lines.on('line', (line) => {
+    const next = waiting.shift()
+    if (next) next(JSON.parse(line))
+  })
+  const hello = await first
+  const exited = new Promise<void>((resolve) => {
+    if (proc.exitCode !== null || proc.signalCode !== null) resolve()
+    else proc.once('exit', () => resolve())
+  })
+  return {
+    proc,
+    pid: proc.pid!,
+    segment: String(hello.segment),
+    buffer: Number(hello.buffer),
+    ask(cmd: string) {
+      return new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no answer to ${cmd}`)), 20_000)
+        waiting.push((v) => {
+          clearTimeout(timer)
+          resolve(v)
+        })
+        proc.stdin!.write(cmd + '\n')
+      })
+    },
+    async kill(signal: NodeJS.Signals = 'SIGKILL') {
+      if (proc.exitCode === null && proc.signalCode === null) process.kill(proc.pid!, signal)
+      await exited
+    },
+  }
+}
+
+/** Resolves after `ms`. */
+export const delay = (ms: number) => new Promise((r) => setTimeout(r, ms))

@@ -1,0 +1,318 @@
+//! Conversions between JS values and core types. No decisions live here.
+
+use ferry_core::{
+    EngineConfig, EngineEvent, Error, Metrics, Opcode, Request, SegmentInfo, TaskSnapshot,
+    TransportKind,
+};
+use napi_derive::napi;
+
+/// A JS error carrying the core's stable code (`err.code`).
+pub(crate) fn js_error(e: Error) -> napi::Error<String> {
+    napi::Error::new(e.code().to_string(), e.to_string())
+}
+
+/// A JS number that must be a non-negative integer (exact in a double).
+pub(crate) fn to_u64(value: f64, what: &str) -> Result<u64, Error> {
+    if value.is_finite() && value >= 0.0 && value.fract() == 0.0 && value <= 9_007_199_254_740_991.0 {
+        Ok(value as u64)
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "{what} must be a non-negative integer, got {value}"
+        )))
+    }
+}
+
+/// Engine options. Every field is optional; defaults in brackets.
+#[napi(object)]
+#[derive(Default)]
+pub struct EngineOptions {
+    /// Listen address for control and data, `host:port` ["127.0.0.1:0": loopback, any port].
+    pub listen: Option<String>,
+    /// A silent peer is declared lost after this many ms [3000].
+    pub peer_timeout_ms: Option<u32>,
+    /// I/O threads [2].
+    pub io_threads: Option<u32>,
+    /// Enabled transports, of "tcp", "shm", "rdma" [["tcp"]].
+    pub transports: Option<Vec<String>>,
+    /// TCP data connections per peer [2].
+    pub connections_per_peer: Option<u32>,
+    /// TCP slice size in bytes [1048576].
+    pub slice_size: Option<u32>,
+    /// Connect timeout in ms [3000].
+    pub connect_timeout_ms: Option<u32>,
+}
+
+impl TryFrom<EngineOptions> for EngineConfig {
+    type Error = Error;
+    fn try_from(o: EngineOptions) -> Result<Self, Error> {
+        let mut c = EngineConfig::default();
+        if let Some(v) = o.listen {
+            c.listen = v;
+        }
+        if let Some(v) = o.peer_timeout_ms {
+            c.peer_timeout = std::time::Duration::from_millis(u64::from(v));
+        }
+        if let Some(v) = o.io_threads {
+            if v == 0 {
+                return Err(Error::InvalidArgument("ioThreads must be >= 1".into()));
+            }
+            c.io_threads = v as usize;
+        }
+        if let Some(list) = o.transports {
+            let mut kinds = Vec::new();
+            for name in list {
+                let kind = TransportKind::parse(&name).ok_or_else(|| {
+                    Error::InvalidArgument(format!("unknown transport {name:?}"))
+                })?;
+                if kind != TransportKind::Tcp {
+                    tracing::info!(transport = name, "transport not built in this version; ignored");
+                    continue;
+                }
+                kinds.push(kind);
+            }
+            if kinds.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "transports must include one this build supports (tcp)".into(),
+                ));
+            }
+            c.transports = kinds;
+        }
+        if let Some(v) = o.connections_per_peer {
+            if v == 0 || v > 64 {
+                return Err(Error::InvalidArgument("connectionsPerPeer must be in 1..=64".into()));
+            }
+            c.tcp.connections_per_peer = v as usize;
+        }
+        if let Some(v) = o.slice_size {
+            if v < 4096 {
+                return Err(Error::InvalidArgument("sliceSize must be >= 4096".into()));
+            }
+            c.tcp.slice_size = u64::from(v);
+        }
+        if let Some(v) = o.connect_timeout_ms {
+            c.tcp.connect_timeout = std::time::Duration::from_millis(u64::from(v.max(1)));
+        }
+        Ok(c)
+    }
+}
+
+/// One transfer request.
+#[napi(object)]
+pub struct TransferRequest {
+    /// "read" or "write".
+    pub opcode: String,
+    /// Local region id.
+    pub local: f64,
+    /// Offset in the local region [0].
+    pub local_offset: Option<f64>,
+    /// Segment handle from openSegment.
+    pub segment: f64,
+    /// Remote buffer id [0].
+    pub remote_buffer: Option<f64>,
+    /// Offset in the remote buffer [0].
+    pub remote_offset: Option<f64>,
+    /// Bytes to move.
+    pub length: f64,
+    /// Transport hint for the first attempt.
+    pub transport: Option<String>,
+}
+
+impl TryFrom<&TransferRequest> for Request {
+    type Error = Error;
+    fn try_from(r: &TransferRequest) -> Result<Self, Error> {
+        Ok(Request {
+            opcode: Opcode::parse(&r.opcode)?,
+            local: to_u64(r.local, "local")?,
+            local_offset: to_u64(r.local_offset.unwrap_or(0.0), "localOffset")?,
+            segment: to_u64(r.segment, "segment")?,
+            remote_buffer: to_u64(r.remote_buffer.unwrap_or(0.0), "remoteBuffer")?,
+            remote_offset: to_u64(r.remote_offset.unwrap_or(0.0), "remoteOffset")?,
+            length: to_u64(r.length, "length")?,
+            transport: match &r.transport {
+                None => None,
+                Some(t) => Some(TransportKind::parse(t).ok_or_else(|| {
+                    Error::InvalidArgument(format!("unknown transport {t:?}"))
+                })?),
+            },
+        })
+    }
+}
+
+pub(crate) fn requests(list: &[TransferRequest]) -> Result<Vec<Request>, Error> {
+    list.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            Request::try_from(r).map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(format!("request {i}: {m}")),
+                other => other,
+            })
+        })
+        .collect()
+}
+
+/// Status of one task.
+#[napi(object)]
+pub struct TaskStatus {
+    /// Raw status (TENT numbering).
+    pub status: u32,
+    /// Status name.
+    pub name: String,
+    /// Bytes moved (a lower bound while pending).
+    pub transferred_bytes: f64,
+    /// Requested bytes.
+    pub length: f64,
+    /// Transport of the latest attempt.
+    pub transport: Option<String>,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Error code when it did not complete.
+    pub code: Option<String>,
+    /// Error message when it did not complete.
+    pub message: Option<String>,
+}
+
+impl From<TaskSnapshot> for TaskStatus {
+    fn from(s: TaskSnapshot) -> Self {
+        Self {
+            status: u32::from(s.status.raw()),
+            name: s.status.name().to_string(),
+            transferred_bytes: s.transferred as f64,
+            length: s.length as f64,
+            transport: s.transport.map(|t| t.name().to_string()),
+            attempts: s.attempts,
+            code: s.error.as_ref().map(|e| e.code().to_string()),
+            message: s.error.as_ref().map(|e| e.to_string()),
+        }
+    }
+}
+
+/// Aggregate status of a batch.
+#[napi(object)]
+pub struct BatchStatus {
+    /// Raw status.
+    pub status: u32,
+    /// Status name.
+    pub name: String,
+    /// Bytes moved.
+    pub transferred_bytes: f64,
+    /// Tasks in the batch.
+    pub tasks: u32,
+}
+
+/// A buffer of a remote segment.
+#[napi(object)]
+pub struct RemoteBuffer {
+    /// Buffer id.
+    pub id: f64,
+    /// Length in bytes.
+    pub length: f64,
+    /// "read-only" or "read-write".
+    pub access: String,
+    /// Transports it is registered with.
+    pub transports: Vec<String>,
+}
+
+/// An opened segment.
+#[napi(object)]
+pub struct SegmentDesc {
+    /// Handle for requests.
+    pub handle: f64,
+    /// Segment name.
+    pub name: String,
+    /// Peer engine id (hex).
+    pub engine_id: String,
+    /// Exposed buffers.
+    pub buffers: Vec<RemoteBuffer>,
+}
+
+impl From<SegmentInfo> for SegmentDesc {
+    fn from(s: SegmentInfo) -> Self {
+        Self {
+            handle: s.handle as f64,
+            name: s.name,
+            engine_id: format!("{:016x}", s.engine_id),
+            buffers: s
+                .buffers
+                .into_iter()
+                .map(|b| RemoteBuffer {
+                    id: b.id as f64,
+                    length: b.length as f64,
+                    access: match b.access {
+                        ferry_core::Access::ReadOnly => "read-only".into(),
+                        ferry_core::Access::ReadWrite => "read-write".into(),
+                    },
+                    transports: b.transports.iter().map(|t| t.name().to_string()).collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Outcome of openSegment (a value; the TypeScript layer turns failures into rejections).
+#[napi(object)]
+pub struct OpenResult {
+    /// The segment, when it opened.
+    pub segment: Option<SegmentDesc>,
+    /// Error code otherwise.
+    pub code: Option<String>,
+    /// Error message otherwise.
+    pub message: Option<String>,
+}
+
+/// An engine event.
+#[napi(object)]
+pub struct EngineEventJs {
+    /// "peerLost" or "peerBack".
+    pub kind: String,
+    /// Segment name.
+    pub segment: String,
+    /// Reason, for peerLost.
+    pub reason: Option<String>,
+}
+
+impl From<EngineEvent> for EngineEventJs {
+    fn from(e: EngineEvent) -> Self {
+        match e {
+            EngineEvent::PeerLost { segment, reason } => Self {
+                kind: "peerLost".into(),
+                segment,
+                reason: Some(reason),
+            },
+            EngineEvent::PeerBack { segment } => Self {
+                kind: "peerBack".into(),
+                segment,
+                reason: None,
+            },
+        }
+    }
+}
+
+/// Engine counters.
+#[napi(object)]
+pub struct EngineMetrics {
+    /// Tasks submitted.
+    pub tasks_submitted: f64,
+    /// Tasks completed.
+    pub tasks_completed: f64,
+    /// Tasks that ended otherwise.
+    pub tasks_failed: f64,
+    /// Bytes moved by completed tasks.
+    pub bytes_transferred: f64,
+    /// Times a peer was declared lost.
+    pub peers_lost: f64,
+    /// Registered regions.
+    pub regions: f64,
+}
+
+impl From<Metrics> for EngineMetrics {
+    fn from(m: Metrics) -> Self {
+        Self {
+            tasks_submitted: m.tasks_submitted as f64,
+            tasks_completed: m.tasks_completed as f64,
+            tasks_failed: m.tasks_failed as f64,
+            bytes_transferred: m.bytes_transferred as f64,
+            peers_lost: m.peers_lost as f64,
+            regions: m.regions as f64,
+        }
+    }
+}

@@ -1,0 +1,461 @@
+/**
+ * Ferry: a data transfer engine for Node.js clusters.
+ *
+ * A process registers memory; another reads or writes it by segment name and offset.
+ * This module wraps the native binding with Node conventions: Promises, AbortSignal,
+ * events, and errors that carry a stable `code`.
+ */
+import { EventEmitter } from 'node:events'
+import * as fs from 'node:fs'
+import * as path from 'node:path'
+import type * as Native from './binding'
+
+function loadNative(): typeof Native {
+  // index.ts runs from the package root (tests) or from dist/ (compiled).
+  for (const dir of [__dirname, path.join(__dirname, '..')]) {
+    const file = path.join(dir, 'binding.cjs')
+    if (fs.existsSync(file)) {
+      // eslint-disable-next-line @typescript-eslint/no-require-imports
+      return require(file) as typeof Native
+    }
+  }
+  throw new Error('ferry-engine: native binding not found; run `npm install` in the package')
+}
+
+const native = loadNative()
+
+/** Transfer status values, with Mooncake TENT's numbering. */
+export enum TransferStatus {
+  WAITING = 0,
+  PENDING = 1,
+  INVALID = 2,
+  CANCELED = 3,
+  COMPLETED = 4,
+  TIMEOUT = 5,
+  FAILED = 6,
+}
+
+/** Transports Ferry knows. */
+export type TransportName = 'tcp' | 'shm' | 'rdma'
+
+/** Stable error codes. */
+export type FerryErrorCode =
+  | 'ERR_FERRY_INVALID_ARGUMENT'
+  | 'ERR_FERRY_OUT_OF_RANGE'
+  | 'ERR_FERRY_CLOSED'
+  | 'ERR_FERRY_INVALID_BATCH'
+  | 'ERR_FERRY_INVALID_TASK'
+  | 'ERR_FERRY_BATCH_FULL'
+  | 'ERR_FERRY_UNKNOWN_REGION'
+  | 'ERR_FERRY_UNKNOWN_SEGMENT'
+  | 'ERR_FERRY_UNKNOWN_BUFFER'
+  | 'ERR_FERRY_PERMISSION_DENIED'
+  | 'ERR_FERRY_PEER_LOST'
+  | 'ERR_FERRY_CONNECT'
+  | 'ERR_FERRY_TRANSPORT_UNAVAILABLE'
+  | 'ERR_FERRY_PROTOCOL'
+  | 'ERR_FERRY_REMOTE_REJECTED'
+  | 'ERR_FERRY_IO'
+  | 'ERR_FERRY_CANCELED'
+  | 'ERR_FERRY_TIMEOUT'
+  | 'ABORT_ERR'
+  | string
+
+/** Status of one task: what happened, which transport served it, how many attempts. */
+export interface TaskStatus {
+  status: TransferStatus
+  name: string
+  transferredBytes: number
+  length: number
+  transport?: TransportName
+  attempts: number
+  code?: string
+  message?: string
+}
+
+/** Aggregate status of a batch. */
+export interface BatchStatus {
+  status: TransferStatus
+  name: string
+  transferredBytes: number
+  tasks: number
+}
+
+/** An error from Ferry. `code` is stable; transfer failures also carry the task statuses. */
+export class FerryError extends Error {
+  readonly code: FerryErrorCode
+  readonly status?: TransferStatus
+  readonly transport?: TransportName
+  readonly attempts?: number
+  readonly tasks?: TaskStatus[]
+
+  constructor(
+    code: FerryErrorCode,
+    message: string,
+    extra: { status?: TransferStatus; transport?: TransportName; attempts?: number; tasks?: TaskStatus[]; cause?: unknown } = {},
+  ) {
+    super(message, extra.cause === undefined ? undefined : { cause: extra.cause })
+    this.name = code === 'ABORT_ERR' ? 'AbortError' : 'FerryError'
+    this.code = code
+    this.status = extra.status
+    this.transport = extra.transport
+    this.attempts = extra.attempts
+    this.tasks = extra.tasks
+  }
+}
+
+function rethrow(err: unknown): never {
+  if (err instanceof FerryError) throw err
+  const e = err as { code?: unknown; message?: unknown }
+  if (e && typeof e.code === 'string' && e.code.startsWith('ERR_FERRY_')) {
+    throw new FerryError(e.code, String(e.message))
+  }
+  if (err instanceof TypeError || err instanceof RangeError) {
+    throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', err.message, { cause: err })
+  }
+  throw err
+}
+
+/** Runs a native call, turning its errors into FerryErrors. */
+function call<T>(fn: () => T): T {
+  try {
+    return fn()
+  } catch (err) {
+    rethrow(err)
+  }
+}
+
+function toTaskStatus(s: Native.TaskStatus): TaskStatus {
+  return {
+    status: s.status as TransferStatus,
+    name: s.name,
+    transferredBytes: s.transferredBytes,
+    length: s.length,
+    transport: s.transport as TransportName | undefined,
+    attempts: s.attempts,
+    code: s.code ?? undefined,
+    message: s.message ?? undefined,
+  }
+}
+
+/** Engine settings. Every field is optional. */
+export interface EngineOptions {
+  /** Listen address for control and data, `host:port`. Default `127.0.0.1:0` (loopback only). */
+  listen?: string
+  /** A silent peer is declared lost after this many ms; its in-flight work fails. Default 3000. */
+  peerTimeoutMs?: number
+  /** I/O threads. Default 2. */
+  ioThreads?: number
+  /** Enabled transports. Default `['tcp']` in this build. */
+  transports?: TransportName[]
+  /** TCP data connections per peer. Default 2. */
+  connectionsPerPeer?: number
+  /** Requests larger than this are sliced (bytes). Default 1 MiB. */
+  sliceSize?: number
+  /** Connect timeout in ms. Default 3000. */
+  connectTimeoutMs?: number
+  /** Metadata service: `'p2p'` (default, embedded; segment names are `host:port`). */
+  metadata?: 'p2p'
+}
+
+/** Local memory registered with an engine. `buffer` views it. */
+export class Region {
+  #released = false
+  constructor(
+    private readonly engine: Engine,
+    /** Region id in its engine. */
+    readonly id: number,
+    /** The bytes. For engine-owned regions, a Buffer over engine memory. */
+    readonly buffer: Buffer,
+  ) {}
+
+  /** Length in bytes. */
+  get length(): number {
+    return this.buffer.length
+  }
+
+  /** Whether `release()` was called. */
+  get released(): boolean {
+    return this.#released
+  }
+
+  /** Releases the region. Transfers still in flight finish first; the Buffer stays valid. */
+  release(): void {
+    this.engine.native((n) => n.release(this.id))
+    this.#released = true
+  }
+}
+
+/** A buffer a remote segment exposes. */
+export interface RemoteBuffer {
+  id: number
+  length: number
+  access: 'read-only' | 'read-write'
+  transports: TransportName[]
+}
+
+/** An opened remote segment. */
+export class Segment {
+  constructor(
+    /** Handle used in requests. */
+    readonly handle: number,
+    /** Segment name (`host:port`). */
+    readonly name: string,
+    /** The peer engine's id. */
+    readonly engineId: string,
+    /** Buffers the peer exposes (as of the last open). */
+    readonly buffers: RemoteBuffer[],
+  ) {}
+}
+
+/** One transfer. */
+export interface TransferRequest {
+  opcode: 'read' | 'write'
+  /** Local region. */
+  local: Region
+  /** Offset in the local region. Default 0. */
+  localOffset?: number
+  /** Remote segment. */
+  remote: Segment
+  /** Remote buffer id. Default 0. */
+  remoteBuffer?: number
+  /** Offset in the remote buffer. Default 0. */
+  remoteOffset?: number
+  /** Bytes to move (> 0). */
+  length: number
+  /** Pin the first attempt to this transport. */
+  transport?: TransportName
+}
+
+/** Options of the Promise calls. */
+export interface CallOptions {
+  /** Aborts the transfer; the Promise rejects with an `AbortError` (code `ABORT_ERR`). */
+  signal?: AbortSignal
+}
+
+/** A read or write through the Promise API. */
+export type IoRequest = Omit<TransferRequest, 'opcode'> & CallOptions
+
+/** Outcome of a completed transfer. */
+export interface TransferResult {
+  /** Bytes moved. */
+  bytes: number
+  /** Per-task statuses (transport and attempts included). */
+  tasks: TaskStatus[]
+}
+
+/** Engine counters. */
+export interface EngineMetrics {
+  tasksSubmitted: number
+  tasksCompleted: number
+  tasksFailed: number
+  bytesTransferred: number
+  peersLost: number
+  regions: number
+}
+
+/** Events: `peerLost` ({segment, reason}) and `peerBack` ({segment}). */
+export interface EngineEvent {
+  kind: 'peerLost' | 'peerBack'
+  segment: string
+  reason?: string
+}
+
+function toNativeRequest(r: TransferRequest): Native.TransferRequest {
+  if (!(r.local instanceof Region)) {
+    throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'request.local must be a Region')
+  }
+  if (!(r.remote instanceof Segment)) {
+    throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'request.remote must be a Segment')
+  }
+  return {
+    opcode: r.opcode,
+    local: r.local.id,
+    localOffset: r.localOffset,
+    segment: r.remote.handle,
+    remoteBuffer: r.remoteBuffer,
+    remoteOffset: r.remoteOffset,
+    length: r.length,
+    transport: r.transport,
+  }
+}
+
+/** A Ferry engine: owns memory, opens peers' segments, moves bytes. */
+export class Engine extends EventEmitter {
+  readonly #native: Native.NativeEngine
+  #closing?: Promise<void>
+
+  private constructor(n: Native.NativeEngine) {
+    super()
+    this.#native = n
+    n.setEventHandler((e: Native.EngineEventJs) => {
+      const event: EngineEvent = { kind: e.kind as EngineEvent['kind'], segment: e.segment, reason: e.reason ?? undefined }
+      this.emit(event.kind, event)
+    })
+  }
+
+  /** Starts an engine. */
+  static async create(options: EngineOptions = {}): Promise<Engine> {
+    const { metadata, ...rest } = options
+    if (metadata !== undefined && metadata !== 'p2p') {
+      throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', `metadata ${String(metadata)} is not supported by this build (use 'p2p')`)
+    }
+    return new Engine(call(() => new native.NativeEngine(rest)))
+  }
+
+  /** @internal */
+  native<T>(fn: (n: Native.NativeEngine) => T): T {
+    return call(() => fn(this.#native))
+  }
+
+  /** This engine's segment name (`host:port`), which peers open. */
+  get segmentName(): string {
+    return this.#native.segmentName
+  }
+
+  /** Whether the engine is closed. */
+  get closed(): boolean {
+    return this.#native.closed
+  }
+
+  /** Allocates `bytes` of engine-owned, page-aligned, zeroed memory. */
+  allocate(bytes: number): Region {
+    const id = this.native((n) => n.allocate(bytes))
+    return new Region(this, id, this.native((n) => n.regionBuffer(id)))
+  }
+
+  /** Registers a user Buffer (held until released). */
+  registerMemory(buffer: Buffer, options: { readOnly?: boolean } = {}): Region {
+    if (!Buffer.isBuffer(buffer)) {
+      throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'registerMemory takes a Buffer')
+    }
+    const id = this.native((n) => n.registerMemory(buffer, options.readOnly ?? false))
+    return new Region(this, id, buffer)
+  }
+
+  /** Opens (or refreshes) a peer's segment by name (`host:port`). */
+  async openSegment(name: string): Promise<Segment> {
+    if (typeof name !== 'string') {
+      throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'segment name must be a string')
+    }
+    const r = await this.native((n) => n.openSegment(name))
+    if (!r.segment) throw new FerryError(r.code ?? 'ERR_FERRY_CONNECT', r.message ?? 'openSegment failed')
+    const s = r.segment
+    return new Segment(
+      s.handle,
+      s.name,
+      s.engineId,
+      s.buffers.map((b) => ({
+        id: b.id,
+        length: b.length,
+        access: b.access as RemoteBuffer['access'],
+        transports: b.transports as TransportName[],
+      })),
+    )
+  }
+
+  /** Closes a segment; its in-flight work fails. */
+  closeSegment(segment: Segment): void {
+    this.native((n) => n.closeSegment(segment.handle))
+  }
+
+  /** Allocates a batch for up to `capacity` tasks (TENT's batch API). */
+  allocateBatch(capacity: number): number {
+    return this.native((n) => n.allocateBatch(capacity))
+  }
+
+  /** Validates and submits requests as tasks of `batch`; returns the first task's index. */
+  submitTransfer(batch: number, requests: TransferRequest[]): number {
+    const list = call(() => requests.map(toNativeRequest))
+    return this.native((n) => n.submitTransfer(batch, list))
+  }
+
+  /** Status of one task. */
+  getTransferStatus(batch: number, task: number): TaskStatus {
+    return toTaskStatus(this.native((n) => n.getTransferStatus(batch, task)))
+  }
+
+  /** Status of every task of a batch. */
+  getTransferStatusList(batch: number): TaskStatus[] {
+    return this.native((n) => n.getTransferStatusList(batch)).map(toTaskStatus)
+  }
+
+  /** Aggregate status of a batch. */
+  getBatchStatus(batch: number): BatchStatus {
+    const s = this.native((n) => n.getBatchStatus(batch))
+    return { status: s.status as TransferStatus, name: s.name, transferredBytes: s.transferredBytes, tasks: s.tasks }
+  }
+
+  /** Frees a batch; tasks still pending are canceled. */
+  freeBatch(batch: number): void {
+    this.native((n) => n.freeBatch(batch))
+  }
+
+  /** Reads remote bytes into local memory. */
+  read(request: IoRequest): Promise<TransferResult> {
+    const { signal, ...rest } = request
+    return this.transfer([{ ...rest, opcode: 'read' }], { signal })
+  }
+
+  /** Writes local bytes into remote memory. */
+  write(request: IoRequest): Promise<TransferResult> {
+    const { signal, ...rest } = request
+    return this.transfer([{ ...rest, opcode: 'write' }], { signal })
+  }
+
+  /**
+   * Runs several requests; resolves when all completed, rejects with the first failure
+   * (a FerryError whose `tasks` holds every task's status).
+   */
+  async transfer(requests: TransferRequest[], options: CallOptions = {}): Promise<TransferResult> {
+    const { signal } = options
+    if (signal?.aborted) {
+      throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason })
+    }
+    const list = call(() => requests.map(toNativeRequest))
+    const { op, promise } = this.native((n) => n.transfer(list))
+    const onAbort = () => {
+      this.#native.cancel(op)
+    }
+    signal?.addEventListener('abort', onAbort, { once: true })
+    let raw: Native.TaskStatus[]
+    try {
+      raw = await promise
+    } finally {
+      signal?.removeEventListener('abort', onAbort)
+    }
+    const tasks = raw.map(toTaskStatus)
+    const failed = tasks.find((t) => t.status !== TransferStatus.COMPLETED)
+    if (!failed) {
+      return { bytes: tasks.reduce((a, t) => a + t.transferredBytes, 0), tasks }
+    }
+    if (signal?.aborted && failed.code === 'ERR_FERRY_CANCELED') {
+      throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason, tasks })
+    }
+    throw new FerryError(failed.code ?? 'ERR_FERRY_TRANSFER_FAILED', failed.message ?? `transfer ${failed.name}`, {
+      status: failed.status,
+      transport: failed.transport,
+      attempts: failed.attempts,
+      tasks,
+    })
+  }
+
+  /** Engine counters. */
+  metrics(): EngineMetrics {
+    return this.native((n) => n.metrics())
+  }
+
+  /**
+   * Closes the engine: pending work rejects with ERR_FERRY_CLOSED, threads stop, memory is
+   * released. Idempotent.
+   */
+  close(): Promise<void> {
+    if (!this.#closing) {
+      // Synchronous underneath: calls made after close() returns already see ERR_FERRY_CLOSED.
+      this.#native.close()
+      this.removeAllListeners()
+      this.#closing = Promise.resolve()
+    }
+    return this.#closing
+  }
+}
