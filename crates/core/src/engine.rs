@@ -464,6 +464,7 @@ impl Engine {
     /// Validates every request, then submits them as tasks of `batch`. Returns the index
     /// of the first new task. On any error nothing is submitted.
     pub fn submit_transfer(&self, batch: u64, requests: &[Request]) -> Result<usize> {
+        self.check_open()?;
         let b = self.inner.batches.get(batch)?;
         b.check_room(batch, requests.len())?;
         let validated = self.prepare(requests)?;

@@ -250,6 +250,7 @@ impl From<SegmentInfo> for SegmentDesc {
 
 /// Outcome of openSegment (a value; the TypeScript layer turns failures into rejections).
 #[napi(object)]
+#[derive(Default)]
 pub struct OpenResult {
     /// The segment, when it opened.
     pub segment: Option<SegmentDesc>,

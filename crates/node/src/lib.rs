@@ -6,6 +6,7 @@
 
 mod buffer;
 mod convert;
+mod settle;
 
 use std::sync::Once;
 
@@ -16,6 +17,7 @@ use napi::{Env, Status};
 use napi_derive::napi;
 
 use crate::buffer::{hold, RegionBuffer};
+use crate::settle::Settle;
 use crate::convert::{
     js_error, requests, to_u64, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions,
     OpenResult, SegmentDesc, TaskStatus, TransferRequest,
@@ -115,8 +117,7 @@ impl NativeEngine {
     /// Opens a remote segment; resolves with an `OpenResult`.
     #[napi(catch_unwind, ts_return_type = "Promise<OpenResult>")]
     pub fn open_segment<'env>(&self, env: &'env Env, name: String) -> napi::Result<Object<'env>, String> {
-        let (deferred, promise) = env
-            .create_deferred()
+        let (settle, promise) = Settle::<OpenResult>::new(env)
             .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
         let engine = self.engine.clone();
         let spawned = self.engine.spawn(async move {
@@ -132,7 +133,7 @@ impl NativeEngine {
                     message: Some(e.to_string()),
                 },
             };
-            deferred.resolve(move |_| Ok(result));
+            settle.resolve(result);
         });
         spawned.map_err(js_error)?;
         Ok(promise)
@@ -217,12 +218,12 @@ impl NativeEngine {
     ) -> napi::Result<Object<'env>, String> {
         let internal = |e: napi::Error| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string());
         let reqs = requests(&requests_js).map_err(js_error)?;
-        let (deferred, promise) = env.create_deferred().map_err(internal)?;
+        let (settle, promise) = Settle::<Vec<TaskStatus>>::new(env).map_err(internal)?;
         let op = self
             .engine
             .transfer(&reqs, move |snaps| {
                 let statuses: Vec<TaskStatus> = snaps.into_iter().map(TaskStatus::from).collect();
-                deferred.resolve(move |_| Ok(statuses));
+                settle.resolve(statuses);
             })
             .map_err(js_error)?;
         let mut out = Object::new(env).map_err(internal)?;

@@ -1,0 +1,151 @@
+import test from 'ava'
+import { Engine, FerryError, TransferStatus, type TransferResult } from '../index'
+import { delay, killAll, startTarget } from './helpers'
+
+test.after.always(killAll)
+
+const MiB = 1 << 20
+
+/**
+ * Keeps a stream of 1 MiB writes going (Promise API, a window of `window` in flight) plus
+ * batch submissions, until `stop()`; records when each Promise settled.
+ */
+function stream(engine: Engine, opts: { local: ReturnType<Engine['allocate']>; seg: Awaited<ReturnType<Engine['openSegment']>>; buffer: number; window: number }) {
+  const batch = engine.allocateBatch(1 << 16)
+  let running = true
+  let completed = 0
+  const settled: Array<{ at: number; ok: boolean; code?: string }> = []
+  const pending = new Set<Promise<TransferResult | void>>()
+  let i = 0
+  const launch = () => {
+    if (!running) return
+    const off = (i++ % 16) * MiB
+    const p: Promise<TransferResult | void> = engine
+      .write({ local: opts.local, localOffset: off, remote: opts.seg, remoteBuffer: opts.buffer, remoteOffset: off, length: MiB })
+      .then(
+        () => {
+          completed++
+          settled.push({ at: Date.now(), ok: true })
+        },
+        (err: FerryError) => settled.push({ at: Date.now(), ok: false, code: err.code }),
+      )
+      .finally(() => {
+        pending.delete(p)
+        launch()
+      })
+    pending.add(p)
+  }
+  for (let k = 0; k < opts.window; k++) launch()
+  const batcher = setInterval(() => {
+    if (!running) return
+    try {
+      engine.submitTransfer(
+        batch,
+        Array.from({ length: 4 }, (_, k) => ({ opcode: 'write' as const, local: opts.local, localOffset: k * MiB, remote: opts.seg, remoteBuffer: opts.buffer, remoteOffset: k * MiB, length: MiB })),
+      )
+    } catch {
+      // the peer may already be known lost: submissions still succeed as tasks; ignore
+    }
+  }, 5)
+  return {
+    batch,
+    settled,
+    get completed() {
+      return completed
+    },
+    /** Stops launching; returns the Promises still pending at that moment. */
+    stop() {
+      running = false
+      clearInterval(batcher)
+      return [...pending]
+    },
+  }
+}
+
+test('SIGKILL of the target during 1 MiB writes: every Promise rejects and every polled status is FAILED within 2 s', async (t) => {
+  t.timeout(60_000)
+  const target = await startTarget({ FERRY_TARGET_BYTES: String(16 * MiB) })
+  const engine = await Engine.create({ peerTimeoutMs: 3000 })
+  const lost: string[] = []
+  engine.on('peerLost', (e) => lost.push(e.segment))
+  try {
+    const local = engine.allocate(16 * MiB)
+    const seg = await engine.openSegment(target.segment)
+    const s = stream(engine, { local, seg, buffer: target.buffer, window: 16 })
+    const warm = Date.now() + 10_000
+    while (s.completed < 50 && Date.now() < warm) await delay(5)
+    t.true(s.completed >= 50, 'the stream was flowing before the kill')
+
+    await target.kill('SIGKILL')
+    const killedAt = Date.now()
+    const inFlight = s.stop()
+    t.true(inFlight.length > 0, 'writes were in flight at the kill')
+    await Promise.race([Promise.all(inFlight), delay(5000)])
+    const late = s.settled.filter((x) => x.at >= killedAt)
+    t.true(late.length >= inFlight.length, 'every pending Promise settled')
+    const failures = late.filter((x) => !x.ok)
+    t.true(failures.length > 0, 'pending writes rejected')
+    for (const f of failures) {
+      t.true(f.at - killedAt <= 2000, `rejected ${f.at - killedAt} ms after the kill`)
+      t.true(['ERR_FERRY_PEER_LOST', 'ERR_FERRY_IO', 'ERR_FERRY_CONNECT'].includes(f.code ?? ''), `code ${f.code}`)
+    }
+
+    let overall = engine.getBatchStatus(s.batch)
+    while (overall.status === TransferStatus.PENDING && Date.now() - killedAt < 2000) {
+      await delay(5)
+      overall = engine.getBatchStatus(s.batch)
+    }
+    t.is(overall.status, TransferStatus.FAILED, 'batch FAILED within 2 s')
+    t.true(Date.now() - killedAt <= 2000)
+    const list = engine.getTransferStatusList(s.batch)
+    t.true(list.every((x) => x.status === TransferStatus.COMPLETED || x.status === TransferStatus.FAILED), 'no task left pending')
+    t.true(list.some((x) => x.status === TransferStatus.FAILED))
+
+    // The process keeps running and the engine stays usable: new work towards the dead
+    // peer fails fast with a clear code.
+    await delay(100)
+    const err = await t.throwsAsync<FerryError>(() => engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: MiB }))
+    t.true(['ERR_FERRY_PEER_LOST', 'ERR_FERRY_CONNECT'].includes(err!.code), err!.code)
+    t.deepEqual(lost, [seg.name], 'peerLost event emitted once')
+    t.true(engine.metrics().peersLost >= 1)
+  } finally {
+    await engine.close()
+    await target.kill()
+  }
+})
+
+test('SIGSTOP of the target (a hung peer): in-flight writes fail with ERR_FERRY_PEER_LOST within peerTimeoutMs + 1.5 s', async (t) => {
+  t.timeout(60_000)
+  const target = await startTarget({ FERRY_TARGET_BYTES: String(16 * MiB) })
+  const peerTimeoutMs = 1000
+  const engine = await Engine.create({ peerTimeoutMs })
+  try {
+    const local = engine.allocate(16 * MiB)
+    const seg = await engine.openSegment(target.segment)
+    const s = stream(engine, { local, seg, buffer: target.buffer, window: 16 })
+    while (s.completed < 20) await delay(5)
+    process.kill(target.pid, 'SIGSTOP')
+    const stoppedAt = Date.now()
+    // Writes keep being launched into the socket buffers until they fill, then hang.
+    await delay(200)
+    const inFlight = s.stop()
+    t.true(inFlight.length > 0)
+    await Promise.race([Promise.all(inFlight), delay(peerTimeoutMs + 5000)])
+    const failures = s.settled.filter((x) => !x.ok)
+    t.true(failures.length > 0, 'hung writes failed')
+    for (const f of failures) {
+      t.is(f.code, 'ERR_FERRY_PEER_LOST')
+      t.true(f.at - stoppedAt <= peerTimeoutMs + 1500, `failed ${f.at - stoppedAt} ms after SIGSTOP`)
+    }
+    let overall = engine.getBatchStatus(s.batch)
+    while (overall.status === TransferStatus.PENDING && Date.now() - stoppedAt < peerTimeoutMs + 1500) {
+      await delay(10)
+      overall = engine.getBatchStatus(s.batch)
+    }
+    t.is(overall.status, TransferStatus.FAILED)
+  } finally {
+    process.kill(target.pid, 'SIGCONT')
+    await engine.close()
+    await target.kill()
+  }
+})
