@@ -1,0 +1,145 @@
+/**
+ * Ferry performance suite.
+ *
+ *   npm run perf -- --suite tcp [--duration 5] [--warmup 1] [--lat-ops 20000] ...
+ *
+ * Prints one JSON line per case on stdout (the only thing written there) and progress on
+ * stderr. Each figure is compared with a baseline measured in the same invocation (these
+ * machines are shared and noisy), and `ratio` is engine / baseline. Every child process
+ * started (target engines, iperf3, baseline servers) is killed by pid on exit, on error and
+ * on SIGINT/SIGTERM.
+ *
+ * A new suite is a function `(options) => Promise<CaseRecord[]>` added to `suites` below.
+ */
+import { installCleanup, killAll } from './lib/children'
+import { emit, log } from './lib/log'
+import { tcpSuite } from './suites/tcp'
+import type { Suite, SuiteOptions } from './suites/types'
+
+const suites: Record<string, Suite> = {
+  tcp: tcpSuite,
+  // shm: shmSuite,
+  // failover: failoverSuite,
+}
+
+const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]
+  --suite NAME        suite(s) to run, comma-separated (default: tcp)
+  --duration S        measured seconds per throughput run and iperf3 run (default 5)
+  --warmup S          warm-up seconds before each measurement (default 1)
+  --lat-ops N         timed operations per latency method (default 20000)
+  --lat-max S         time limit of one latency method's timed phase (default 30)
+  --window N          outstanding Promise-API requests in throughput runs (default 32)
+  --batch-tasks N     tasks per batch in batch-API throughput runs (default 16)
+  --batches N         batches in flight in batch-API throughput runs (default 4)
+  --working-set MIB   working set on each side, MiB (default 256)
+  --json              JSON lines on stdout (the default and only format)
+  -h, --help          this text`
+
+class UsageError extends Error {}
+
+interface Cli {
+  suites: string[]
+  options: SuiteOptions
+}
+
+function parseArgs(argv: string[]): Cli {
+  const options: SuiteOptions = {
+    durationSeconds: 5,
+    warmupSeconds: 1,
+    latencyOps: 20_000,
+    latencyMaxSeconds: 30,
+    window: 32,
+    batchTasks: 16,
+    batchesInFlight: 4,
+    workingSetBytes: 256 << 20,
+  }
+  let names = ['tcp']
+  const numeric: Record<string, { set: (v: number) => void; min: number; integer: boolean }> = {
+    '--duration': { set: (v) => (options.durationSeconds = v), min: 0.1, integer: false },
+    '--warmup': { set: (v) => (options.warmupSeconds = v), min: 0, integer: false },
+    '--lat-ops': { set: (v) => (options.latencyOps = v), min: 1, integer: true },
+    '--lat-max': { set: (v) => (options.latencyMaxSeconds = v), min: 0.1, integer: false },
+    '--window': { set: (v) => (options.window = v), min: 1, integer: true },
+    '--batch-tasks': { set: (v) => (options.batchTasks = v), min: 1, integer: true },
+    '--batches': { set: (v) => (options.batchesInFlight = v), min: 1, integer: true },
+    '--working-set': { set: (v) => (options.workingSetBytes = v * (1 << 20)), min: 1, integer: true },
+  }
+  for (let i = 0; i < argv.length; i++) {
+    const raw = argv[i]
+    const eq = raw.indexOf('=')
+    const flag = raw.startsWith('--') && eq > 0 ? raw.slice(0, eq) : raw
+    const inline = raw.startsWith('--') && eq > 0 ? raw.slice(eq + 1) : undefined
+    const value = () => {
+      if (inline !== undefined) return inline
+      const v = argv[++i]
+      if (v === undefined) throw new UsageError(`${flag} needs a value`)
+      return v
+    }
+    if (flag === '-h' || flag === '--help') {
+      process.stderr.write(USAGE + '\n')
+      process.exit(0)
+    } else if (flag === '--json') {
+      // the default; accepted for explicitness
+    } else if (flag === '--suite') {
+      names = value()
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean)
+    } else if (flag in numeric) {
+      const spec = numeric[flag]
+      const text = value()
+      const v = Number(text)
+      if (!Number.isFinite(v) || v < spec.min || (spec.integer && !Number.isInteger(v))) {
+        throw new UsageError(`${flag}: expected ${spec.integer ? 'an integer' : 'a number'} >= ${spec.min}, got ${text}`)
+      }
+      spec.set(v)
+    } else {
+      throw new UsageError(`unknown argument ${raw}`)
+    }
+  }
+  if (names.length === 0) throw new UsageError('--suite needs a name')
+  const unknown = names.filter((n) => !Object.hasOwn(suites, n))
+  if (unknown.length) {
+    throw new UsageError(`unknown suite ${unknown.join(', ')} (known: ${Object.keys(suites).join(', ')})`)
+  }
+  return { suites: names, options }
+}
+
+async function main(): Promise<number> {
+  let cli: Cli
+  try {
+    cli = parseArgs(process.argv.slice(2))
+  } catch (err) {
+    if (err instanceof UsageError) {
+      process.stderr.write(`perf: ${err.message}\n${USAGE}\n`)
+      return 2
+    }
+    throw err
+  }
+  installCleanup()
+  log(`options ${JSON.stringify(cli.options)}`)
+  let failed = false
+  for (const name of cli.suites) {
+    const started = Date.now()
+    log(`suite ${name}: start`)
+    const records = await suites[name](cli.options)
+    for (const r of records) {
+      emit(r)
+      if (r.error !== undefined || r.value === null) failed = true
+    }
+    log(`suite ${name}: done in ${((Date.now() - started) / 1000).toFixed(1)} s`)
+  }
+  return failed ? 1 : 0
+}
+
+main().then(
+  (code) => {
+    killAll('end')
+    process.exitCode = code
+  },
+  (err: unknown) => {
+    log(`failed: ${(err as Error)?.stack ?? String(err)}`)
+    killAll('error')
+    process.exitCode = 1
+  },
+)

@@ -1,0 +1,41 @@
+/** Shapes shared by the suites of bench/perf.ts. */
+
+/** Settings from the command line, passed to every suite. */
+export interface SuiteOptions {
+  /** Measured seconds per throughput run (and per iperf3 run). */
+  durationSeconds: number
+  /** Warm-up seconds before each measurement. */
+  warmupSeconds: number
+  /** Timed operations per latency method. */
+  latencyOps: number
+  /** Hard limit on one latency method's timed phase, in seconds. */
+  latencyMaxSeconds: number
+  /** Outstanding Promise-API requests in throughput runs. */
+  window: number
+  /** Tasks per batch in batch-API throughput runs. */
+  batchTasks: number
+  /** Batches outstanding in batch-API throughput runs. */
+  batchesInFlight: number
+  /** Bytes of the working set on each side (a multiple of 1 MiB). */
+  workingSetBytes: number
+}
+
+/** One result line. Extra fields (per-method figures, CPU use, notes) may follow. */
+export interface CaseRecord {
+  suite: string
+  case: string
+  value: number | null
+  unit: string
+  baseline: string
+  baseline_value: number | null
+  /** engine / baseline. */
+  ratio: number | null
+  /** How `value` was obtained, where there is a choice. */
+  method?: string
+  note?: string
+  error?: string
+  [extra: string]: unknown
+}
+
+/** A suite: runs its cases and returns one record per case. */
+export type Suite = (options: SuiteOptions) => Promise<CaseRecord[]>
