@@ -72,10 +72,7 @@ impl Batch {
 
     /// All tasks.
     pub fn tasks(&self) -> Vec<Arc<Task>> {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Snapshots of all tasks.
@@ -87,7 +84,11 @@ impl Batch {
     pub fn status(&self) -> (TransferStatus, u64, usize) {
         let snaps = self.snapshots();
         let bytes = snaps.iter().map(|s| s.transferred).sum();
-        (aggregate(snaps.iter().map(|s| s.status)), bytes, snaps.len())
+        (
+            aggregate(snaps.iter().map(|s| s.status)),
+            bytes,
+            snaps.len(),
+        )
     }
 }
 

@@ -107,11 +107,17 @@ async fn link_once(
     backoff: &mut Duration,
 ) -> String {
     let addr = peer.name().to_string();
-    let (mut stream, remote_id) =
-        match connect(&addr, ConnKind::Control, cfg.local_engine_id, cfg.peer_timeout).await {
-            Ok(c) => c,
-            Err(e) => return e.to_string(),
-        };
+    let (mut stream, remote_id) = match connect(
+        &addr,
+        ConnKind::Control,
+        cfg.local_engine_id,
+        cfg.peer_timeout,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => return e.to_string(),
+    };
     if remote_id != peer.descriptor().engine_id {
         match tokio::time::timeout(cfg.peer_timeout, request_descriptor(&mut stream)).await {
             Ok(Ok(desc)) => {

@@ -201,7 +201,9 @@ impl Engine {
             return Err(Error::InvalidArgument("peerTimeoutMs must be >= 10".into()));
         }
         if config.transports.is_empty() {
-            return Err(Error::InvalidArgument("at least one transport must be enabled".into()));
+            return Err(Error::InvalidArgument(
+                "at least one transport must be enabled".into(),
+            ));
         }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.io_threads.clamp(1, 64))
@@ -246,7 +248,12 @@ impl Engine {
         let shutdown = CancellationToken::new();
         let handle = runtime.handle().clone();
         handle.spawn(accept_loop(listener, local.clone(), shutdown.clone()));
-        let tcp = TcpTransport::new(handle.clone(), engine_id, config.tcp, shutdown.child_token());
+        let tcp = TcpTransport::new(
+            handle.clone(),
+            engine_id,
+            config.tcp,
+            shutdown.child_token(),
+        );
         let inner = Arc::new(Inner {
             state: AtomicU8::new(OPEN),
             engine_id,
@@ -417,9 +424,10 @@ impl Engine {
         self.check_open()?;
         let peer = self.inner.segments.remove(handle)?;
         peer.link_cancel.cancel();
-        self.inner
-            .tcp
-            .forget_peer(&peer, Error::UnknownSegment(format!("{} was closed", peer.name())));
+        self.inner.tcp.forget_peer(
+            &peer,
+            Error::UnknownSegment(format!("{} was closed", peer.name())),
+        );
         Ok(())
     }
 
@@ -434,10 +442,19 @@ impl Engine {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let v = validate(r, |id| self.inner.regions.get(id), |h| self.inner.segments.get(h))
+                let v = validate(
+                    r,
+                    |id| self.inner.regions.get(id),
+                    |h| self.inner.segments.get(h),
+                )
+                .map_err(|e| annotate(e, i))?;
+                let buffer = v
+                    .descriptor
+                    .buffer(v.remote_buffer)
+                    .map(|b| b.transports.clone())
+                    .unwrap_or_default();
+                rank(&buffer, &self.inner.config.transports, v.transport)
                     .map_err(|e| annotate(e, i))?;
-                let buffer = v.descriptor.buffer(v.remote_buffer).map(|b| b.transports.clone()).unwrap_or_default();
-                rank(&buffer, &self.inner.config.transports, v.transport).map_err(|e| annotate(e, i))?;
                 Ok(v)
             })
             .collect()
@@ -483,7 +500,10 @@ impl Engine {
         let b = self.inner.batches.get(batch)?;
         b.task(task)
             .map(|t| t.snapshot())
-            .ok_or(Error::InvalidTask { batch, task: task as u64 })
+            .ok_or(Error::InvalidTask {
+                batch,
+                task: task as u64,
+            })
     }
 
     /// Status of every task of a batch.
@@ -527,9 +547,14 @@ impl Engine {
         let group = Group::new(
             validated.len(),
             Box::new(move || {
-                let tasks = std::mem::take(&mut *holder_cb.lock().unwrap_or_else(|p| p.into_inner()));
+                let tasks =
+                    std::mem::take(&mut *holder_cb.lock().unwrap_or_else(|p| p.into_inner()));
                 if let Some(inner) = weak.upgrade() {
-                    inner.ops.lock().unwrap_or_else(|p| p.into_inner()).remove(&op);
+                    inner
+                        .ops
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&op);
                 }
                 on_done(tasks.iter().map(|t| t.snapshot()).collect());
             }),
@@ -650,7 +675,11 @@ impl Inner {
     }
 
     fn emit(&self, event: EngineEvent) {
-        let sink = self.events.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let sink = self
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         if let Some(sink) = sink {
             sink(event);
         }
@@ -668,7 +697,9 @@ struct Events(Weak<Inner>);
 
 impl LinkEvents for Events {
     fn peer_lost(&self, peer: &Arc<Peer>, reason: String) {
-        let Some(inner) = self.0.upgrade() else { return };
+        let Some(inner) = self.0.upgrade() else {
+            return;
+        };
         if !peer.mark_lost(&reason) {
             return;
         }

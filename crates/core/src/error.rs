@@ -182,9 +182,6 @@ mod tests {
             ]
         );
         assert_eq!(Error::Closed.status(), TransferStatus::Canceled);
-        assert_eq!(
-            Error::Io("reset".into()).status(),
-            TransferStatus::Failed
-        );
+        assert_eq!(Error::Io("reset".into()).status(), TransferStatus::Failed);
     }
 }

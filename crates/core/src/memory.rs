@@ -78,8 +78,8 @@ impl Mapping {
         if ptr == libc::MAP_FAILED {
             return Err(Error::io("mmap", &std::io::Error::last_os_error()));
         }
-        let ptr = NonNull::new(ptr.cast::<u8>())
-            .ok_or_else(|| Error::Io("mmap returned null".into()))?;
+        let ptr =
+            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| Error::Io("mmap returned null".into()))?;
         Ok(Self { ptr, len, fd })
     }
 
@@ -293,7 +293,10 @@ mod tests {
         assert!(bytes.iter().all(|&b| b == 0));
         assert_eq!(table.get(r.id()).expect("get").id(), r.id());
         table.release(r.id()).expect("release");
-        assert_eq!(table.get(r.id()).unwrap_err().code(), "ERR_FERRY_UNKNOWN_REGION");
+        assert_eq!(
+            table.get(r.id()).unwrap_err().code(),
+            "ERR_FERRY_UNKNOWN_REGION"
+        );
         assert!(table.release(r.id()).is_err());
     }
 
@@ -301,10 +304,22 @@ mod tests {
     fn ranges_are_checked_without_overflow() {
         assert!(check_range(0, 10, 10).is_ok());
         assert!(check_range(9, 1, 10).is_ok());
-        assert_eq!(check_range(0, 0, 10).unwrap_err().code(), "ERR_FERRY_INVALID_ARGUMENT");
-        assert_eq!(check_range(10, 1, 10).unwrap_err().code(), "ERR_FERRY_OUT_OF_RANGE");
-        assert_eq!(check_range(u64::MAX, 2, 10).unwrap_err().code(), "ERR_FERRY_OUT_OF_RANGE");
-        assert_eq!(check_range(1, u64::MAX, 10).unwrap_err().code(), "ERR_FERRY_OUT_OF_RANGE");
+        assert_eq!(
+            check_range(0, 0, 10).unwrap_err().code(),
+            "ERR_FERRY_INVALID_ARGUMENT"
+        );
+        assert_eq!(
+            check_range(10, 1, 10).unwrap_err().code(),
+            "ERR_FERRY_OUT_OF_RANGE"
+        );
+        assert_eq!(
+            check_range(u64::MAX, 2, 10).unwrap_err().code(),
+            "ERR_FERRY_OUT_OF_RANGE"
+        );
+        assert_eq!(
+            check_range(1, u64::MAX, 10).unwrap_err().code(),
+            "ERR_FERRY_OUT_OF_RANGE"
+        );
     }
 
     #[test]

@@ -12,6 +12,30 @@ use crate::wire::{ConnKind, Header, Op, HEADER_LEN};
 /// Socket buffer size asked for on data connections (the kernel may cap it).
 pub(crate) const SOCKET_BUFFER: usize = 4 << 20;
 
+/// Writes `head` then `body` with vectored writes: a header and its payload leave in one
+/// system call (and one TCP segment train) instead of two.
+pub(crate) async fn write_all_pair<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut head: &[u8],
+    mut body: &[u8],
+) -> std::io::Result<()> {
+    while !head.is_empty() || !body.is_empty() {
+        let n = if head.is_empty() {
+            w.write(body).await?
+        } else {
+            let bufs = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
+            w.write_vectored(&bufs).await?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        body = &body[n - from_head..];
+    }
+    Ok(())
+}
+
 /// Reads one header; `Ok(None)` on a clean EOF before any byte.
 pub(crate) async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Header>> {
     let mut buf = [0u8; HEADER_LEN];
@@ -37,7 +61,9 @@ pub(crate) async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Optio
 }
 
 /// Reads a header and its (small) payload into memory.
-pub(crate) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<(Header, Vec<u8>)>> {
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<Option<(Header, Vec<u8>)>> {
     let Some(header) = read_header(r).await? else {
         return Ok(None);
     };
@@ -69,7 +95,7 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
 
 fn tune(stream: &TcpStream, kind: ConnKind) {
     let _ = stream.set_nodelay(true);
-    if kind == ConnKind::Data {
+    if kind == ConnKind::Data && std::env::var("FERRY_SOCKBUF").is_ok() {
         let sock = socket2_ref(stream);
         let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
         let _ = sock.set_send_buffer_size(SOCKET_BUFFER);

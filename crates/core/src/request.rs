@@ -219,30 +219,84 @@ mod tests {
     fn each_kind_of_invalid_request_has_its_code() {
         let f = fixture();
         let cases: Vec<(Request, &str)> = vec![
-            (Request { length: 0, ..good(&f) }, "ERR_FERRY_INVALID_ARGUMENT"),
-            (Request { local: 99, ..good(&f) }, "ERR_FERRY_UNKNOWN_REGION"),
-            (Request { local_offset: 1, ..good(&f) }, "ERR_FERRY_OUT_OF_RANGE"),
             (
-                Request { local_offset: u64::MAX, ..good(&f) },
-                "ERR_FERRY_OUT_OF_RANGE",
-            ),
-            (Request { segment: 55, ..good(&f) }, "ERR_FERRY_UNKNOWN_SEGMENT"),
-            (Request { remote_buffer: 9, ..good(&f) }, "ERR_FERRY_UNKNOWN_BUFFER"),
-            (Request { remote_offset: 4097, ..good(&f) }, "ERR_FERRY_OUT_OF_RANGE"),
-            (
-                Request { remote_offset: u64::MAX - 1, ..good(&f) },
-                "ERR_FERRY_OUT_OF_RANGE",
+                Request {
+                    length: 0,
+                    ..good(&f)
+                },
+                "ERR_FERRY_INVALID_ARGUMENT",
             ),
             (
-                Request { remote_buffer: 1, length: 10, ..good(&f) },
+                Request {
+                    local: 99,
+                    ..good(&f)
+                },
+                "ERR_FERRY_UNKNOWN_REGION",
+            ),
+            (
+                Request {
+                    local_offset: 1,
+                    ..good(&f)
+                },
                 "ERR_FERRY_OUT_OF_RANGE",
             ),
             (
-                Request { remote_buffer: 1, remote_offset: 0, length: 10, ..good(&f) },
+                Request {
+                    local_offset: u64::MAX,
+                    ..good(&f)
+                },
+                "ERR_FERRY_OUT_OF_RANGE",
+            ),
+            (
+                Request {
+                    segment: 55,
+                    ..good(&f)
+                },
+                "ERR_FERRY_UNKNOWN_SEGMENT",
+            ),
+            (
+                Request {
+                    remote_buffer: 9,
+                    ..good(&f)
+                },
+                "ERR_FERRY_UNKNOWN_BUFFER",
+            ),
+            (
+                Request {
+                    remote_offset: 4097,
+                    ..good(&f)
+                },
+                "ERR_FERRY_OUT_OF_RANGE",
+            ),
+            (
+                Request {
+                    remote_offset: u64::MAX - 1,
+                    ..good(&f)
+                },
+                "ERR_FERRY_OUT_OF_RANGE",
+            ),
+            (
+                Request {
+                    remote_buffer: 1,
+                    length: 10,
+                    ..good(&f)
+                },
+                "ERR_FERRY_OUT_OF_RANGE",
+            ),
+            (
+                Request {
+                    remote_buffer: 1,
+                    remote_offset: 0,
+                    length: 10,
+                    ..good(&f)
+                },
                 "ERR_FERRY_PERMISSION_DENIED",
             ),
             (
-                Request { transport: Some(TransportKind::Rdma), ..good(&f) },
+                Request {
+                    transport: Some(TransportKind::Rdma),
+                    ..good(&f)
+                },
                 "ERR_FERRY_TRANSPORT_UNAVAILABLE",
             ),
         ];

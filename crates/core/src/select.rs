@@ -48,9 +48,15 @@ mod tests {
 
     #[test]
     fn default_order_and_filters() {
-        assert_eq!(rank(&[Tcp, Shm], &[Tcp, Shm, Rdma], None).expect("ok"), [Shm, Tcp]);
+        assert_eq!(
+            rank(&[Tcp, Shm], &[Tcp, Shm, Rdma], None).expect("ok"),
+            [Shm, Tcp]
+        );
         assert_eq!(rank(&[Tcp, Shm], &[Tcp], None).expect("ok"), [Tcp]);
-        assert_eq!(rank(&[Tcp, Shm, Rdma], &[Tcp, Rdma, Shm], Some(Tcp)).expect("ok"), [Tcp, Shm, Rdma]);
+        assert_eq!(
+            rank(&[Tcp, Shm, Rdma], &[Tcp, Rdma, Shm], Some(Tcp)).expect("ok"),
+            [Tcp, Shm, Rdma]
+        );
         assert!(rank(&[Shm], &[Tcp], None).is_err());
         assert_eq!(
             rank(&[Tcp], &[Tcp], Some(Rdma)).unwrap_err().code(),

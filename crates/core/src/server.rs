@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::memory::{check_range, Access, Region, RegionTable};
-use crate::net::{read_frame, read_header, tune_accepted, write_frame};
+use crate::net::{read_frame, read_header, tune_accepted, write_all_pair, write_frame};
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::TransportKind;
 use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
@@ -101,7 +101,10 @@ async fn serve(mut stream: TcpStream, local: Arc<LocalSegment>) -> Result<()> {
         .map_err(|_| Error::Protocol("no hello in time".into()))??;
     let Some(hello) = hello else { return Ok(()) };
     if hello.op != Op::Hello {
-        return Err(Error::Protocol(format!("expected Hello, got {:?}", hello.op)));
+        return Err(Error::Protocol(format!(
+            "expected Hello, got {:?}",
+            hello.op
+        )));
     }
     let kind = ConnKind::from_raw(hello.buffer_id)
         .ok_or_else(|| Error::Protocol(format!("unknown connection kind {}", hello.buffer_id)))?;
@@ -148,18 +151,26 @@ async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()
 }
 
 /// Checks a data request against the local segment; returns the region to touch.
-fn admit(local: &LocalSegment, h: &Header) -> std::result::Result<Arc<Region>, (RejectCode, String)> {
+fn admit(
+    local: &LocalSegment,
+    h: &Header,
+) -> std::result::Result<Arc<Region>, (RejectCode, String)> {
     if !token_eq(&h.token, &local.token) {
         return Err((RejectCode::BadToken, "access token mismatch".into()));
     }
-    let region = local
-        .regions
-        .get(h.buffer_id)
-        .map_err(|_| (RejectCode::UnknownBuffer, format!("no buffer {}", h.buffer_id)))?;
+    let region = local.regions.get(h.buffer_id).map_err(|_| {
+        (
+            RejectCode::UnknownBuffer,
+            format!("no buffer {}", h.buffer_id),
+        )
+    })?;
     check_range(h.offset, h.length, region.len() as u64)
         .map_err(|e| (RejectCode::OutOfRange, e.to_string()))?;
     if h.op == Op::WriteReq && region.access() == Access::ReadOnly {
-        return Err((RejectCode::Permission, format!("buffer {} is read-only", h.buffer_id)));
+        return Err((
+            RejectCode::Permission,
+            format!("buffer {} is read-only", h.buffer_id),
+        ));
     }
     Ok(region)
 }
@@ -191,7 +202,9 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                         .map_err(|e| Error::Protocol(format!("truncated WRITE payload: {e}")))?;
                     reply.op = Op::WriteAck;
                     reply.length = 0;
-                    w.write_all(&reply.encode()).await.map_err(io("write ack"))?;
+                    w.write_all(&reply.encode())
+                        .await
+                        .map_err(io("write ack"))?;
                 }
                 Err((code, reason)) => {
                     drain(&mut r, h.length).await?;
@@ -207,14 +220,17 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                     let src = unsafe { std::slice::from_raw_parts(ptr, h.length as usize) };
                     reply.op = Op::ReadResp;
                     reply.length = h.length;
-                    w.write_all(&reply.encode()).await.map_err(io("write header"))?;
-                    w.write_all(src).await.map_err(io("write payload"))?;
+                    write_all_pair(&mut w, &reply.encode(), src)
+                        .await
+                        .map_err(io("write READ reply"))?;
                 }
                 Err((code, reason)) => reject(&mut w, reply, code, &reason).await?,
             },
             Op::Ping => {
                 reply.op = Op::Pong;
-                w.write_all(&reply.encode()).await.map_err(io("write pong"))?;
+                w.write_all(&reply.encode())
+                    .await
+                    .map_err(io("write pong"))?;
             }
             other => {
                 return Err(Error::Protocol(format!(

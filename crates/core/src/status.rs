@@ -204,6 +204,9 @@ mod tests {
             .iter()
             .filter(|s| s.is_terminal())
             .collect();
-        assert_eq!(terminal, [&Invalid, &Canceled, &Completed, &Timeout, &Failed]);
+        assert_eq!(
+            terminal,
+            [&Invalid, &Canceled, &Completed, &Timeout, &Failed]
+        );
     }
 }

@@ -176,10 +176,7 @@ impl Task {
     pub fn snapshot(&self) -> TaskSnapshot {
         let status = self.status();
         let error = if status.is_terminal() && status != TransferStatus::Completed {
-            self.error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
+            self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
         } else {
             None
         };
@@ -198,9 +195,6 @@ impl Task {
 
     /// The error, if the task ended without completing.
     pub fn error(&self) -> Option<Error> {
-        self.error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }

@@ -281,7 +281,9 @@ pub fn split_frame(bytes: &[u8]) -> Result<Option<(Header, &[u8])>, WireError> {
     if bytes.len() < HEADER_LEN {
         // Check what we can early, so garbage is refused before it is complete.
         if bytes.len() >= 4 && bytes[..4] != MAGIC {
-            return Err(WireError::BadMagic([bytes[0], bytes[1], bytes[2], bytes[3]]));
+            return Err(WireError::BadMagic([
+                bytes[0], bytes[1], bytes[2], bytes[3],
+            ]));
         }
         return Ok(None);
     }
@@ -341,7 +343,11 @@ mod tests {
         let mut bytes = h.encode().to_vec();
         bytes.extend_from_slice(b"hello");
         for cut in 0..bytes.len() {
-            assert_eq!(split_frame(&bytes[..cut]).expect("no error"), None, "cut {cut}");
+            assert_eq!(
+                split_frame(&bytes[..cut]).expect("no error"),
+                None,
+                "cut {cut}"
+            );
         }
         assert!(matches!(
             Header::decode(&bytes[..HEADER_LEN - 1]),

@@ -33,7 +33,10 @@ fn pair() -> (Engine, Engine) {
         peer_timeout: Duration::from_millis(1000),
         ..EngineConfig::default()
     };
-    (Engine::new(cfg.clone()).expect("target"), Engine::new(cfg).expect("initiator"))
+    (
+        Engine::new(cfg.clone()).expect("target"),
+        Engine::new(cfg).expect("initiator"),
+    )
 }
 
 fn req(op: Opcode, local: &Region, seg: u64, remote: &Region, off: u64, len: u64) -> Request {
@@ -79,7 +82,9 @@ fn moves_64_mib_each_way_with_bytes_verified() {
         std::thread::sleep(Duration::from_millis(1));
     }
     let list = initiator.transfer_status_list(batch).expect("list");
-    assert!(list.iter().all(|t| t.transport == Some(ferry_core::TransportKind::Tcp) && t.attempts == 1));
+    assert!(list
+        .iter()
+        .all(|t| t.transport == Some(ferry_core::TransportKind::Tcp) && t.attempts == 1));
     initiator.free_batch(batch).expect("free");
     assert_eq!(bytes(&remote), bytes(&local));
 
@@ -88,7 +93,12 @@ fn moves_64_mib_each_way_with_bytes_verified() {
     let snaps = initiator
         .transfer_blocking(&[req(Opcode::Read, &back, seg.handle, &remote, 0, SIZE)])
         .expect("read");
-    assert_eq!(snaps[0].status, TransferStatus::Completed, "{:?}", snaps[0].error);
+    assert_eq!(
+        snaps[0].status,
+        TransferStatus::Completed,
+        "{:?}",
+        snaps[0].error
+    );
     assert_eq!(snaps[0].transferred, SIZE);
     assert!(bytes(&back) == bytes(&local), "read-back differs");
     let m = initiator.metrics();
@@ -124,7 +134,10 @@ fn target_close_fails_in_flight_work_quickly() {
             assert_eq!(s.status, TransferStatus::Failed);
             break;
         }
-        assert!(killed.elapsed() < Duration::from_secs(2), "not FAILED within 2 s");
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "not FAILED within 2 s"
+        );
         std::thread::sleep(Duration::from_millis(2));
     }
     // The peer is declared lost; new work fails fast with PEER_LOST.
@@ -137,7 +150,11 @@ fn target_close_fails_in_flight_work_quickly() {
         if snaps[0].error.as_ref().map(|e| e.code()) == Some("ERR_FERRY_PEER_LOST") {
             break;
         }
-        assert!(Instant::now() < deadline, "peer never declared lost: {:?}", snaps[0].error);
+        assert!(
+            Instant::now() < deadline,
+            "peer never declared lost: {:?}",
+            snaps[0].error
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(initiator.metrics().peers_lost >= 1);
@@ -156,10 +173,34 @@ fn bad_input_is_refused_and_moves_nothing() {
     let good = req(Opcode::Write, &local, seg.handle, &remote, 0, 4096);
     let batch = initiator.allocate_batch(4).expect("batch");
     let bad_cases = [
-        (Request { length: 0, ..good.clone() }, "ERR_FERRY_INVALID_ARGUMENT"),
-        (Request { remote_offset: 8000, ..good.clone() }, "ERR_FERRY_OUT_OF_RANGE"),
-        (Request { segment: 999, ..good.clone() }, "ERR_FERRY_UNKNOWN_SEGMENT"),
-        (Request { remote_buffer: 77, ..good.clone() }, "ERR_FERRY_UNKNOWN_BUFFER"),
+        (
+            Request {
+                length: 0,
+                ..good.clone()
+            },
+            "ERR_FERRY_INVALID_ARGUMENT",
+        ),
+        (
+            Request {
+                remote_offset: 8000,
+                ..good.clone()
+            },
+            "ERR_FERRY_OUT_OF_RANGE",
+        ),
+        (
+            Request {
+                segment: 999,
+                ..good.clone()
+            },
+            "ERR_FERRY_UNKNOWN_SEGMENT",
+        ),
+        (
+            Request {
+                remote_buffer: 77,
+                ..good.clone()
+            },
+            "ERR_FERRY_UNKNOWN_BUFFER",
+        ),
     ];
     for (bad, code) in bad_cases {
         // A good request beside a bad one: the whole submission is refused.
@@ -169,26 +210,42 @@ fn bad_input_is_refused_and_moves_nothing() {
         assert_eq!(err.code(), code);
     }
     assert_eq!(initiator.batch_status(batch).expect("status").tasks, 0);
-    assert!(bytes(&remote).iter().all(|&b| b == 0), "a refused request moved bytes");
+    assert!(
+        bytes(&remote).iter().all(|&b| b == 0),
+        "a refused request moved bytes"
+    );
     // stale, freed and foreign batch ids
     initiator.free_batch(batch).expect("free");
-    assert_eq!(initiator.batch_status(batch).unwrap_err().code(), "ERR_FERRY_INVALID_BATCH");
+    assert_eq!(
+        initiator.batch_status(batch).unwrap_err().code(),
+        "ERR_FERRY_INVALID_BATCH"
+    );
     let foreign = target.allocate_batch(1).expect("foreign");
-    assert_eq!(initiator.batch_status(foreign).unwrap_err().code(), "ERR_FERRY_INVALID_BATCH");
+    assert_eq!(
+        initiator.batch_status(foreign).unwrap_err().code(),
+        "ERR_FERRY_INVALID_BATCH"
+    );
     // released region
     initiator.release(local.id()).expect("release");
     let err = initiator.transfer_blocking(&[good]).expect_err("released");
     assert_eq!(err.code(), "ERR_FERRY_UNKNOWN_REGION");
     // after close
     initiator.close();
-    assert_eq!(initiator.allocate_batch(1).unwrap_err().code(), "ERR_FERRY_CLOSED");
-    assert_eq!(initiator.allocate(1).unwrap_err().code(), "ERR_FERRY_CLOSED");
+    assert_eq!(
+        initiator.allocate_batch(1).unwrap_err().code(),
+        "ERR_FERRY_CLOSED"
+    );
+    assert_eq!(
+        initiator.allocate(1).unwrap_err().code(),
+        "ERR_FERRY_CLOSED"
+    );
     target.close();
 }
 
 fn raw_data_conn(target: &Engine) -> TcpStream {
     let mut s = TcpStream::connect(target.segment_name()).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
     let mut hello = Header::new(Op::Hello);
     hello.buffer_id = ConnKind::Data as u64;
     s.write_all(&hello.encode()).expect("hello");
@@ -211,7 +268,10 @@ fn malformed_frames_drop_the_connection_and_touch_nothing() {
     // 1. garbage
     let mut s = raw_data_conn(&target);
     s.write_all(&[0xEE; 100]).expect("garbage");
-    assert!(read_reply(&mut s).is_none(), "garbage must drop the connection");
+    assert!(
+        read_reply(&mut s).is_none(),
+        "garbage must drop the connection"
+    );
     // 2. oversized WRITE
     let mut s = raw_data_conn(&target);
     let mut h = Header::new(Op::WriteReq);
@@ -219,10 +279,14 @@ fn malformed_frames_drop_the_connection_and_touch_nothing() {
     let mut enc = h.encode().to_vec();
     enc.extend_from_slice(&[1; 64]);
     s.write_all(&enc).expect("oversized");
-    assert!(read_reply(&mut s).is_none(), "oversized frame must drop the connection");
+    assert!(
+        read_reply(&mut s).is_none(),
+        "oversized frame must drop the connection"
+    );
     // 3. truncated header then EOF
     let mut s = raw_data_conn(&target);
-    s.write_all(&Header::new(Op::WriteReq).encode()[..20]).expect("partial");
+    s.write_all(&Header::new(Op::WriteReq).encode()[..20])
+        .expect("partial");
     s.shutdown(std::net::Shutdown::Write).expect("shutdown");
     assert!(read_reply(&mut s).is_none());
     // 4. well-formed WRITE with a wrong token: rejected, payload drained, nothing written
@@ -268,7 +332,16 @@ fn close_wakes_every_waiter_while_threads_poll() {
         .expect("open");
     let batch = initiator.allocate_batch(4096).expect("batch");
     let reqs: Vec<_> = (0..256)
-        .map(|i| req(Opcode::Write, &local, seg.handle, &remote, (i % 16) << 16, 1 << 16))
+        .map(|i| {
+            req(
+                Opcode::Write,
+                &local,
+                seg.handle,
+                &remote,
+                (i % 16) << 16,
+                1 << 16,
+            )
+        })
         .collect();
     initiator.submit_transfer(batch, &reqs).expect("submit");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -305,7 +378,9 @@ fn close_wakes_every_waiter_while_threads_poll() {
     initiator.close();
     initiator.close(); // idempotent
     for _ in 0..16 {
-        let snaps = rx.recv_timeout(Duration::from_secs(5)).expect("every waiter wakes");
+        let snaps = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("every waiter wakes");
         assert!(snaps.iter().all(|s| s.status.is_terminal()));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -13,11 +13,7 @@ use napi::sys;
 /// A region exposed to JS as a Buffer.
 pub struct RegionBuffer(pub(crate) Arc<Region>);
 
-unsafe extern "C" fn finalize_region(
-    _env: sys::napi_env,
-    _data: *mut c_void,
-    hint: *mut c_void,
-) {
+unsafe extern "C" fn finalize_region(_env: sys::napi_env, _data: *mut c_void, hint: *mut c_void) {
     // SAFETY: `hint` is the `Box<Arc<Region>>` leaked in `to_napi_value` below; V8 calls
     // this finalizer exactly once, so the box is reclaimed exactly once.
     drop(unsafe { Box::from_raw(hint.cast::<Arc<Region>>()) });

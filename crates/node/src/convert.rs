@@ -13,7 +13,8 @@ pub(crate) fn js_error(e: Error) -> napi::Error<String> {
 
 /// A JS number that must be a non-negative integer (exact in a double).
 pub(crate) fn to_u64(value: f64, what: &str) -> Result<u64, Error> {
-    if value.is_finite() && value >= 0.0 && value.fract() == 0.0 && value <= 9_007_199_254_740_991.0 {
+    if value.is_finite() && value >= 0.0 && value.fract() == 0.0 && value <= 9_007_199_254_740_991.0
+    {
         Ok(value as u64)
     } else {
         Err(Error::InvalidArgument(format!(
@@ -61,11 +62,13 @@ impl TryFrom<EngineOptions> for EngineConfig {
         if let Some(list) = o.transports {
             let mut kinds = Vec::new();
             for name in list {
-                let kind = TransportKind::parse(&name).ok_or_else(|| {
-                    Error::InvalidArgument(format!("unknown transport {name:?}"))
-                })?;
+                let kind = TransportKind::parse(&name)
+                    .ok_or_else(|| Error::InvalidArgument(format!("unknown transport {name:?}")))?;
                 if kind != TransportKind::Tcp {
-                    tracing::info!(transport = name, "transport not built in this version; ignored");
+                    tracing::info!(
+                        transport = name,
+                        "transport not built in this version; ignored"
+                    );
                     continue;
                 }
                 kinds.push(kind);
@@ -79,7 +82,9 @@ impl TryFrom<EngineOptions> for EngineConfig {
         }
         if let Some(v) = o.connections_per_peer {
             if v == 0 || v > 64 {
-                return Err(Error::InvalidArgument("connectionsPerPeer must be in 1..=64".into()));
+                return Err(Error::InvalidArgument(
+                    "connectionsPerPeer must be in 1..=64".into(),
+                ));
             }
             c.tcp.connections_per_peer = v as usize;
         }
@@ -130,9 +135,11 @@ impl TryFrom<&TransferRequest> for Request {
             length: to_u64(r.length, "length")?,
             transport: match &r.transport {
                 None => None,
-                Some(t) => Some(TransportKind::parse(t).ok_or_else(|| {
-                    Error::InvalidArgument(format!("unknown transport {t:?}"))
-                })?),
+                Some(t) => {
+                    Some(TransportKind::parse(t).ok_or_else(|| {
+                        Error::InvalidArgument(format!("unknown transport {t:?}"))
+                    })?)
+                }
             },
         })
     }

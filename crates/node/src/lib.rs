@@ -17,11 +17,11 @@ use napi::{Env, Status};
 use napi_derive::napi;
 
 use crate::buffer::{hold, RegionBuffer};
-use crate::settle::Settle;
 use crate::convert::{
     js_error, requests, to_u64, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions,
     OpenResult, SegmentDesc, TaskStatus, TransferRequest,
 };
+use crate::settle::Settle;
 
 static LOGGING: Once = Once::new();
 
@@ -93,7 +93,11 @@ impl NativeEngine {
 
     /// Registers a user Buffer; the engine holds it until `release`.
     #[napi(catch_unwind)]
-    pub fn register_memory(&self, buffer: Buffer, read_only: Option<bool>) -> napi::Result<f64, String> {
+    pub fn register_memory(
+        &self,
+        buffer: Buffer,
+        read_only: Option<bool>,
+    ) -> napi::Result<f64, String> {
         let access = if read_only.unwrap_or(false) {
             Access::ReadOnly
         } else {
@@ -102,8 +106,11 @@ impl NativeEngine {
         let (ptr, len, held) = hold(buffer);
         // SAFETY: `ptr`/`len` describe the Buffer's backing store, which `held` keeps
         // referenced (and so alive and unmoved) for as long as the region exists.
-        let region = unsafe { self.engine.register_memory(ptr, len, access, Box::new(held)) }
-            .map_err(js_error)?;
+        let region = unsafe {
+            self.engine
+                .register_memory(ptr, len, access, Box::new(held))
+        }
+        .map_err(js_error)?;
         Ok(region.id() as f64)
     }
 
@@ -116,7 +123,11 @@ impl NativeEngine {
 
     /// Opens a remote segment; resolves with an `OpenResult`.
     #[napi(catch_unwind, ts_return_type = "Promise<OpenResult>")]
-    pub fn open_segment<'env>(&self, env: &'env Env, name: String) -> napi::Result<Object<'env>, String> {
+    pub fn open_segment<'env>(
+        &self,
+        env: &'env Env,
+        name: String,
+    ) -> napi::Result<Object<'env>, String> {
         let (settle, promise) = Settle::<OpenResult>::new(env)
             .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
         let engine = self.engine.clone();
@@ -158,10 +169,17 @@ impl NativeEngine {
 
     /// Submits requests as tasks of a batch; returns the index of the first task.
     #[napi(catch_unwind)]
-    pub fn submit_transfer(&self, batch: f64, requests_js: Vec<TransferRequest>) -> napi::Result<u32, String> {
+    pub fn submit_transfer(
+        &self,
+        batch: f64,
+        requests_js: Vec<TransferRequest>,
+    ) -> napi::Result<u32, String> {
         let batch = to_u64(batch, "batch").map_err(js_error)?;
         let reqs = requests(&requests_js).map_err(js_error)?;
-        let first = self.engine.submit_transfer(batch, &reqs).map_err(js_error)?;
+        let first = self
+            .engine
+            .submit_transfer(batch, &reqs)
+            .map_err(js_error)?;
         Ok(first as u32)
     }
 
@@ -216,7 +234,8 @@ impl NativeEngine {
         env: &'env Env,
         requests_js: Vec<TransferRequest>,
     ) -> napi::Result<Object<'env>, String> {
-        let internal = |e: napi::Error| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string());
+        let internal =
+            |e: napi::Error| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string());
         let reqs = requests(&requests_js).map_err(js_error)?;
         let (settle, promise) = Settle::<Vec<TaskStatus>>::new(env).map_err(internal)?;
         let op = self
@@ -241,16 +260,23 @@ impl NativeEngine {
 
     /// Sets the function that receives engine events. It does not keep Node alive.
     #[napi(catch_unwind)]
-    pub fn set_event_handler(&self, callback: Function<EngineEventJs, ()>) -> napi::Result<(), String> {
+    pub fn set_event_handler(
+        &self,
+        callback: Function<EngineEventJs, ()>,
+    ) -> napi::Result<(), String> {
         let tsfn: EventFn = callback
             .build_threadsafe_function()
             .callee_handled::<false>()
             .weak::<true>()
             .build()
             .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
-        self.engine.set_event_sink(Some(std::sync::Arc::new(move |event| {
-            let _ = tsfn.call(EngineEventJs::from(event), ThreadsafeFunctionCallMode::NonBlocking);
-        })));
+        self.engine
+            .set_event_sink(Some(std::sync::Arc::new(move |event| {
+                let _ = tsfn.call(
+                    EngineEventJs::from(event),
+                    ThreadsafeFunctionCallMode::NonBlocking,
+                );
+            })));
         Ok(())
     }
 

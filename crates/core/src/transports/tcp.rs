@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::memory::Region;
-use crate::net::{connect, read_header};
+use crate::net::{connect, read_header, write_all_pair};
 use crate::request::Opcode;
 use crate::segment::Peer;
 use crate::task::Task;
@@ -136,7 +136,12 @@ pub struct TcpTransport {
 
 impl TcpTransport {
     /// A transport whose connection actors run on `rt`.
-    pub fn new(rt: Handle, local_engine_id: u64, config: TcpConfig, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        rt: Handle,
+        local_engine_id: u64,
+        config: TcpConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
         let mut config = config;
         config.connections_per_peer = config.connections_per_peer.clamp(1, 64);
         config.slice_size = config.slice_size.clamp(4096, MAX_DATA_PAYLOAD);
@@ -194,8 +199,12 @@ impl TcpTransport {
         let pool = self.pool(&req.peer);
         let slice_size = self.config.slice_size;
         let count = req.length.div_ceil(slice_size);
-        let count = u32::try_from(count)
-            .map_err(|_| Error::InvalidArgument(format!("request of {} bytes has too many slices", req.length)))?;
+        let count = u32::try_from(count).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "request of {} bytes has too many slices",
+                req.length
+            ))
+        })?;
         if !task.begin_attempt(TransportKind::Tcp, count) {
             return Ok(()); // already terminal (canceled): nothing to send
         }
@@ -384,25 +393,26 @@ async fn write_loop(
         let id = match conn.register(slice) {
             Ok(id) => id,
             Err(slice) => {
-                slice.task.fail(conn.error_for_break(Error::Io("connection closing".into())));
+                slice
+                    .task
+                    .fail(conn.error_for_break(Error::Io("connection closing".into())));
                 continue;
             }
         };
         h.request_id = id;
-        if let Err(e) = w.write_all(&h.encode()).await {
-            return Error::io("send", &e);
-        }
-        if opcode == Opcode::Write {
+        let payload: &[u8] = if opcode == Opcode::Write {
             let ptr = match region.range_ptr(local_offset, len) {
                 Ok(p) => p,
                 Err(e) => return e,
             };
             // SAFETY: the range was validated against this region at submit and again by
             // `range_ptr`; `region` (held above) keeps the memory mapped across the await.
-            let payload = unsafe { std::slice::from_raw_parts(ptr, len as usize) };
-            if let Err(e) = w.write_all(payload).await {
-                return Error::io("send", &e);
-            }
+            unsafe { std::slice::from_raw_parts(ptr, len as usize) }
+        } else {
+            &[]
+        };
+        if let Err(e) = write_all_pair(&mut w, &h.encode(), payload).await {
+            return Error::io("send", &e);
         }
     }
 }
@@ -456,7 +466,10 @@ async fn read_loop(conn: &DataConn, mut r: BufReader<OwnedReadHalf>) -> Error {
                 )));
             }
             (op, expected) => {
-                let err = Error::Protocol(format!("{op:?} (len {}) in reply to a {expected:?}", h.length));
+                let err = Error::Protocol(format!(
+                    "{op:?} (len {}) in reply to a {expected:?}",
+                    h.length
+                ));
                 slice.task.fail(err.clone());
                 return err;
             }
