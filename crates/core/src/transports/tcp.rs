@@ -4,23 +4,29 @@
 //! into registered memory. Many slices are in flight per connection. A reset, an EOF or a
 //! protocol violation fails every in-flight slice on that connection at once.
 //!
+//! Small frames are written inline by the submitting thread when the connection is idle:
+//! one non-blocking `writev`, no thread hand-off. Everything else (large frames, frames
+//! behind others, the rest of a partial write) goes through the connection's writer task,
+//! which keeps frames in submission order.
+//!
 //! The serving side lives in `server.rs`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::io::IoSlice;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Handle;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::memory::Region;
-use crate::net::{connect, read_header, write_all_pair};
+use crate::net::{connect, read_header};
 use crate::request::Opcode;
 use crate::segment::Peer;
 use crate::task::Task;
@@ -30,6 +36,8 @@ use crate::wire::{ConnKind, Header, Op, RejectCode, Token, HEADER_LEN, MAX_DATA_
 const BACKOFF_START: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const IO_BUFFER: usize = 64 << 10;
+/// Frames up to this payload size may be written by the submitting thread itself.
+const INLINE_MAX: u64 = 64 << 10;
 
 /// Settings of the TCP transport.
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +60,7 @@ impl Default for TcpConfig {
     }
 }
 
-/// One slice of a task, in a connection's queue or in flight.
+/// One slice of a task, queued or in flight.
 struct Slice {
     task: Arc<Task>,
     opcode: Opcode,
@@ -64,6 +72,73 @@ struct Slice {
     token: Token,
 }
 
+impl Slice {
+    /// Bytes of payload this slice's request frame carries.
+    fn payload_len(&self) -> u64 {
+        match self.opcode {
+            Opcode::Write => self.len,
+            Opcode::Read => 0,
+        }
+    }
+}
+
+/// A request frame being written: its header and the payload it points into.
+struct Frame {
+    header: [u8; HEADER_LEN],
+    /// Keeps the payload's memory mapped while the frame is written.
+    _region: Arc<Region>,
+    payload: *const u8,
+    payload_len: usize,
+    written: usize,
+}
+
+// SAFETY: `payload` points into `region`, which the frame keeps alive; the frame is only
+// ever used by one thread at a time (it moves between the submitter and the writer task).
+unsafe impl Send for Frame {}
+
+impl Frame {
+    fn total(&self) -> usize {
+        HEADER_LEN + self.payload_len
+    }
+
+    /// The unwritten rest, as at most two slices.
+    fn rest(&self) -> [IoSlice<'_>; 2] {
+        // SAFETY: `payload`/`payload_len` were produced by `Region::range_ptr` on `_region`,
+        // which this frame keeps alive.
+        let payload = unsafe { std::slice::from_raw_parts(self.payload, self.payload_len) };
+        if self.written < HEADER_LEN {
+            [
+                IoSlice::new(&self.header[self.written..]),
+                IoSlice::new(payload),
+            ]
+        } else {
+            [
+                IoSlice::new(&payload[self.written - HEADER_LEN..]),
+                IoSlice::new(&[]),
+            ]
+        }
+    }
+
+    /// Writes as much as the socket takes now. Ok(true) when the frame is complete.
+    fn try_write(&mut self, half: &OwnedWriteHalf) -> std::io::Result<bool> {
+        while self.written < self.total() {
+            let n = half.try_write_vectored(&self.rest())?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            self.written += n;
+        }
+        Ok(true)
+    }
+}
+
+enum Queued {
+    /// Not yet registered or written.
+    Fresh(Slice),
+    /// Registered and partly written: it must finish before anything else is written.
+    Partial(Frame),
+}
+
 #[derive(Default)]
 struct Inflight {
     open: bool,
@@ -71,20 +146,57 @@ struct Inflight {
     slices: HashMap<u64, Slice>,
 }
 
+#[derive(Default)]
+struct WriteState {
+    queue: VecDeque<Queued>,
+    /// The writer task is writing a frame it took from the queue.
+    writer_busy: bool,
+    /// The connected socket's write half; `None` while disconnected.
+    half: Option<Arc<OwnedWriteHalf>>,
+}
+
 struct DataConn {
     peer: Arc<Peer>,
-    tx: mpsc::UnboundedSender<Slice>,
     inflight: Mutex<Inflight>,
+    write: Mutex<WriteState>,
+    /// Wakes the actor: work was queued.
+    work: Notify,
     current: Mutex<CancellationToken>,
 }
 
 impl DataConn {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inflight> {
+    fn lock(&self) -> MutexGuard<'_, Inflight> {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a slice for sending; hands it back if the connection is closing.
-    fn register(&self, slice: Slice) -> std::result::Result<u64, Slice> {
+    fn write_state(&self) -> MutexGuard<'_, WriteState> {
+        self.write.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a slice as in flight and builds its frame; hands the slice back if the
+    /// connection is closing.
+    fn register(&self, slice: Slice) -> std::result::Result<Frame, Slice> {
+        let mut h = Header::new(match slice.opcode {
+            Opcode::Write => Op::WriteReq,
+            Opcode::Read => Op::ReadReq,
+        });
+        h.buffer_id = slice.buffer;
+        h.offset = slice.remote_offset;
+        h.length = slice.len;
+        h.token = slice.token;
+        let payload_len = slice.payload_len();
+        let payload = if payload_len > 0 {
+            match slice.region.range_ptr(slice.local_offset, payload_len) {
+                Ok(p) => p.cast_const(),
+                Err(e) => {
+                    slice.task.fail(e);
+                    return Err(slice);
+                }
+            }
+        } else {
+            std::ptr::NonNull::<u8>::dangling().as_ptr().cast_const()
+        };
+        let region = slice.region.clone();
         let mut inf = self.lock();
         if !inf.open {
             return Err(slice);
@@ -92,11 +204,53 @@ impl DataConn {
         inf.next_id = inf.next_id.wrapping_add(1);
         let id = inf.next_id;
         inf.slices.insert(id, slice);
-        Ok(id)
+        h.request_id = id;
+        Ok(Frame {
+            header: h.encode(),
+            _region: region,
+            payload,
+            payload_len: payload_len as usize,
+            written: 0,
+        })
     }
 
     fn take(&self, id: u64) -> Option<Slice> {
         self.lock().slices.remove(&id)
+    }
+
+    /// Sends a slice: inline when the connection is idle and the frame small, otherwise
+    /// through the writer task.
+    fn send(&self, slice: Slice) {
+        let mut st = self.write_state();
+        let idle = !st.writer_busy && st.queue.is_empty();
+        let half = match &st.half {
+            Some(h) if idle && slice.payload_len() <= INLINE_MAX => h.clone(),
+            _ => {
+                st.queue.push_back(Queued::Fresh(slice));
+                drop(st);
+                self.work.notify_one();
+                return;
+            }
+        };
+        let mut frame = match self.register(slice) {
+            Ok(f) => f,
+            Err(slice) => {
+                // Closing: let the actor decide (reconnect or fail) like any queued slice.
+                st.queue.push_back(Queued::Fresh(slice));
+                drop(st);
+                self.work.notify_one();
+                return;
+            }
+        };
+        match frame.try_write(&half) {
+            Ok(_) => {}
+            // Would block, or failed: the writer task finishes it or meets the error.
+            Err(_) => {
+                st.queue.push_front(Queued::Partial(frame));
+                drop(st);
+                self.work.notify_one();
+            }
+        }
     }
 
     /// Closes the connection's books and fails everything in flight with `error`.
@@ -108,6 +262,16 @@ impl DataConn {
         };
         for s in drained {
             s.task.fail(error.clone());
+        }
+    }
+
+    /// Fails every slice still queued.
+    fn fail_queued(&self, error: &Error) {
+        let queued: Vec<Queued> = self.write_state().queue.drain(..).collect();
+        for q in queued {
+            if let Queued::Fresh(s) = q {
+                s.task.fail(error.clone());
+            }
         }
     }
 
@@ -161,21 +325,19 @@ impl TcpTransport {
             .or_insert_with(|| {
                 let conns = (0..self.config.connections_per_peer)
                     .map(|_| {
-                        let (tx, rx) = mpsc::unbounded_channel();
                         let conn = Arc::new(DataConn {
                             peer: peer.clone(),
-                            tx,
                             inflight: Mutex::new(Inflight::default()),
+                            write: Mutex::new(WriteState::default()),
+                            work: Notify::new(),
                             current: Mutex::new(CancellationToken::new()),
                         });
-                        let actor = conn_actor(
+                        self.rt.spawn(conn_actor(
                             conn.clone(),
-                            rx,
                             self.shutdown.clone(),
                             self.local_engine_id,
                             self.config.connect_timeout,
-                        );
-                        self.rt.spawn(actor);
+                        ));
                         conn
                     })
                     .collect();
@@ -198,8 +360,7 @@ impl TcpTransport {
         let token = req.descriptor.token_bytes()?;
         let pool = self.pool(&req.peer);
         let slice_size = self.config.slice_size;
-        let count = req.length.div_ceil(slice_size);
-        let count = u32::try_from(count).map_err(|_| {
+        let count = u32::try_from(req.length.div_ceil(slice_size)).map_err(|_| {
             Error::InvalidArgument(format!(
                 "request of {} bytes has too many slices",
                 req.length
@@ -211,7 +372,8 @@ impl TcpTransport {
         let mut offset = 0;
         while offset < req.length {
             let len = slice_size.min(req.length - offset);
-            let slice = Slice {
+            let n = pool.next.fetch_add(1, Ordering::Relaxed) % pool.conns.len();
+            pool.conns[n].send(Slice {
                 task: task.clone(),
                 opcode: req.opcode,
                 region: req.local.clone(),
@@ -220,15 +382,15 @@ impl TcpTransport {
                 remote_offset: req.remote_offset + offset,
                 len,
                 token,
-            };
-            let n = pool.next.fetch_add(1, Ordering::Relaxed) % pool.conns.len();
-            if let Err(mpsc::error::SendError(slice)) = pool.conns[n].tx.send(slice) {
-                slice.task.fail(Error::Closed);
-                break;
-            }
+            });
             offset += len;
         }
         Ok(())
+    }
+
+    fn pools(&self) -> Vec<Arc<PeerPool>> {
+        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.values().cloned().collect()
     }
 }
 
@@ -249,6 +411,7 @@ impl Transport for TcpTransport {
         if let Some(pool) = pool {
             for conn in &pool.conns {
                 conn.fail_all(&error);
+                conn.fail_queued(&error);
                 conn.current
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -259,15 +422,13 @@ impl Transport for TcpTransport {
 
     fn shutdown(&self) {
         self.shutdown.cancel();
-        let pools: Vec<_> = {
-            let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-            pools.drain().map(|(_, p)| p).collect()
-        };
-        for pool in pools {
+        for pool in self.pools() {
             for conn in &pool.conns {
                 conn.fail_all(&Error::Closed);
+                conn.fail_queued(&Error::Closed);
             }
         }
+        self.pools.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 
@@ -275,30 +436,17 @@ impl TcpTransport {
     /// Drops the pool of a closed segment, failing its in-flight work.
     pub fn forget_peer(&self, peer: &Peer, error: Error) {
         self.fail_peer(peer, error);
-        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pool) = pools.remove(&peer.handle()) {
-            for conn in &pool.conns {
-                conn.current
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .cancel();
-            }
-        }
-    }
-}
-
-fn fail_queued(rx: &mut mpsc::UnboundedReceiver<Slice>, first: Slice, error: &Error) {
-    first.task.fail(error.clone());
-    while let Ok(s) = rx.try_recv() {
-        s.task.fail(error.clone());
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&peer.handle());
     }
 }
 
 /// Owns one data connection's life: connect on demand, run, fail what was in flight when
-/// it breaks, and start again for the next slice.
+/// it breaks, and start again when more work arrives.
 async fn conn_actor(
     conn: Arc<DataConn>,
-    mut rx: mpsc::UnboundedReceiver<Slice>,
     shutdown: CancellationToken,
     local_engine_id: u64,
     connect_timeout: Duration,
@@ -306,17 +454,20 @@ async fn conn_actor(
     let mut backoff = BACKOFF_START;
     let mut retry_at: Option<(Instant, Error)> = None;
     loop {
-        let first = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            s = rx.recv() => match s { Some(s) => s, None => return },
-        };
+        // Wait for queued work.
+        while conn.write_state().queue.is_empty() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = conn.work.notified() => {}
+            }
+        }
         if conn.peer.is_lost() {
-            fail_queued(&mut rx, first, &conn.peer.lost_error());
+            conn.fail_queued(&conn.peer.lost_error());
             continue;
         }
         if let Some((at, err)) = &retry_at {
             if Instant::now() < *at {
-                fail_queued(&mut rx, first, err);
+                conn.fail_queued(err);
                 continue;
             }
         }
@@ -329,7 +480,7 @@ async fn conn_actor(
             Ok((stream, _)) => stream,
             Err(e) => {
                 tracing::debug!(peer = conn.peer.name(), error = %e, "data connect failed");
-                fail_queued(&mut rx, first, &e);
+                conn.fail_queued(&e);
                 retry_at = Some((Instant::now() + backoff, e));
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
@@ -339,80 +490,68 @@ async fn conn_actor(
         retry_at = None;
         let cancel = shutdown.child_token();
         *conn.current.lock().unwrap_or_else(|p| p.into_inner()) = cancel.clone();
-        conn.lock().open = true;
         let (rd, wr) = stream.into_split();
+        let half = Arc::new(wr);
+        conn.lock().open = true;
+        conn.write_state().half = Some(half.clone());
         let cause = tokio::select! {
             _ = cancel.cancelled() => Error::Closed,
             e = read_loop(&conn, BufReader::with_capacity(IO_BUFFER, rd)) => e,
-            e = write_loop(&conn, BufWriter::with_capacity(IO_BUFFER, wr), first, &mut rx) => e,
+            e = write_loop(&conn, &half) => e,
         };
         let error = conn.error_for_break(cause);
         tracing::debug!(peer = conn.peer.name(), error = %error, "data connection ended");
+        {
+            let mut st = conn.write_state();
+            st.half = None;
+            st.writer_busy = false;
+            // Partly written frames are registered: `fail_all` below fails them.
+            st.queue.retain(|q| matches!(q, Queued::Fresh(_)));
+        }
         conn.fail_all(&error);
     }
 }
 
-async fn write_loop(
-    conn: &DataConn,
-    mut w: BufWriter<OwnedWriteHalf>,
-    first: Slice,
-    rx: &mut mpsc::UnboundedReceiver<Slice>,
-) -> Error {
-    let mut next = Some(first);
+/// Writes queued frames in order until the connection fails.
+async fn write_loop(conn: &DataConn, half: &OwnedWriteHalf) -> Error {
     loop {
-        let slice = match next.take() {
-            Some(s) => s,
-            None => match rx.try_recv() {
-                Ok(s) => s,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    if let Err(e) = w.flush().await {
-                        return Error::io("send", &e);
-                    }
-                    match rx.recv().await {
-                        Some(s) => s,
-                        None => return Error::Closed,
-                    }
-                }
-                Err(mpsc::error::TryRecvError::Disconnected) => return Error::Closed,
-            },
+        let next = {
+            let mut st = conn.write_state();
+            let next = st.queue.pop_front();
+            st.writer_busy = next.is_some();
+            next
         };
-        if slice.task.status().is_terminal() {
-            continue; // canceled or failed elsewhere: do not spend bandwidth on it
-        }
-        let mut h = Header::new(match slice.opcode {
-            Opcode::Write => Op::WriteReq,
-            Opcode::Read => Op::ReadReq,
-        });
-        h.buffer_id = slice.buffer;
-        h.offset = slice.remote_offset;
-        h.length = slice.len;
-        h.token = slice.token;
-        // Keep the region alive locally: a misbehaving peer could ack before we finish.
-        let region = slice.region.clone();
-        let (opcode, local_offset, len) = (slice.opcode, slice.local_offset, slice.len);
-        let id = match conn.register(slice) {
-            Ok(id) => id,
-            Err(slice) => {
-                slice
-                    .task
-                    .fail(conn.error_for_break(Error::Io("connection closing".into())));
+        let mut frame = match next {
+            None => {
+                conn.work.notified().await;
                 continue;
             }
+            Some(Queued::Partial(frame)) => frame,
+            Some(Queued::Fresh(slice)) => {
+                if slice.task.status().is_terminal() {
+                    continue; // canceled or failed elsewhere: do not spend bandwidth on it
+                }
+                match conn.register(slice) {
+                    Ok(frame) => frame,
+                    Err(slice) => {
+                        slice
+                            .task
+                            .fail(conn.error_for_break(Error::Io("connection closing".into())));
+                        continue;
+                    }
+                }
+            }
         };
-        h.request_id = id;
-        let payload: &[u8] = if opcode == Opcode::Write {
-            let ptr = match region.range_ptr(local_offset, len) {
-                Ok(p) => p,
-                Err(e) => return e,
-            };
-            // SAFETY: the range was validated against this region at submit and again by
-            // `range_ptr`; `region` (held above) keeps the memory mapped across the await.
-            unsafe { std::slice::from_raw_parts(ptr, len as usize) }
-        } else {
-            &[]
-        };
-        if let Err(e) = write_all_pair(&mut w, &h.encode(), payload).await {
-            return Error::io("send", &e);
+        loop {
+            match frame.try_write(half) {
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if let Err(e) = half.writable().await {
+                        return Error::io("send", &e);
+                    }
+                }
+                Err(e) => return Error::io("send", &e),
+            }
         }
     }
 }
