@@ -389,3 +389,59 @@ fn close_wakes_every_waiter_while_threads_poll() {
     }
     target.close();
 }
+
+#[test]
+fn a_restarted_peer_is_refetched_and_served_again() {
+    let cfg = EngineConfig {
+        peer_timeout: Duration::from_millis(500),
+        ..EngineConfig::default()
+    };
+    let first = Engine::new(cfg.clone()).expect("target");
+    let addr = first.segment_name().to_string();
+    let _ = first.allocate(4096).expect("remote");
+    let initiator = Engine::new(cfg.clone()).expect("initiator");
+    let local = initiator.allocate(1 << 20).expect("local");
+    fill(&local, 9);
+    let seg = initiator.open_segment_blocking(&addr).expect("open");
+    let old_id = seg.engine_id;
+
+    // Restart the target on the same address, with a bigger buffer this time.
+    first.close();
+    let second = Engine::new(EngineConfig {
+        listen: addr.clone(),
+        ..cfg
+    })
+    .expect("restarted target");
+    let remote = second.allocate(1 << 20).expect("remote");
+    assert_ne!(second.engine_id(), old_id);
+
+    // The link notices the restart, refetches the descriptor (new token, new buffers), and
+    // requests against the new buffer succeed without reopening the segment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let attempt = initiator.transfer_blocking(&[req(
+            Opcode::Write,
+            &local,
+            seg.handle,
+            &remote,
+            0,
+            1 << 20,
+        )]);
+        if let Ok(snaps) = &attempt {
+            if snaps[0].status == TransferStatus::Completed {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served after restart: {attempt:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(bytes(&remote), bytes(&local));
+    let reopened = initiator.open_segment_blocking(&addr).expect("reopen");
+    assert_eq!(reopened.handle, seg.handle);
+    assert_eq!(reopened.engine_id, second.engine_id());
+    initiator.close();
+    second.close();
+}
