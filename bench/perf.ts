@@ -1,11 +1,13 @@
 /**
  * Ferry performance suite.
  *
- *   npm run perf -- --suite tcp [--duration 5] [--warmup 1] [--lat-ops 20000] ...
+ *   npm run perf -- --suite tcp [--repeat 3] [--duration 5] [--warmup 1] [--lat-ops 20000] ...
  *
  * Prints one JSON line per case on stdout (the only thing written there) and progress on
  * stderr. Each figure is compared with a baseline measured in the same invocation (these
- * machines are shared and noisy), and `ratio` is engine / baseline. Every child process
+ * machines are shared and noisy): engine and baseline are measured interleaved, in
+ * `--repeat` rounds, each round running both back to back (the order alternating between
+ * rounds), and the record reports medians over the rounds; `ratio` is engine / baseline. Every child process
  * started (target engines, iperf3, baseline servers) is killed by pid on exit, on error and
  * on SIGINT/SIGTERM.
  *
@@ -24,8 +26,11 @@ const suites: Record<string, Suite> = {
 
 const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]
   --suite NAME        suite(s) to run, comma-separated (default: tcp)
+  --repeat N          rounds per case, engine and baseline interleaved; medians reported (default 3)
   --duration S        measured seconds per throughput run and iperf3 run (default 5)
-  --warmup S          warm-up seconds before each measurement (default 1)
+  --warmup S          warm-up seconds before each measurement of round 1 (default 1)
+  --budget S          soft limit on one phase's rounds; over it, rounds after the first measure
+                      only the API method that won round 1 (default 300)
   --lat-ops N         timed operations per latency method (default 20000)
   --lat-max S         time limit of one latency method's timed phase (default 30)
   --window N          outstanding Promise-API requests in throughput runs (default 32)
@@ -52,9 +57,11 @@ function parseArgs(argv: string[]): Cli {
     batchTasks: 16,
     batchesInFlight: 4,
     workingSetBytes: 256 << 20,
+    repeat: 3,
+    budgetSeconds: 300,
   }
   let names = ['tcp']
-  const numeric: Record<string, { set: (v: number) => void; min: number; integer: boolean }> = {
+  const numeric: Record<string, { set: (v: number) => void; min: number; max?: number; integer: boolean }> = {
     '--duration': { set: (v) => (options.durationSeconds = v), min: 0.1, integer: false },
     '--warmup': { set: (v) => (options.warmupSeconds = v), min: 0, integer: false },
     '--lat-ops': { set: (v) => (options.latencyOps = v), min: 1, integer: true },
@@ -63,6 +70,8 @@ function parseArgs(argv: string[]): Cli {
     '--batch-tasks': { set: (v) => (options.batchTasks = v), min: 1, integer: true },
     '--batches': { set: (v) => (options.batchesInFlight = v), min: 1, integer: true },
     '--working-set': { set: (v) => (options.workingSetBytes = v * (1 << 20)), min: 1, integer: true },
+    '--repeat': { set: (v) => (options.repeat = v), min: 1, max: 1000, integer: true },
+    '--budget': { set: (v) => (options.budgetSeconds = v), min: 1, integer: false },
   }
   for (let i = 0; i < argv.length; i++) {
     const raw = argv[i]
@@ -89,8 +98,9 @@ function parseArgs(argv: string[]): Cli {
       const spec = numeric[flag]
       const text = value()
       const v = Number(text)
-      if (!Number.isFinite(v) || v < spec.min || (spec.integer && !Number.isInteger(v))) {
-        throw new UsageError(`${flag}: expected ${spec.integer ? 'an integer' : 'a number'} >= ${spec.min}, got ${text}`)
+      if (!Number.isFinite(v) || v < spec.min || v > (spec.max ?? Infinity) || (spec.integer && !Number.isInteger(v))) {
+        const range = spec.max === undefined ? `>= ${spec.min}` : `in ${spec.min}..${spec.max}`
+        throw new UsageError(`${flag}: expected ${spec.integer ? 'an integer' : 'a number'} ${range}, got ${text}`)
       }
       spec.set(v)
     } else {

@@ -1,11 +1,16 @@
 /**
  * TCP loopback throughput ceiling: Debian's `iperf3`, one stream of 1 MiB writes.
- *   iperf3 -s -B 127.0.0.1 -p PORT -1
- *   iperf3 -c 127.0.0.1 -p PORT -t SECONDS -O WARMUP -l 1M -J
+ *   iperf3 -s -B 127.0.0.1 -p PORT --forceflush          (one server, several client runs)
+ *   iperf3 -c 127.0.0.1 -p PORT -t SECONDS [-O WARMUP] -l 1M -J
  * GB/s = end.sum_received.bits_per_second / 8 / 1e9. A missing or failing iperf3 gives
  * `gbps: null` and a note, never an exception.
+ *
+ * `startIperf3Loopback` starts one server (without `-1`, so it serves client after client)
+ * and returns a session whose `run` does one client run; `close` kills the server by pid
+ * (it is also tracked by lib/children for exit/error/signal cleanup). If a client run fails
+ * the server is killed and the next run starts a fresh one.
  */
-import { spawnSync } from 'node:child_process'
+import { spawnSync, type ChildProcess } from 'node:child_process'
 import * as net from 'node:net'
 import { log } from '../lib/log'
 import { running, startChild, stopChild } from '../lib/children'
@@ -38,55 +43,106 @@ export function haveIperf3(): boolean {
   return r.error === undefined && r.status === 0
 }
 
-export async function iperf3Loopback(seconds: number, warmupSeconds: number, length = '1M'): Promise<Iperf3Result> {
-  const label = `iperf3 -l ${length}`
-  if (!haveIperf3()) {
-    return { gbps: null, label, note: 'iperf3 not found on PATH (Debian: apt-get install iperf3); baseline skipped' }
+export interface Iperf3Session {
+  /** One client run of `seconds` (whole seconds, at least 1) after `warmupSeconds` omitted. */
+  run(seconds: number, warmupSeconds: number): Promise<Iperf3Result>
+  /** Kills the server. Safe to call more than once. */
+  close(): Promise<void>
+}
+
+/** A running server: its port, and a wait for its n-th "Server listening" line. */
+interface Server {
+  proc: ChildProcess
+  port: number
+  /** Resolves once the server has printed "listening" at least `n` times (bounded). */
+  listening(n: number, timeoutMs: number): Promise<void>
+  output(): string
+}
+
+async function startServer(): Promise<Server> {
+  const port = await freePort()
+  // --forceflush: each "Server listening" reaches the pipe at once, which is how readiness
+  // (first and after every test) is seen. No -1: the server serves client after client.
+  const proc = startChild('iperf3 server', 'iperf3', ['-s', '-B', '127.0.0.1', '-p', String(port), '--forceflush'])
+  let tail = ''
+  let listens = 0
+  let exited: Error | undefined
+  const waiters = new Set<() => void>()
+  const wake = () => {
+    for (const w of [...waiters]) w()
   }
-  try {
-    return await runOnce(seconds, warmupSeconds, length, label)
-  } catch (err) {
-    const note = `iperf3 failed: ${(err as Error).message}`
-    log(note)
-    return { gbps: null, label, note }
+  const take = (d: string) => {
+    tail = (tail + d).slice(-4096)
+    listens += (d.match(/listening/gi) ?? []).length
+    wake()
+  }
+  proc.stdout?.setEncoding('utf8')
+  proc.stderr?.setEncoding('utf8')
+  proc.stdout?.on('data', take)
+  proc.stderr?.on('data', take)
+  proc.once('exit', (code, signal) => {
+    exited = new Error(`server exited (code ${code}, signal ${signal}): ${tail.trim().slice(-400)}`)
+    wake()
+  })
+  proc.once('error', (e) => {
+    exited = e
+    wake()
+  })
+  return {
+    proc,
+    port,
+    output: () => tail,
+    listening(n, timeoutMs) {
+      return new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => {
+          waiters.delete(check)
+          reject(new Error(`server not listening (${listens}/${n}) after ${timeoutMs} ms: ${tail.trim().slice(-400)}`))
+        }, timeoutMs)
+        const check = () => {
+          if (listens >= n) {
+            clearTimeout(timer)
+            waiters.delete(check)
+            resolve()
+          } else if (exited) {
+            clearTimeout(timer)
+            waiters.delete(check)
+            reject(exited)
+          }
+        }
+        waiters.add(check)
+        check()
+      })
+    },
   }
 }
 
-async function runOnce(seconds: number, warmupSeconds: number, length: string, label: string): Promise<Iperf3Result> {
-  const port = await freePort()
-  // --forceflush: "Server listening" reaches the pipe at once, which is how readiness is seen.
-  const server = startChild('iperf3 server', 'iperf3', ['-s', '-B', '127.0.0.1', '-p', String(port), '-1', '--forceflush'])
-  let serverOut = ''
-  server.stdout?.setEncoding('utf8')
-  server.stderr?.setEncoding('utf8')
-  server.stdout?.on('data', (d: string) => (serverOut += d))
-  server.stderr?.on('data', (d: string) => (serverOut += d))
-  try {
-    await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`server not listening after 10 s: ${serverOut.trim()}`)), 10_000)
-      const check = () => {
-        if (/listening/i.test(serverOut)) {
-          clearTimeout(timer)
-          resolve()
-        }
-      }
-      server.stdout?.on('data', check)
-      server.once('exit', (code) => {
-        clearTimeout(timer)
-        reject(new Error(`server exited (${code}): ${serverOut.trim()}`))
-      })
-      server.once('error', (e) => {
-        clearTimeout(timer)
-        reject(e)
-      })
-      check()
-    })
+export function startIperf3Loopback(length = '1M'): Iperf3Session {
+  const label = `iperf3 -l ${length}`
+  const available = haveIperf3()
+  let server: Server | undefined
+  /** Client runs done against the current server. */
+  let runs = 0
+  let closed = false
+
+  const stopServer = async () => {
+    const s = server
+    server = undefined
+    runs = 0
+    if (s && running(s.proc)) await stopChild(s.proc)
+  }
+
+  const clientRun = async (seconds: number, warmupSeconds: number): Promise<Iperf3Result> => {
+    if (!server) server = await startServer()
+    const s = server
+    // Ready for the next test once it has said "listening" once more than tests served.
+    await s.listening(runs + 1, 10_000)
     // iperf3 takes whole seconds.
     const secs = Math.max(1, Math.round(seconds))
-    const args = ['-c', '127.0.0.1', '-p', String(port), '-t', String(secs), '-l', length, '-J']
+    const args = ['-c', '127.0.0.1', '-p', String(s.port), '-t', String(secs), '-l', length, '-J']
     const omit = Math.round(warmupSeconds)
     if (omit > 0) args.push('-O', String(omit))
     log(`baseline: iperf3 ${args.join(' ')}`)
+    runs++
     const client = startChild('iperf3 client', 'iperf3', args)
     let out = ''
     let err = ''
@@ -127,7 +183,37 @@ async function runOnce(seconds: number, warmupSeconds: number, length: string, l
       senderCpu: parsed.end?.cpu_utilization_percent?.host_total,
       receiverCpu: parsed.end?.cpu_utilization_percent?.remote_total,
     }
+  }
+
+  return {
+    async run(seconds, warmupSeconds) {
+      if (!available) {
+        return { gbps: null, label, note: 'iperf3 not found on PATH (Debian: apt-get install iperf3); baseline skipped' }
+      }
+      if (closed) return { gbps: null, label, note: 'iperf3 session closed' }
+      try {
+        return await clientRun(seconds, warmupSeconds)
+      } catch (err) {
+        const note = `iperf3 failed: ${(err as Error).message}`
+        log(note)
+        // The server may be wedged mid-test; the next run starts a fresh one.
+        await stopServer()
+        return { gbps: null, label, note }
+      }
+    },
+    async close() {
+      closed = true
+      await stopServer()
+    },
+  }
+}
+
+/** One client run against a server of its own, killed afterwards. */
+export async function iperf3Loopback(seconds: number, warmupSeconds: number, length = '1M'): Promise<Iperf3Result> {
+  const session = startIperf3Loopback(length)
+  try {
+    return await session.run(seconds, warmupSeconds)
   } finally {
-    if (running(server)) await stopChild(server)
+    await session.close()
   }
 }

@@ -4,6 +4,10 @@
  * process sends an 8-byte request `{offset, length}` over loopback TCP (Nagle off) and times
  * until all `length` bytes of the answer are copied into a local buffer. One request in
  * flight at a time: a READ round trip, the shape of Ferry's `engine.read`.
+ *
+ * `startNodeTcpLatency` starts the server and connects once; its `run` can then be called
+ * for several rounds over the same connection (as the engine's runs reuse its target), and
+ * `close` kills the server by pid.
  */
 import * as net from 'node:net'
 import * as path from 'node:path'
@@ -21,45 +25,90 @@ export interface LatencyBaselineOptions {
   maxSeconds: number
 }
 
-/** Round-trip times in microseconds. */
-export async function nodeTcpLatency(opts: LatencyBaselineOptions): Promise<number[]> {
-  const span = 64 << 20
+export interface LatencyBaselineSession {
+  /** One run: round-trip times in microseconds. */
+  run(opts: Omit<LatencyBaselineOptions, 'messageBytes'>): Promise<number[]>
+  close(): Promise<void>
+}
+
+const SPAN = 64 << 20
+
+export async function startNodeTcpLatency(messageBytes: number): Promise<LatencyBaselineSession> {
   const server = startTsx('node tcp latency server', path.join(__dirname, 'node_tcp_lat_server.ts'), [], {
-    FERRY_BENCH_LAT_BYTES: String(span),
+    FERRY_BENCH_LAT_BYTES: String(SPAN),
   })
   const stderr = tailStderr(server)
   const lines = jsonLines(server, () => stderr())
   let sock: net.Socket | undefined
-  try {
-    const hello = await lines.next(20_000)
-    const port = Number(hello.port)
-    sock = await new Promise<net.Socket>((resolve, reject) => {
-      const s = net.connect(port, '127.0.0.1', () => resolve(s))
-      s.once('error', reject)
-    })
-    sock.setNoDelay(true)
-    return await pingPong(sock, span, opts)
-  } finally {
+  let closed = false
+  const close = async () => {
+    if (closed) return
+    closed = true
     sock?.destroy()
     lines.close()
     server.stdin?.end()
     await stopChild(server)
   }
+  try {
+    const hello = await lines.next(20_000)
+    const port = Number(hello.port)
+    const connectTimer = { t: undefined as NodeJS.Timeout | undefined }
+    sock = await new Promise<net.Socket>((resolve, reject) => {
+      const s = net.connect(port, '127.0.0.1', () => {
+        clearTimeout(connectTimer.t)
+        resolve(s)
+      })
+      s.once('error', (e) => {
+        clearTimeout(connectTimer.t)
+        reject(e)
+      })
+      connectTimer.t = setTimeout(() => {
+        s.destroy()
+        reject(new Error('baseline: connect timed out after 10 s'))
+      }, 10_000)
+    })
+    sock.setNoDelay(true)
+  } catch (err) {
+    await close()
+    throw err
+  }
+  const connected = sock
+  // Absorbs socket errors between runs (a run listens for them itself while it lasts).
+  connected.on('error', () => undefined)
+  const dst = Buffer.alloc(SPAN, 0)
+  return {
+    run(opts) {
+      if (closed) return Promise.reject(new Error('baseline session closed'))
+      return pingPong(connected, dst, { ...opts, messageBytes })
+    },
+    close,
+  }
 }
 
-function pingPong(sock: net.Socket, span: number, opts: LatencyBaselineOptions): Promise<number[]> {
+/** One run with a server and connection of its own. */
+export async function nodeTcpLatency(opts: LatencyBaselineOptions): Promise<number[]> {
+  const session = await startNodeTcpLatency(opts.messageBytes)
+  try {
+    return await session.run(opts)
+  } finally {
+    await session.close()
+  }
+}
+
+function pingPong(sock: net.Socket, dst: Buffer, opts: LatencyBaselineOptions): Promise<number[]> {
   const { messageBytes } = opts
-  const slots = Math.floor(span / messageBytes)
-  const dst = Buffer.alloc(span, 0)
+  const slots = Math.floor(dst.length / messageBytes)
   const req = Buffer.alloc(8)
   const samples: number[] = []
   return new Promise((resolve, reject) => {
+    if (sock.destroyed) return reject(new Error('baseline connection closed'))
     const warmEnd = Date.now() + opts.warmupSeconds * 1000
     let deadline = Number.POSITIVE_INFINITY
     let i = 0
     let got = 0
     let offset = 0
     let t0 = 0
+    let settled = false
     const send = () => {
       offset = (i++ % slots) * messageBytes
       got = 0
@@ -68,18 +117,7 @@ function pingPong(sock: net.Socket, span: number, opts: LatencyBaselineOptions):
       t0 = nowNs()
       sock.write(req)
     }
-    // Bounds the whole run even if the server stops answering.
-    const watchdog = setTimeout(
-      () => done(new Error('baseline latency run timed out')),
-      (opts.warmupSeconds + opts.maxSeconds + 10) * 1000,
-    )
-    const done = (err?: Error) => {
-      clearTimeout(watchdog)
-      sock.removeAllListeners('data')
-      if (err) reject(err)
-      else resolve(samples)
-    }
-    sock.on('data', (chunk: Buffer) => {
+    const onData = (chunk: Buffer) => {
       if (got + chunk.length > messageBytes) return done(new Error('baseline server sent more than asked'))
       chunk.copy(dst, offset + got)
       got += chunk.length
@@ -92,9 +130,33 @@ function pingPong(sock: net.Socket, span: number, opts: LatencyBaselineOptions):
         if (samples.length >= opts.ops || now >= deadline) return done()
       }
       send()
-    })
-    sock.once('error', done)
-    sock.once('close', () => done(new Error('baseline connection closed early')))
+    }
+    const onError = (err: Error) => done(err)
+    const onClose = () => done(new Error('baseline connection closed early'))
+    // Bounds the whole run even if the server stops answering.
+    const watchdog = setTimeout(
+      () => {
+        // The answer in flight would land in the next run: this connection is done for.
+        sock.destroy()
+        done(new Error('baseline latency run timed out'))
+      },
+      (opts.warmupSeconds + opts.maxSeconds + 10) * 1000,
+    )
+    function done(err?: Error) {
+      if (settled) return
+      settled = true
+      clearTimeout(watchdog)
+      sock.off('data', onData)
+      sock.off('error', onError)
+      sock.off('close', onClose)
+      // After a failure the stream may be out of step: later runs must not reuse it.
+      if (err) sock.destroy()
+      if (err) reject(err)
+      else resolve(samples)
+    }
+    sock.on('data', onData)
+    sock.once('error', onError)
+    sock.once('close', onClose)
     send()
   })
 }

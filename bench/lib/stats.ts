@@ -59,3 +59,14 @@ const sleepCell = new Int32Array(new SharedArrayBuffer(4))
 export function blockFor(us: number): void {
   Atomics.wait(sleepCell, 0, 0, us / 1000)
 }
+
+/**
+ * Median of the finite values among `values` (nulls and NaN skipped; the mean of the two
+ * middle values for an even count); NaN when none is finite.
+ */
+export function median(values: ReadonlyArray<number | null | undefined>): number {
+  const s = values.filter((v): v is number => typeof v === 'number' && Number.isFinite(v)).sort((a, b) => a - b)
+  if (s.length === 0) return Number.NaN
+  const mid = s.length >> 1
+  return s.length % 2 === 1 ? s[mid] : (s[mid - 1] + s[mid]) / 2
+}

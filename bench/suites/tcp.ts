@@ -11,13 +11,14 @@
  * Promise API and the batch API with a spin on getTransferStatus. Each record reports the
  * better method as `value` and names it in `method`; both figures are in the record.
  */
+import * as os from 'node:os'
 import * as path from 'node:path'
 import { Engine, TransferStatus, type IoRequest, type Region, type Segment, type TransferRequest } from '../../index'
-import { iperf3Loopback, type Iperf3Result } from '../baselines/iperf3'
-import { nodeTcpLatency } from '../baselines/node_tcp_lat'
+import { startIperf3Loopback, type Iperf3Result } from '../baselines/iperf3'
+import { startNodeTcpLatency, type LatencyBaselineSession } from '../baselines/node_tcp_lat'
 import { jsonLines, startTsx, stopChild, tailStderr } from '../lib/children'
 import { log } from '../lib/log'
-import { blockFor, nowNs, ratio, round, summarize } from '../lib/stats'
+import { blockFor, median, nowNs, ratio, round, summarize } from '../lib/stats'
 import type { CaseRecord, SuiteOptions } from './types'
 
 const MiB = 1 << 20
@@ -150,7 +151,7 @@ const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve))
  * set. Bytes completed between the end of the warm-up and the end of the measurement, over
  * that time.
  */
-async function throughputPromise(rig: Rig, opcode: Opcode, chunk: number): Promise<ThroughputResult> {
+async function throughputPromise(rig: Rig, opcode: Opcode, chunk: number, warmupSeconds: number): Promise<ThroughputResult> {
   const { engine, options } = rig
   const slots = Math.floor(options.workingSetBytes / chunk)
   const meter = cpuMeter(rig.target)
@@ -175,7 +176,7 @@ async function throughputPromise(rig: Rig, opcode: Opcode, chunk: number): Promi
     startBytes = completed
     startNs = nowNs()
     meter.begin()
-  }, options.warmupSeconds * 1000)
+  }, warmupSeconds * 1000)
   const finish = setTimeout(
     () => {
       endBytes = completed
@@ -183,11 +184,11 @@ async function throughputPromise(rig: Rig, opcode: Opcode, chunk: number): Promi
       cpu = meter.end()
       stop = true
     },
-    (options.warmupSeconds + options.durationSeconds) * 1000,
+    (warmupSeconds + options.durationSeconds) * 1000,
   )
   try {
     const lanes = Array.from({ length: options.window }, lane)
-    await timeout(Promise.all(lanes), (options.warmupSeconds + options.durationSeconds + 15) * 1000, `${opcode} (promise)`)
+    await timeout(Promise.all(lanes), (warmupSeconds + options.durationSeconds + 15) * 1000, `${opcode} (promise)`)
   } finally {
     clearTimeout(warm)
     clearTimeout(finish)
@@ -204,7 +205,7 @@ const terminal = (s: TransferStatus) => s !== TransferStatus.WAITING && s !== Tr
  * are polled with getBatchStatus, backing off (Atomics.wait, 10 µs doubling to 1 ms) while
  * none has finished, and a finished one is freed and replaced at once.
  */
-async function throughputBatch(rig: Rig, opcode: Opcode, chunk: number): Promise<ThroughputResult> {
+async function throughputBatch(rig: Rig, opcode: Opcode, chunk: number, warmupSeconds: number): Promise<ThroughputResult> {
   const { engine, options } = rig
   const slots = Math.floor(options.workingSetBytes / chunk)
   const perBatch = options.batchTasks
@@ -243,7 +244,7 @@ async function throughputBatch(rig: Rig, opcode: Opcode, chunk: number): Promise
   }
 
   const t0 = nowNs()
-  const warmEnd = t0 + options.warmupSeconds * 1e9
+  const warmEnd = t0 + warmupSeconds * 1e9
   const measureEnd = warmEnd + options.durationSeconds * 1e9
   const hardEnd = measureEnd + 15e9
   let startBytes = -1
@@ -297,42 +298,187 @@ async function throughputBatch(rig: Rig, opcode: Opcode, chunk: number): Promise
   }
 }
 
-function throughputRecord(
-  caseName: string,
-  promise: ThroughputResult | Error,
-  batch: ThroughputResult | Error,
-  iperf: Iperf3Result,
-  options: SuiteOptions,
-): CaseRecord {
-  const ok = (r: ThroughputResult | Error): r is ThroughputResult => !(r instanceof Error)
-  const candidates = [
-    { method: `promise (window ${options.window})`, r: promise },
-    { method: `batch (${options.batchesInFlight} x ${options.batchTasks} tasks, polled with backoff)`, r: batch },
-  ].filter((c): c is { method: string; r: ThroughputResult } => ok(c.r))
-  const best = candidates.sort((a, b) => b.r.gbps - a.r.gbps)[0]
-  const value = best ? round(best.r.gbps, 3) : null
+
+// ---------------------------------------------------------------------------------------
+// Rounds: engine and baseline interleaved, medians reported.
+// ---------------------------------------------------------------------------------------
+
+type Method = 'promise' | 'batch'
+const METHODS: readonly Method[] = ['promise', 'batch']
+
+/** Per-round outcome of one series: a result, an error, or undefined when not measured. */
+type Rounds<T> = Array<T | Error | undefined>
+
+const isResult = <T>(x: T | Error | undefined): x is T => x !== undefined && !(x instanceof Error)
+
+/** 1-min load average now, for the record. */
+const hostLoad = () => round(os.loadavg()[0], 2)
+
+/** Errors of a series as "round N method: message". */
+function roundErrors<T>(rounds: Rounds<T>, label: string): string[] {
+  const out: string[] = []
+  rounds.forEach((x, r) => {
+    if (x instanceof Error) out.push(`round ${r + 1} ${label}: ${x.message}`)
+  })
+  return out
+}
+
+/** The method whose figures have the better median (ties and all-missing: promise). */
+function betterByMedian(figures: Record<Method, Array<number | null>>, higherIsBetter: boolean): Method {
+  const p = median(figures.promise)
+  const b = median(figures.batch)
+  if (!Number.isFinite(b)) return 'promise'
+  if (!Number.isFinite(p)) return 'batch'
+  return (higherIsBetter ? b > p : b < p) ? 'batch' : 'promise'
+}
+
+/** Median CPU share over the runs that measured one. */
+function medianCpu(cpus: CpuShare[]): CpuShare | null {
+  if (cpus.length === 0) return null
+  return { local: round(median(cpus.map((c) => c.local)), 0), target: round(median(cpus.map((c) => c.target)), 0) }
+}
+
+/**
+ * Whether rounds 2.. can measure both API methods within the budget, judged from the time
+ * round 1 (which always measures both, plus the warm-ups) took.
+ */
+function bothFit(options: SuiteOptions, phaseStart: number, round1Ms: number): boolean {
+  const projected = (Date.now() - phaseStart + (options.repeat - 1) * round1Ms) / 1000
+  return projected <= options.budgetSeconds
+}
+
+const throughputMethodLabel = (m: Method, options: SuiteOptions) =>
+  m === 'promise'
+    ? `promise (window ${options.window})`
+    : `batch (${options.batchesInFlight} x ${options.batchTasks} tasks, polled with backoff)`
+
+const ORDER_NOTE = 'rounds alternate the order: odd rounds engine first, even rounds baseline first'
+
+interface ThroughputPhase {
+  engine: Record<Opcode, Record<Method, Rounds<ThroughputResult>>>
+  iperf: Iperf3Result[]
+  /** Set when rounds after the first measured only this method (budget). */
+  chosen?: Record<Opcode, Method>
+  hostLoad: Record<Opcode, number | null>
+}
+
+/**
+ * `repeat` rounds of: engine write (both methods, or the one chosen in round 1), engine
+ * read, one iperf3 client run; odd rounds in that order, even rounds reversed. The warm-up
+ * runs in round 1 only: the target, its connections and both working sets are reused, and
+ * one iperf3 server serves every client run.
+ */
+async function throughputPhase(rig: Rig, chunk: number): Promise<ThroughputPhase> {
+  const { options } = rig
+  const phase: ThroughputPhase = {
+    engine: { write: { promise: [], batch: [] }, read: { promise: [], batch: [] } },
+    iperf: [],
+    hostLoad: { write: null, read: null },
+  }
+  const iperf = startIperf3Loopback('1M')
+  const phaseStart = Date.now()
+  try {
+    for (let r = 0; r < options.repeat; r++) {
+      const roundStart = Date.now()
+      const warm = r === 0 ? options.warmupSeconds : 0
+      const forward = r % 2 === 0
+      const tag = `tcp: round ${r + 1}/${options.repeat}`
+      const engineStep = async (opcode: Opcode) => {
+        if (r === 0) phase.hostLoad[opcode] = hostLoad()
+        const methods = phase.chosen ? [phase.chosen[opcode]] : forward ? [...METHODS] : [...METHODS].reverse()
+        for (const m of methods) {
+          log(`${tag}: ${opcode} 1 MiB, ${throughputMethodLabel(m, options)}${warm > 0 ? `, ${warm} s warm-up` : ''}`)
+          const res = await attempt(`${tag} ${opcode} ${m}`, () =>
+            m === 'promise' ? throughputPromise(rig, opcode, chunk, warm) : throughputBatch(rig, opcode, chunk, warm),
+          )
+          phase.engine[opcode][m][r] = res
+          if (isResult(res)) log(`${tag}: ${opcode} ${m} ${res.gbps.toFixed(3)} GB/s, cpu ${JSON.stringify(res.cpu)}`)
+        }
+      }
+      const iperfStep = async () => {
+        const res = await iperf.run(options.durationSeconds, warm)
+        phase.iperf[r] = res
+        log(`${tag}: iperf3 ${res.gbps === null ? `unavailable (${res.note})` : `${res.gbps.toFixed(3)} GB/s`}`)
+      }
+      const steps = [() => engineStep('write'), () => engineStep('read'), iperfStep]
+      for (const step of forward ? steps : steps.reverse()) await step()
+
+      if (r === 0 && options.repeat > 1 && !bothFit(options, phaseStart, Date.now() - roundStart)) {
+        const pick = (opcode: Opcode): Method => {
+          const e = phase.engine[opcode]
+          const fig = (x: ThroughputResult | Error | undefined) => (isResult(x) ? x.gbps : null)
+          return betterByMedian({ promise: [fig(e.promise[0])], batch: [fig(e.batch[0])] }, true)
+        }
+        phase.chosen = { write: pick('write'), read: pick('read') }
+        log(`tcp: both methods every round would exceed --budget ${options.budgetSeconds} s; using write ${phase.chosen.write}, read ${phase.chosen.read} from round 2`)
+      }
+    }
+  } finally {
+    await iperf.close()
+  }
+  return phase
+}
+
+function throughputRecord(opcode: Opcode, phase: ThroughputPhase, options: SuiteOptions): CaseRecord {
+  const series = phase.engine[opcode]
+  const figures = (rounds: Rounds<ThroughputResult>) =>
+    Array.from({ length: options.repeat }, (_, r) => {
+      const x = rounds[r]
+      return isResult(x) ? round(x.gbps, 3) : null
+    })
+  const perMethod: Record<Method, Array<number | null>> = { promise: figures(series.promise), batch: figures(series.batch) }
+  const method = phase.chosen ? phase.chosen[opcode] : betterByMedian(perMethod, true)
+  const rounds = perMethod[method]
+  const baselineRounds = Array.from({ length: options.repeat }, (_, r) => {
+    const g = phase.iperf[r]?.gbps
+    return typeof g === 'number' ? round(g, 3) : null
+  })
+  const value = round(median(rounds), 3)
+  const baselineValue = round(median(baselineRounds), 3)
+  const ratioPerRound = rounds.map((v, r) => ratio(v, baselineRounds[r]))
+  const cpus = (m: Method) => series[m].filter(isResult).map((x) => x.cpu)
+  const iperfOk = phase.iperf.filter((i) => i.gbps !== null)
   const record: CaseRecord = {
     suite: SUITE,
-    case: caseName,
+    case: `${opcode}-1MiB`,
     value,
     unit: 'GB/s',
-    baseline: iperf.label,
-    baseline_value: iperf.gbps === null ? null : round(iperf.gbps, 3),
-    ratio: ratio(value, iperf.gbps === null ? null : round(iperf.gbps, 3)),
-    method: best?.method,
-    promise_GBps: ok(promise) ? round(promise.gbps, 3) : null,
-    batch_GBps: ok(batch) ? round(batch.gbps, 3) : null,
+    baseline: phase.iperf.find((i) => i.label)?.label ?? 'iperf3 -l 1M',
+    baseline_value: baselineValue,
+    ratio: ratio(value, baselineValue),
+    method: throughputMethodLabel(method, options),
+    rounds,
+    baseline_rounds: baselineRounds,
+    ratio_per_round: ratioPerRound,
+    ratio_median: round(median(ratioPerRound), 3),
+    method_choice: phase.chosen
+      ? 'picked in round 1 and used after (both methods every round would exceed --budget)'
+      : 'both methods measured every round; the better median',
+    promise_GBps: round(median(perMethod.promise), 3),
+    batch_GBps: round(median(perMethod.batch), 3),
+    promise_rounds: perMethod.promise,
+    batch_rounds: perMethod.batch,
     cpu_pct: {
-      promise: ok(promise) ? promise.cpu : null,
-      batch: ok(batch) ? batch.cpu : null,
-      iperf3: iperf.gbps === null ? null : { sender: round(iperf.senderCpu ?? NaN, 0), receiver: round(iperf.receiverCpu ?? NaN, 0) },
+      promise: medianCpu(cpus('promise')),
+      batch: medianCpu(cpus('batch')),
+      iperf3: iperfOk.length
+        ? {
+            sender: round(median(iperfOk.map((i) => i.senderCpu ?? null)), 0),
+            receiver: round(median(iperfOk.map((i) => i.receiverCpu ?? null)), 0),
+          }
+        : null,
     },
     working_set_MiB: options.workingSetBytes / MiB,
     seconds: options.durationSeconds,
+    repeat: options.repeat,
+    warmup_s_round1: options.warmupSeconds,
+    order: ORDER_NOTE,
+    host_load: phase.hostLoad[opcode],
   }
-  const errors = [promise, batch].filter((r): r is Error => r instanceof Error).map((e) => e.message)
+  const errors = METHODS.flatMap((m) => roundErrors(series[m], m))
   if (errors.length) record.error = errors.join('; ')
-  if (iperf.note) record.note = iperf.note
+  const notes = [...new Set(phase.iperf.map((i) => i.note).filter((n): n is string => !!n))]
+  if (notes.length) record.note = notes.join('; ')
   return record
 }
 
@@ -351,12 +497,12 @@ interface LatencyRun {
 }
 
 /** Promise API: `await engine.read` of `bytes`, one at a time; µs per call. */
-async function latencyPromise(rig: Rig, bytes: number): Promise<LatencyRun> {
+async function latencyPromise(rig: Rig, bytes: number, warmupSeconds: number): Promise<LatencyRun> {
   const { engine, options } = rig
   const slots = Math.floor(options.workingSetBytes / bytes)
   const requests = Array.from({ length: slots }, (_, i) => ioRequest(rig, i * bytes, bytes))
   const samples: number[] = []
-  const warmEnd = Date.now() + options.warmupSeconds * 1000
+  const warmEnd = Date.now() + warmupSeconds * 1000
   let i = 0
   while (Date.now() < warmEnd) await timeout(engine.read(requests[i++ % slots]), 10_000, 'latency warm-up read')
   const meter = cpuMeter(rig.target)
@@ -375,7 +521,7 @@ async function latencyPromise(rig: Rig, bytes: number): Promise<LatencyRun> {
  * Batch API: submitTransfer of one `bytes` READ, then spin on getTransferStatus until the
  * task is terminal; µs per op. Batches of 1024 tasks are reused and replaced (untimed).
  */
-async function latencyBatch(rig: Rig, bytes: number): Promise<LatencyRun> {
+async function latencyBatch(rig: Rig, bytes: number, warmupSeconds: number): Promise<LatencyRun> {
   const { engine, options } = rig
   const slots = Math.floor(options.workingSetBytes / bytes)
   const requests = Array.from({ length: slots }, (_, i) => [request(rig, 'read', i * bytes, bytes)])
@@ -405,7 +551,7 @@ async function latencyBatch(rig: Rig, bytes: number): Promise<LatencyRun> {
     return (t1 - t0) / 1000
   }
   try {
-    const warmEnd = Date.now() + options.warmupSeconds * 1000
+    const warmEnd = Date.now() + warmupSeconds * 1000
     let lastYield = Date.now()
     while (Date.now() < warmEnd) one()
     const meter = cpuMeter(rig.target)
@@ -429,42 +575,132 @@ async function latencyBatch(rig: Rig, bytes: number): Promise<LatencyRun> {
   }
 }
 
-type Summary = ReturnType<typeof summarize> & { cpu?: CpuShare }
+interface LatencyPhase {
+  engine: Record<Method, Rounds<LatencyRun>>
+  base: Rounds<number[]>
+  chosen?: Method
+  hostLoad: number | null
+}
 
-const summarizeRun = (run: LatencyRun): Summary => ({ ...summarize(run.samples), cpu: run.cpu })
+/**
+ * `repeat` rounds of: engine 4 KiB READ latency (both methods, or the one chosen in round
+ * 1), then the pure-Node baseline; odd rounds in that order, even rounds reversed. One
+ * baseline server and connection serve every round, as one target serves the engine; the
+ * warm-up runs in round 1 only.
+ */
+async function latencyPhase(rig: Rig, bytes: number): Promise<LatencyPhase> {
+  const { options } = rig
+  const phase: LatencyPhase = { engine: { promise: [], batch: [] }, base: [], hostLoad: hostLoad() }
+  const phaseStart = Date.now()
+  let base: LatencyBaselineSession | Error | undefined
+  try {
+    for (let r = 0; r < options.repeat; r++) {
+      const roundStart = Date.now()
+      const warm = r === 0 ? options.warmupSeconds : 0
+      const forward = r % 2 === 0
+      const tag = `tcp: round ${r + 1}/${options.repeat}`
+      const engineStep = async () => {
+        const methods = phase.chosen ? [phase.chosen] : forward ? [...METHODS] : [...METHODS].reverse()
+        for (const m of methods) {
+          log(`${tag}: read ${bytes / 1024} KiB latency, ${m} API (${options.latencyOps} ops${warm > 0 ? `, ${warm} s warm-up` : ''})`)
+          const res = await attempt(`${tag} latency ${m}`, () =>
+            m === 'promise' ? latencyPromise(rig, bytes, warm) : latencyBatch(rig, bytes, warm),
+          )
+          phase.engine[m][r] = res
+          if (isResult(res)) log(`${tag}: latency ${m} p50 ${summarize(res.samples).p50.toFixed(1)} us (n ${res.samples.length})`)
+        }
+      }
+      const baseStep = async () => {
+        log(`${tag}: baseline node tcp request/answer ${bytes / 1024} KiB (${options.latencyOps} ops)`)
+        if (base === undefined) base = await attempt('latency baseline start', () => startNodeTcpLatency(bytes))
+        const session = base
+        const res =
+          session instanceof Error
+            ? session
+            : await attempt(`${tag} latency baseline`, () =>
+                session.run({ ops: options.latencyOps, warmupSeconds: warm, maxSeconds: options.latencyMaxSeconds }),
+              )
+        phase.base[r] = res
+        if (isResult(res)) log(`${tag}: baseline p50 ${summarize(res).p50.toFixed(1)} us (n ${res.length})`)
+      }
+      const steps = [engineStep, baseStep]
+      for (const step of forward ? steps : steps.reverse()) await step()
 
-function latencyRecord(promise: Summary | Error, batch: Summary | Error, base: Summary | Error, bytes: number): CaseRecord {
-  const ok = (r: Summary | Error): r is Summary => !(r instanceof Error) && r.n > 0
-  const candidates = [
-    { method: 'promise (await engine.read)', r: promise },
-    { method: 'batch (submitTransfer + spin on getTransferStatus)', r: batch },
-  ].filter((c): c is { method: string; r: Summary } => ok(c.r))
-  const best = candidates.sort((a, b) => a.r.p50 - b.r.p50)[0]
-  const value = best ? round(best.r.p50, 1) : null
-  const baseValue = ok(base) ? round(base.p50, 1) : null
-  const brief = (r: Summary | Error) =>
-    ok(r) ? { n: r.n, p50: round(r.p50, 1), p90: round(r.p90, 1), p99: round(r.p99, 1), p999: round(r.p999, 1), mean: round(r.mean, 1) } : null
+      if (r === 0 && options.repeat > 1 && !bothFit(options, phaseStart, Date.now() - roundStart)) {
+        const fig = (x: LatencyRun | Error | undefined) => (isResult(x) && x.samples.length ? summarize(x.samples).p50 : null)
+        phase.chosen = betterByMedian({ promise: [fig(phase.engine.promise[0])], batch: [fig(phase.engine.batch[0])] }, false)
+        log(`tcp: both latency methods every round would exceed --budget ${options.budgetSeconds} s; using ${phase.chosen} from round 2`)
+      }
+    }
+  } finally {
+    const session: LatencyBaselineSession | Error | undefined = base
+    if (session !== undefined && !(session instanceof Error)) await session.close()
+  }
+  return phase
+}
+
+const latencyMethodLabel = (m: Method) =>
+  m === 'promise' ? 'promise (await engine.read)' : 'batch (submitTransfer + spin on getTransferStatus)'
+
+function latencyRecord(phase: LatencyPhase, bytes: number, options: SuiteOptions): CaseRecord {
+  const p50s = (runs: Array<number[] | undefined>) =>
+    Array.from({ length: options.repeat }, (_, r) => {
+      const s = runs[r]
+      return s && s.length ? round(summarize(s).p50, 1) : null
+    })
+  const samplesOf = (m: Method) => phase.engine[m].map((x) => (isResult(x) ? x.samples : undefined))
+  const baseSamples = phase.base.map((x) => (isResult(x) ? x : undefined))
+  const perMethod: Record<Method, Array<number | null>> = { promise: p50s(samplesOf('promise')), batch: p50s(samplesOf('batch')) }
+  const method = phase.chosen ?? betterByMedian(perMethod, false)
+  const rounds = perMethod[method]
+  const baselineRounds = p50s(baseSamples)
+  const value = round(median(rounds), 1)
+  const baselineValue = round(median(baselineRounds), 1)
+  const ratioPerRound = rounds.map((v, r) => ratio(v, baselineRounds[r]))
+  /** Summary of all rounds' samples pooled (tails need the numbers). */
+  const pooled = (runs: Array<number[] | undefined>) => {
+    const all = runs.flatMap((s) => s ?? [])
+    if (all.length === 0) return null
+    const r = summarize(all)
+    return { n: r.n, p50: round(r.p50, 1), p90: round(r.p90, 1), p99: round(r.p99, 1), p999: round(r.p999, 1), mean: round(r.mean, 1) }
+  }
+  const cpus = (m: Method) => phase.engine[m].filter(isResult).map((x) => x.cpu)
   const record: CaseRecord = {
     suite: SUITE,
     case: `read-${bytes / 1024}KiB-p50`,
     value,
     unit: 'us',
     baseline: `node tcp request/answer ${bytes / 1024} KiB`,
-    baseline_value: baseValue,
-    ratio: ratio(value, baseValue),
-    method: best?.method,
+    baseline_value: baselineValue,
+    ratio: ratio(value, baselineValue),
+    method: latencyMethodLabel(method),
     lower_is_better: true,
-    promise_p50_us: ok(promise) ? round(promise.p50, 1) : null,
-    batch_p50_us: ok(batch) ? round(batch.p50, 1) : null,
-    promise_us: brief(promise),
-    batch_us: brief(batch),
-    baseline_us: brief(base),
+    rounds,
+    baseline_rounds: baselineRounds,
+    ratio_per_round: ratioPerRound,
+    ratio_median: round(median(ratioPerRound), 3),
+    method_choice: phase.chosen
+      ? 'picked in round 1 and used after (both methods every round would exceed --budget)'
+      : 'both methods measured every round; the better median',
+    promise_p50_us: round(median(perMethod.promise), 1),
+    batch_p50_us: round(median(perMethod.batch), 1),
+    promise_rounds: perMethod.promise,
+    batch_rounds: perMethod.batch,
+    promise_us: pooled(samplesOf('promise')),
+    batch_us: pooled(samplesOf('batch')),
+    baseline_us: pooled(baseSamples),
+    pooled_note: 'promise_us, batch_us, baseline_us pool the samples of all rounds',
     cpu_pct: {
-      promise: ok(promise) ? promise.cpu : null,
-      batch: ok(batch) ? batch.cpu : null,
+      promise: medianCpu(cpus('promise')),
+      batch: medianCpu(cpus('batch')),
     },
+    ops_per_round: options.latencyOps,
+    repeat: options.repeat,
+    warmup_s_round1: options.warmupSeconds,
+    order: ORDER_NOTE,
+    host_load: phase.hostLoad,
   }
-  const errors = [promise, batch, base].filter((r): r is Error => r instanceof Error).map((e) => e.message)
+  const errors = [...METHODS.flatMap((m) => roundErrors(phase.engine[m], m)), ...roundErrors(phase.base, 'baseline')]
   if (errors.length) record.error = errors.join('; ')
   return record
 }
@@ -474,46 +710,25 @@ export async function tcpSuite(options: SuiteOptions): Promise<CaseRecord[]> {
   const chunk = MiB
   const latBytes = 4096
 
-  log(`tcp: baseline iperf3 (${options.warmupSeconds} s omitted + ${options.durationSeconds} s)`)
-  const iperf = await iperf3Loopback(options.durationSeconds, options.warmupSeconds, '1M')
-  log(`tcp: iperf3 ${iperf.gbps === null ? `unavailable (${iperf.note})` : `${iperf.gbps.toFixed(3)} GB/s`}`)
-
+  // One target and one pre-touched working set on each side, reused by every round.
   const target = await startTarget(options.workingSetBytes)
-  const engine = await Engine.create({ listen: '127.0.0.1:0' })
+  let engine: Engine | undefined
   try {
+    engine = await Engine.create({ listen: '127.0.0.1:0' })
     const local = engine.allocate(options.workingSetBytes)
     local.buffer.fill(0x3c) // fault every page in before anything is timed
     const remote = await engine.openSegment(target.segment)
     const rig: Rig = { engine, local, remote, remoteBuffer: target.buffer, target, options }
 
-    for (const opcode of ['write', 'read'] as const) {
-      log(`tcp: ${opcode} 1 MiB, promise API, window ${options.window}`)
-      const p = await attempt(`${opcode} promise`, () => throughputPromise(rig, opcode, chunk))
-      if (!(p instanceof Error)) log(`tcp: ${opcode} promise ${p.gbps.toFixed(3)} GB/s, cpu ${JSON.stringify(p.cpu)}`)
-      log(`tcp: ${opcode} 1 MiB, batch API, ${options.batchesInFlight} x ${options.batchTasks}`)
-      const b = await attempt(`${opcode} batch`, () => throughputBatch(rig, opcode, chunk))
-      if (!(b instanceof Error)) log(`tcp: ${opcode} batch ${b.gbps.toFixed(3)} GB/s, cpu ${JSON.stringify(b.cpu)}`)
-      records.push(throughputRecord(`${opcode}-1MiB`, p, b, iperf, options))
-    }
+    log(`tcp: throughput, ${options.repeat} rounds of write + read + iperf3, ${options.durationSeconds} s each`)
+    const tput = await throughputPhase(rig, chunk)
+    for (const opcode of ['write', 'read'] as const) records.push(throughputRecord(opcode, tput, options))
 
-    log(`tcp: read 4 KiB latency, promise API (${options.latencyOps} ops)`)
-    const lp = await attempt('latency promise', async () => summarizeRun(await latencyPromise(rig, latBytes)))
-    log(`tcp: read 4 KiB latency, batch API with spin (${options.latencyOps} ops)`)
-    const lb = await attempt('latency batch', async () => summarizeRun(await latencyBatch(rig, latBytes)))
-    log(`tcp: baseline node tcp request/answer 4 KiB (${options.latencyOps} ops)`)
-    const base = await attempt('latency baseline', async () =>
-      summarize(
-        await nodeTcpLatency({
-          messageBytes: latBytes,
-          ops: options.latencyOps,
-          warmupSeconds: options.warmupSeconds,
-          maxSeconds: options.latencyMaxSeconds,
-        }),
-      ),
-    )
-    records.push(latencyRecord(lp, lb, base, latBytes))
+    log(`tcp: latency, ${options.repeat} rounds of engine + pure-Node baseline, ${options.latencyOps} ops each`)
+    const lat = await latencyPhase(rig, latBytes)
+    records.push(latencyRecord(lat, latBytes, options))
   } finally {
-    await engine.close()
+    await engine?.close()
     await target.stop()
   }
   return records

@@ -18,6 +18,14 @@ export interface SuiteOptions {
   batchesInFlight: number
   /** Bytes of the working set on each side (a multiple of 1 MiB). */
   workingSetBytes: number
+  /** Rounds per case; each round measures the engine and its baseline back to back. */
+  repeat: number
+  /**
+   * Soft limit, in seconds, on the rounds of one phase (throughput, latency). When measuring
+   * both API methods in every round would exceed it, later rounds measure only the method
+   * that did better in round 1.
+   */
+  budgetSeconds: number
 }
 
 /** One result line. Extra fields (per-method figures, CPU use, notes) may follow. */
