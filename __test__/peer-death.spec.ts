@@ -27,7 +27,7 @@ function stream(engine: Engine, opts: { local: ReturnType<Engine['allocate']>; s
           completed++
           settled.push({ at: Date.now(), ok: true })
         },
-        (err: FerryError) => settled.push({ at: Date.now(), ok: false, code: err.code }),
+        (err: FerryError) => void settled.push({ at: Date.now(), ok: false, code: err.code }),
       )
       .finally(() => {
         pending.delete(p)

@@ -36,7 +36,14 @@ const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>
   --window N          outstanding Promise-API requests in throughput runs (default 32)
   --batch-tasks N     tasks per batch in batch-API throughput runs (default 16)
   --batches N         batches in flight in batch-API throughput runs (default 4)
-  --working-set MIB   working set on each side, MiB (default 256)
+  --working-set MIB   hot working set on each side, MiB, that write-1MiB and read-1MiB cycle
+                      their 1 MiB blocks through; small enough to stay in CPU cache, like
+                      iperf3's one reused 1 MiB buffer (default 8)
+  --cold-working-set MIB
+                      cold working set on each side, MiB, pre-touched, for write-1MiB-cold and
+                      read-1MiB-cold (DRAM-bound); the 4 KiB latency reads span the larger
+                      of the two working sets, with or without --no-cold (default 256)
+  --no-cold           skip the write-1MiB-cold and read-1MiB-cold cases
   --json              JSON lines on stdout (the default and only format)
   -h, --help          this text`
 
@@ -56,7 +63,9 @@ function parseArgs(argv: string[]): Cli {
     window: 32,
     batchTasks: 16,
     batchesInFlight: 4,
-    workingSetBytes: 256 << 20,
+    workingSetBytes: 8 << 20,
+    coldWorkingSetBytes: 256 << 20,
+    cold: true,
     repeat: 3,
     budgetSeconds: 300,
   }
@@ -70,6 +79,7 @@ function parseArgs(argv: string[]): Cli {
     '--batch-tasks': { set: (v) => (options.batchTasks = v), min: 1, integer: true },
     '--batches': { set: (v) => (options.batchesInFlight = v), min: 1, integer: true },
     '--working-set': { set: (v) => (options.workingSetBytes = v * (1 << 20)), min: 1, integer: true },
+    '--cold-working-set': { set: (v) => (options.coldWorkingSetBytes = v * (1 << 20)), min: 1, integer: true },
     '--repeat': { set: (v) => (options.repeat = v), min: 1, max: 1000, integer: true },
     '--budget': { set: (v) => (options.budgetSeconds = v), min: 1, integer: false },
   }
@@ -89,6 +99,9 @@ function parseArgs(argv: string[]): Cli {
       process.exit(0)
     } else if (flag === '--json') {
       // the default; accepted for explicitness
+    } else if (flag === '--no-cold') {
+      if (inline !== undefined) throw new UsageError('--no-cold takes no value')
+      options.cold = false
     } else if (flag === '--suite') {
       names = value()
         .split(',')

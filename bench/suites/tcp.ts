@@ -2,9 +2,20 @@
  * The `tcp` suite: Ferry's TCP transport over loopback, between this process and a target
  * engine in a child process (bench/target.ts).
  *
- *   write-1MiB     1 MiB WRITEs, many in flight, GB/s       vs iperf3 -l 1M (same run)
- *   read-1MiB      1 MiB READs, many in flight, GB/s        vs iperf3 -l 1M (same run)
- *   read-4KiB-p50  one 4 KiB READ at a time, p50 in µs      vs pure-Node TCP request/answer
+ *   write-1MiB       1 MiB WRITEs, many in flight, GB/s, hot working set   vs iperf3 -l 1M (same run)
+ *   read-1MiB        1 MiB READs, many in flight, GB/s, hot working set    vs iperf3 -l 1M (same run)
+ *   write-1MiB-cold  the same WRITEs over the cold working set             vs iperf3 -l 1M (same run)
+ *   read-1MiB-cold   the same READs over the cold working set              vs iperf3 -l 1M (same run)
+ *   read-4KiB-p50    one 4 KiB READ at a time, p50 in µs                   vs pure-Node TCP request/answer
+ *
+ * Locality: iperf3 -l 1M sends from one reused 1 MiB buffer, which stays in CPU cache. The
+ * primary cases (write-1MiB, read-1MiB) cycle their 1 MiB blocks through a working set of the
+ * same kind, `--working-set` MiB on each side (default 8), so their ratio compares like with
+ * like. The `-cold` cases cycle through `--cold-working-set` MiB on each side (default 256,
+ * pre-touched), DRAM-bound, against the same iperf3 rounds, so the gap between the two shows
+ * what locality costs; `--no-cold` skips them. Each record names its `working_set_MiB` and
+ * `locality`. One region of max(hot, cold) bytes per side holds both (the hot set is its
+ * first `--working-set` MiB); the 4 KiB latency reads span the whole region.
  *
  * Throughput is measured two ways, the Promise API with a window of outstanding calls and
  * the batch API (submitTransfer, getBatchStatus polled with backoff); latency two ways, the
@@ -111,6 +122,8 @@ function cpuMeter(target: Target) {
 interface Rig {
   engine: Engine
   local: Region
+  /** Bytes of `local` and of the target's buffer (both pre-touched). */
+  regionBytes: number
   remote: Segment
   remoteBuffer: number
   target: Target
@@ -147,13 +160,13 @@ function timeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
 const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve))
 
 /**
- * Promise API: `window` lanes, each awaiting one 1 MiB call after another over the working
- * set. Bytes completed between the end of the warm-up and the end of the measurement, over
- * that time.
+ * Promise API: `window` lanes, each awaiting one 1 MiB call after another over the first
+ * `workingSet` bytes of each side. Bytes completed between the end of the warm-up and the
+ * end of the measurement, over that time.
  */
-async function throughputPromise(rig: Rig, opcode: Opcode, chunk: number, warmupSeconds: number): Promise<ThroughputResult> {
+async function throughputPromise(rig: Rig, opcode: Opcode, chunk: number, workingSet: number, warmupSeconds: number): Promise<ThroughputResult> {
   const { engine, options } = rig
-  const slots = Math.floor(options.workingSetBytes / chunk)
+  const slots = Math.floor(workingSet / chunk)
   const meter = cpuMeter(rig.target)
   let next = 0
   let completed = 0
@@ -201,13 +214,14 @@ async function throughputPromise(rig: Rig, opcode: Opcode, chunk: number, warmup
 const terminal = (s: TransferStatus) => s !== TransferStatus.WAITING && s !== TransferStatus.PENDING
 
 /**
- * Batch API: `batchesInFlight` batches of `batchTasks` 1 MiB tasks outstanding; the batches
- * are polled with getBatchStatus, backing off (Atomics.wait, 10 µs doubling to 1 ms) while
- * none has finished, and a finished one is freed and replaced at once.
+ * Batch API: `batchesInFlight` batches of `batchTasks` 1 MiB tasks outstanding, over the
+ * first `workingSet` bytes of each side; the batches are polled with getBatchStatus, backing
+ * off (Atomics.wait, 10 µs doubling to 1 ms) while none has finished, and a finished one is
+ * freed and replaced at once.
  */
-async function throughputBatch(rig: Rig, opcode: Opcode, chunk: number, warmupSeconds: number): Promise<ThroughputResult> {
+async function throughputBatch(rig: Rig, opcode: Opcode, chunk: number, workingSet: number, warmupSeconds: number): Promise<ThroughputResult> {
   const { engine, options } = rig
-  const slots = Math.floor(options.workingSetBytes / chunk)
+  const slots = Math.floor(workingSet / chunk)
   const perBatch = options.batchTasks
   const meter = cpuMeter(rig.target)
   const requests = Array.from({ length: slots }, (_, i) => request(rig, opcode, i * chunk, chunk))
@@ -354,26 +368,67 @@ const throughputMethodLabel = (m: Method, options: SuiteOptions) =>
 
 const ORDER_NOTE = 'rounds alternate the order: odd rounds engine first, even rounds baseline first'
 
+/** One throughput case: an opcode over a working set of a given locality. */
+interface ThroughputCase {
+  /** Record name: write-1MiB, read-1MiB, write-1MiB-cold, read-1MiB-cold. */
+  name: string
+  opcode: Opcode
+  /** Bytes cycled through on each side, from offset 0. */
+  workingSetBytes: number
+  locality: string
+  /** For a cold case, the name of the hot case it is compared with. */
+  hotCase?: string
+}
+
+const HOT_LOCALITY = "hot (like iperf3's reused 1 MiB buffer)"
+const coldLocality = (bytes: number) => `cold (${bytes / MiB} MiB per side, DRAM-bound)`
+
+/** The throughput cases to run: hot write and read, then (unless --no-cold) cold ones. */
+function throughputCases(options: SuiteOptions, chunk: number): ThroughputCase[] {
+  const label = `${chunk / MiB}MiB`
+  const cases: ThroughputCase[] = (['write', 'read'] as const).map((opcode) => ({
+    name: `${opcode}-${label}`,
+    opcode,
+    workingSetBytes: options.workingSetBytes,
+    locality: HOT_LOCALITY,
+  }))
+  if (options.cold) {
+    for (const opcode of ['write', 'read'] as const) {
+      cases.push({
+        name: `${opcode}-${label}-cold`,
+        opcode,
+        workingSetBytes: options.coldWorkingSetBytes,
+        locality: coldLocality(options.coldWorkingSetBytes),
+        hotCase: `${opcode}-${label}`,
+      })
+    }
+  }
+  return cases
+}
+
 interface ThroughputPhase {
-  engine: Record<Opcode, Record<Method, Rounds<ThroughputResult>>>
+  /** Per case name. */
+  engine: Record<string, Record<Method, Rounds<ThroughputResult>>>
+  /** One iperf3 run per round, the baseline of every case of that round. */
   iperf: Iperf3Result[]
-  /** Set when rounds after the first measured only this method (budget). */
-  chosen?: Record<Opcode, Method>
-  hostLoad: Record<Opcode, number | null>
+  /** Set when rounds after the first measured only this method (budget); per case name. */
+  chosen?: Record<string, Method>
+  hostLoad: Record<string, number | null>
 }
 
 /**
- * `repeat` rounds of: engine write (both methods, or the one chosen in round 1), engine
- * read, one iperf3 client run; odd rounds in that order, even rounds reversed. The warm-up
- * runs in round 1 only: the target, its connections and both working sets are reused, and
- * one iperf3 server serves every client run.
+ * `repeat` rounds of: each case in turn (write, read, then write-cold, read-cold; both
+ * methods, or the one chosen in round 1), then one iperf3 client run, the baseline of every
+ * case of the round; odd rounds in that order, even rounds reversed. The warm-up runs in
+ * round 1 only: the target, its connections and the working sets are reused, and one iperf3
+ * server serves every client run.
  */
-async function throughputPhase(rig: Rig, chunk: number): Promise<ThroughputPhase> {
+async function throughputPhase(rig: Rig, chunk: number, cases: ThroughputCase[]): Promise<ThroughputPhase> {
   const { options } = rig
   const phase: ThroughputPhase = {
-    engine: { write: { promise: [], batch: [] }, read: { promise: [], batch: [] } },
+    engine: Object.fromEntries(cases.map((c) => [c.name, { promise: [], batch: [] }])),
     iperf: [],
-    hostLoad: { write: null, read: null },
+    hostLoad: Object.fromEntries(cases.map((c) => [c.name, null])),
   }
   const iperf = startIperf3Loopback('1M')
   const phaseStart = Date.now()
@@ -383,16 +438,18 @@ async function throughputPhase(rig: Rig, chunk: number): Promise<ThroughputPhase
       const warm = r === 0 ? options.warmupSeconds : 0
       const forward = r % 2 === 0
       const tag = `tcp: round ${r + 1}/${options.repeat}`
-      const engineStep = async (opcode: Opcode) => {
-        if (r === 0) phase.hostLoad[opcode] = hostLoad()
-        const methods = phase.chosen ? [phase.chosen[opcode]] : forward ? [...METHODS] : [...METHODS].reverse()
+      const engineStep = async (c: ThroughputCase) => {
+        if (r === 0) phase.hostLoad[c.name] = hostLoad()
+        const methods = phase.chosen ? [phase.chosen[c.name]] : forward ? [...METHODS] : [...METHODS].reverse()
         for (const m of methods) {
-          log(`${tag}: ${opcode} 1 MiB, ${throughputMethodLabel(m, options)}${warm > 0 ? `, ${warm} s warm-up` : ''}`)
-          const res = await attempt(`${tag} ${opcode} ${m}`, () =>
-            m === 'promise' ? throughputPromise(rig, opcode, chunk, warm) : throughputBatch(rig, opcode, chunk, warm),
+          log(`${tag}: ${c.name} (${c.workingSetBytes / MiB} MiB working set), ${throughputMethodLabel(m, options)}${warm > 0 ? `, ${warm} s warm-up` : ''}`)
+          const res = await attempt(`${tag} ${c.name} ${m}`, () =>
+            m === 'promise'
+              ? throughputPromise(rig, c.opcode, chunk, c.workingSetBytes, warm)
+              : throughputBatch(rig, c.opcode, chunk, c.workingSetBytes, warm),
           )
-          phase.engine[opcode][m][r] = res
-          if (isResult(res)) log(`${tag}: ${opcode} ${m} ${res.gbps.toFixed(3)} GB/s, cpu ${JSON.stringify(res.cpu)}`)
+          phase.engine[c.name][m][r] = res
+          if (isResult(res)) log(`${tag}: ${c.name} ${m} ${res.gbps.toFixed(3)} GB/s, cpu ${JSON.stringify(res.cpu)}`)
         }
       }
       const iperfStep = async () => {
@@ -400,17 +457,18 @@ async function throughputPhase(rig: Rig, chunk: number): Promise<ThroughputPhase
         phase.iperf[r] = res
         log(`${tag}: iperf3 ${res.gbps === null ? `unavailable (${res.note})` : `${res.gbps.toFixed(3)} GB/s`}`)
       }
-      const steps = [() => engineStep('write'), () => engineStep('read'), iperfStep]
+      const steps = [...cases.map((c) => () => engineStep(c)), iperfStep]
       for (const step of forward ? steps : steps.reverse()) await step()
 
       if (r === 0 && options.repeat > 1 && !bothFit(options, phaseStart, Date.now() - roundStart)) {
-        const pick = (opcode: Opcode): Method => {
-          const e = phase.engine[opcode]
+        const pick = (c: ThroughputCase): Method => {
+          const e = phase.engine[c.name]
           const fig = (x: ThroughputResult | Error | undefined) => (isResult(x) ? x.gbps : null)
           return betterByMedian({ promise: [fig(e.promise[0])], batch: [fig(e.batch[0])] }, true)
         }
-        phase.chosen = { write: pick('write'), read: pick('read') }
-        log(`tcp: both methods every round would exceed --budget ${options.budgetSeconds} s; using write ${phase.chosen.write}, read ${phase.chosen.read} from round 2`)
+        const chosen: Record<string, Method> = Object.fromEntries(cases.map((c) => [c.name, pick(c)]))
+        phase.chosen = chosen
+        log(`tcp: both methods every round would exceed --budget ${options.budgetSeconds} s; using ${cases.map((c) => `${c.name} ${chosen[c.name]}`).join(', ')} from round 2`)
       }
     }
   } finally {
@@ -419,15 +477,15 @@ async function throughputPhase(rig: Rig, chunk: number): Promise<ThroughputPhase
   return phase
 }
 
-function throughputRecord(opcode: Opcode, phase: ThroughputPhase, options: SuiteOptions): CaseRecord {
-  const series = phase.engine[opcode]
+function throughputRecord(c: ThroughputCase, cases: ThroughputCase[], phase: ThroughputPhase, options: SuiteOptions): CaseRecord {
+  const series = phase.engine[c.name]
   const figures = (rounds: Rounds<ThroughputResult>) =>
     Array.from({ length: options.repeat }, (_, r) => {
       const x = rounds[r]
       return isResult(x) ? round(x.gbps, 3) : null
     })
   const perMethod: Record<Method, Array<number | null>> = { promise: figures(series.promise), batch: figures(series.batch) }
-  const method = phase.chosen ? phase.chosen[opcode] : betterByMedian(perMethod, true)
+  const method = phase.chosen ? phase.chosen[c.name] : betterByMedian(perMethod, true)
   const rounds = perMethod[method]
   const baselineRounds = Array.from({ length: options.repeat }, (_, r) => {
     const g = phase.iperf[r]?.gbps
@@ -440,9 +498,11 @@ function throughputRecord(opcode: Opcode, phase: ThroughputPhase, options: Suite
   const iperfOk = phase.iperf.filter((i) => i.gbps !== null)
   const record: CaseRecord = {
     suite: SUITE,
-    case: `${opcode}-1MiB`,
+    case: c.name,
     value,
     unit: 'GB/s',
+    working_set_MiB: c.workingSetBytes / MiB,
+    locality: c.locality,
     baseline: phase.iperf.find((i) => i.label)?.label ?? 'iperf3 -l 1M',
     baseline_value: baselineValue,
     ratio: ratio(value, baselineValue),
@@ -468,12 +528,23 @@ function throughputRecord(opcode: Opcode, phase: ThroughputPhase, options: Suite
           }
         : null,
     },
-    working_set_MiB: options.workingSetBytes / MiB,
+    baseline_note: `one iperf3 run per round (one reused 1 MiB buffer, cache-resident), the baseline of ${cases.map((x) => x.name).join(', ')} in that round`,
     seconds: options.durationSeconds,
     repeat: options.repeat,
     warmup_s_round1: options.warmupSeconds,
     order: ORDER_NOTE,
-    host_load: phase.hostLoad[opcode],
+    host_load: phase.hostLoad[c.name],
+  }
+  if (c.hotCase !== undefined) {
+    // What locality costs: this (cold) case over its hot counterpart, same rounds.
+    const hot = phase.engine[c.hotCase]
+    const hotMethod = phase.chosen ? phase.chosen[c.hotCase] : betterByMedian({ promise: figures(hot.promise), batch: figures(hot.batch) }, true)
+    const hotRounds = figures(hot[hotMethod])
+    const hotValue = round(median(hotRounds), 3)
+    record.hot_case = c.hotCase
+    record.hot_value = hotValue
+    record.cold_vs_hot = ratio(value, hotValue)
+    record.cold_vs_hot_per_round = rounds.map((v, r) => ratio(v, hotRounds[r]))
   }
   const errors = METHODS.flatMap((m) => roundErrors(series[m], m))
   if (errors.length) record.error = errors.join('; ')
@@ -499,7 +570,7 @@ interface LatencyRun {
 /** Promise API: `await engine.read` of `bytes`, one at a time; µs per call. */
 async function latencyPromise(rig: Rig, bytes: number, warmupSeconds: number): Promise<LatencyRun> {
   const { engine, options } = rig
-  const slots = Math.floor(options.workingSetBytes / bytes)
+  const slots = Math.floor(rig.regionBytes / bytes)
   const requests = Array.from({ length: slots }, (_, i) => ioRequest(rig, i * bytes, bytes))
   const samples: number[] = []
   const warmEnd = Date.now() + warmupSeconds * 1000
@@ -523,7 +594,7 @@ async function latencyPromise(rig: Rig, bytes: number, warmupSeconds: number): P
  */
 async function latencyBatch(rig: Rig, bytes: number, warmupSeconds: number): Promise<LatencyRun> {
   const { engine, options } = rig
-  const slots = Math.floor(options.workingSetBytes / bytes)
+  const slots = Math.floor(rig.regionBytes / bytes)
   const requests = Array.from({ length: slots }, (_, i) => [request(rig, 'read', i * bytes, bytes)])
   const capacity = 1024
   let batch = engine.allocateBatch(capacity)
@@ -642,7 +713,7 @@ async function latencyPhase(rig: Rig, bytes: number): Promise<LatencyPhase> {
 const latencyMethodLabel = (m: Method) =>
   m === 'promise' ? 'promise (await engine.read)' : 'batch (submitTransfer + spin on getTransferStatus)'
 
-function latencyRecord(phase: LatencyPhase, bytes: number, options: SuiteOptions): CaseRecord {
+function latencyRecord(phase: LatencyPhase, bytes: number, spanBytes: number, options: SuiteOptions): CaseRecord {
   const p50s = (runs: Array<number[] | undefined>) =>
     Array.from({ length: options.repeat }, (_, r) => {
       const s = runs[r]
@@ -695,6 +766,7 @@ function latencyRecord(phase: LatencyPhase, bytes: number, options: SuiteOptions
       batch: medianCpu(cpus('batch')),
     },
     ops_per_round: options.latencyOps,
+    working_set_MiB: spanBytes / MiB,
     repeat: options.repeat,
     warmup_s_round1: options.warmupSeconds,
     order: ORDER_NOTE,
@@ -710,23 +782,27 @@ export async function tcpSuite(options: SuiteOptions): Promise<CaseRecord[]> {
   const chunk = MiB
   const latBytes = 4096
 
-  // One target and one pre-touched working set on each side, reused by every round.
-  const target = await startTarget(options.workingSetBytes)
+  // One target and one pre-touched region on each side, reused by every round: the hot
+  // cases use its first --working-set MiB, the cold cases its first --cold-working-set MiB,
+  // the latency reads all of it (as before: 256 MiB by default, with or without --no-cold).
+  const regionBytes = Math.max(options.workingSetBytes, options.coldWorkingSetBytes)
+  const cases = throughputCases(options, chunk)
+  const target = await startTarget(regionBytes)
   let engine: Engine | undefined
   try {
     engine = await Engine.create({ listen: '127.0.0.1:0' })
-    const local = engine.allocate(options.workingSetBytes)
+    const local = engine.allocate(regionBytes)
     local.buffer.fill(0x3c) // fault every page in before anything is timed
     const remote = await engine.openSegment(target.segment)
-    const rig: Rig = { engine, local, remote, remoteBuffer: target.buffer, target, options }
+    const rig: Rig = { engine, local, regionBytes, remote, remoteBuffer: target.buffer, target, options }
 
-    log(`tcp: throughput, ${options.repeat} rounds of write + read + iperf3, ${options.durationSeconds} s each`)
-    const tput = await throughputPhase(rig, chunk)
-    for (const opcode of ['write', 'read'] as const) records.push(throughputRecord(opcode, tput, options))
+    log(`tcp: throughput, ${options.repeat} rounds of ${cases.map((c) => c.name).join(' + ')} + iperf3, ${options.durationSeconds} s each`)
+    const tput = await throughputPhase(rig, chunk, cases)
+    for (const c of cases) records.push(throughputRecord(c, cases, tput, options))
 
     log(`tcp: latency, ${options.repeat} rounds of engine + pure-Node baseline, ${options.latencyOps} ops each`)
     const lat = await latencyPhase(rig, latBytes)
-    records.push(latencyRecord(lat, latBytes, options))
+    records.push(latencyRecord(lat, latBytes, regionBytes, options))
   } finally {
     await engine?.close()
     await target.stop()

@@ -16,8 +16,19 @@ export interface SuiteOptions {
   batchTasks: number
   /** Batches outstanding in batch-API throughput runs. */
   batchesInFlight: number
-  /** Bytes of the working set on each side (a multiple of 1 MiB). */
+  /**
+   * Bytes of the hot working set on each side (a multiple of 1 MiB): the primary throughput
+   * cases cycle their 1 MiB blocks through it, small enough to stay in CPU cache, as
+   * iperf3's one reused 1 MiB buffer does.
+   */
   workingSetBytes: number
+  /**
+   * Bytes of the cold working set on each side (a multiple of 1 MiB, pre-touched): the
+   * `-cold` throughput cases cycle through it, and the 4 KiB latency reads span it.
+   */
+  coldWorkingSetBytes: number
+  /** Whether to measure the `-cold` throughput cases. */
+  cold: boolean
   /** Rounds per case; each round measures the engine and its baseline back to back. */
   repeat: number
   /**
