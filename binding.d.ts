@@ -70,12 +70,18 @@ export interface BatchStatus {
 
 /** An engine event. */
 export interface EngineEventJs {
-  /** "peerLost" or "peerBack". */
+  /** "peerLost", "peerBack" or "failover". */
   kind: string
   /** Segment name. */
   segment: string
-  /** Reason, for peerLost. */
+  /** Reason, for peerLost and failover. */
   reason?: string
+  /** Failover: transport of the failed attempt. */
+  from?: string
+  /** Failover: transport of the new attempt. */
+  to?: string
+  /** Failover: switches made by the task, this one included. */
+  attempt?: number
 }
 
 /** Engine counters. */
@@ -90,6 +96,10 @@ export interface EngineMetrics {
   bytesTransferred: number
   /** Times a peer was declared lost. */
   peersLost: number
+  /** Attempts that failed over. */
+  failovers: number
+  /** Attempts that passed their deadline. */
+  attemptTimeouts: number
   /** Registered regions. */
   regions: number
 }
@@ -102,14 +112,42 @@ export interface EngineOptions {
   peerTimeoutMs?: number
   /** I/O threads [2]. */
   ioThreads?: number
-  /** Enabled transports, of "tcp", "shm", "rdma" [["tcp"]]. */
+  /** Enabled transports, of "tcp", "shm", "rdma" [["shm", "tcp"]]. */
   transports?: Array<string>
+  /** Overrides the machine identity used for same-host detection (tests) [auto]. */
+  machineId?: string
   /** TCP data connections per peer [2]. */
   connectionsPerPeer?: number
   /** TCP slice size in bytes [1048576]. */
   sliceSize?: number
   /** Connect timeout in ms [3000]. */
   connectTimeoutMs?: number
+  /** Transport switches allowed per task; 0 disables failover [3]. */
+  maxFailoverAttempts?: number
+  /** Whether polled (batch) tasks fail over; the Promise path always does [true]. */
+  enableAutoFailoverOnPoll?: boolean
+  /** Deadline of one attempt in ms; 0 = none [10000]. */
+  attemptTimeoutMs?: number
+  /** Fault injection per transport, for tests and benchmarks [none]. */
+  faults?: Array<FaultOptions>
+}
+
+/** Fault injection on one transport. */
+export interface FaultOptions {
+  /** "tcp", "shm" or "rdma". */
+  transport: string
+  /** Probability that submitting a request fails [0]. */
+  submitFailureRate?: number
+  /** Every submission after this many fails [never]. */
+  failAfterSubmits?: number
+  /** Probability that a completed attempt is reported FAILED [0]. */
+  corruptCompletionRate?: number
+  /** Delay before each submission, in ms [0]. */
+  delayMs?: number
+  /** The transport fails to install [false]. */
+  failInstall?: boolean
+  /** Seed of the random choices [0]. */
+  seed?: number
 }
 
 /** Outcome of openSegment (a value; the TypeScript layer turns failures into rejections). */
@@ -184,4 +222,6 @@ export interface TransferRequest {
   length: number
   /** Transport hint for the first attempt. */
   transport?: string
+  /** Only `transport` may serve the request (no fallback) [false]. */
+  requireTransport?: boolean
 }

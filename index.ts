@@ -146,8 +146,10 @@ export interface EngineOptions {
   peerTimeoutMs?: number
   /** I/O threads. Default 2. */
   ioThreads?: number
-  /** Enabled transports. Default `['tcp']` in this build. */
+  /** Enabled transports. Default `['shm', 'tcp']` (rdma is not in this build yet). */
   transports?: TransportName[]
+  /** Overrides the machine identity used to detect same-host peers (tests). */
+  machineId?: string
   /** TCP data connections per peer. Default 2. */
   connectionsPerPeer?: number
   /** Requests larger than this are sliced (bytes). Default 1 MiB. */
@@ -156,6 +158,31 @@ export interface EngineOptions {
   connectTimeoutMs?: number
   /** Metadata service: `'p2p'` (default, embedded; segment names are `host:port`). */
   metadata?: 'p2p'
+  /** Transport switches allowed per task; 0 disables failover, 1 allows one. Default 3. */
+  maxFailoverAttempts?: number
+  /** Whether polled (batch) tasks fail over; the Promise calls always do. Default true. */
+  enableAutoFailoverOnPoll?: boolean
+  /** Deadline of one attempt in ms; a late attempt fails over. 0 = none. Default 10000. */
+  attemptTimeoutMs?: number
+  /** Fault injection (tests, benchmarks): per transport. */
+  faults?: FaultOptions[]
+}
+
+/** Fault injection on one transport (seeded, reproducible). */
+export interface FaultOptions {
+  transport: TransportName
+  /** Probability that submitting a request fails. */
+  submitFailureRate?: number
+  /** Every submission after this many fails. */
+  failAfterSubmits?: number
+  /** Probability that a completed attempt is reported FAILED. */
+  corruptCompletionRate?: number
+  /** Delay before each submission, in ms. */
+  delayMs?: number
+  /** The transport fails to install. */
+  failInstall?: boolean
+  /** Seed of the random choices. */
+  seed?: number
 }
 
 /** Local memory registered with an engine. `buffer` views it. */
@@ -223,8 +250,10 @@ export interface TransferRequest {
   remoteOffset?: number
   /** Bytes to move (> 0). */
   length: number
-  /** Pin the first attempt to this transport. */
+  /** Pin the first attempt to this transport (fallback allowed). */
   transport?: TransportName
+  /** Only this transport may serve the request; fails with ERR_FERRY_TRANSPORT_UNAVAILABLE otherwise. */
+  requireTransport?: TransportName
 }
 
 /** Options of the Promise calls. */
@@ -251,14 +280,22 @@ export interface EngineMetrics {
   tasksFailed: number
   bytesTransferred: number
   peersLost: number
+  failovers: number
+  attemptTimeouts: number
   regions: number
 }
 
-/** Events: `peerLost` ({segment, reason}) and `peerBack` ({segment}). */
+/**
+ * Events: `peerLost` ({segment, reason}), `peerBack` ({segment}) and `failover`
+ * ({segment, from, to, attempt, reason}).
+ */
 export interface EngineEvent {
-  kind: 'peerLost' | 'peerBack'
+  kind: 'peerLost' | 'peerBack' | 'failover'
   segment: string
   reason?: string
+  from?: TransportName
+  to?: TransportName
+  attempt?: number
 }
 
 function toNativeRequest(r: TransferRequest): Native.TransferRequest {
@@ -268,6 +305,9 @@ function toNativeRequest(r: TransferRequest): Native.TransferRequest {
   if (!(r.remote instanceof Segment)) {
     throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'request.remote must be a Segment')
   }
+  if (r.requireTransport !== undefined && r.transport !== undefined && r.transport !== r.requireTransport) {
+    throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'transport and requireTransport name different transports')
+  }
   return {
     opcode: r.opcode,
     local: r.local.id,
@@ -276,7 +316,8 @@ function toNativeRequest(r: TransferRequest): Native.TransferRequest {
     remoteBuffer: r.remoteBuffer,
     remoteOffset: r.remoteOffset,
     length: r.length,
-    transport: r.transport,
+    transport: r.requireTransport ?? r.transport,
+    requireTransport: r.requireTransport !== undefined,
   }
 }
 
@@ -289,7 +330,14 @@ export class Engine extends EventEmitter {
     super()
     this.#native = n
     n.setEventHandler((e: Native.EngineEventJs) => {
-      const event: EngineEvent = { kind: e.kind as EngineEvent['kind'], segment: e.segment, reason: e.reason ?? undefined }
+      const event: EngineEvent = {
+        kind: e.kind as EngineEvent['kind'],
+        segment: e.segment,
+        reason: e.reason ?? undefined,
+        from: (e.from ?? undefined) as TransportName | undefined,
+        to: (e.to ?? undefined) as TransportName | undefined,
+        attempt: e.attempt ?? undefined,
+      }
       this.emit(event.kind, event)
     })
   }

@@ -65,7 +65,7 @@ function stream(engine: Engine, opts: { local: ReturnType<Engine['allocate']>; s
 test('SIGKILL of the target during 1 MiB writes: every Promise rejects and every polled status is FAILED within 2 s', async (t) => {
   t.timeout(60_000)
   const target = await startTarget({ FERRY_TARGET_BYTES: String(16 * MiB) })
-  const engine = await Engine.create({ peerTimeoutMs: 3000 })
+  const engine = await Engine.create({ peerTimeoutMs: 3000, transports: ['tcp'] })
   const lost: string[] = []
   engine.on('peerLost', (e) => lost.push(e.segment))
   try {
@@ -118,7 +118,7 @@ test('SIGSTOP of the target (a hung peer): in-flight writes fail with ERR_FERRY_
   t.timeout(60_000)
   const target = await startTarget({ FERRY_TARGET_BYTES: String(16 * MiB) })
   const peerTimeoutMs = 1000
-  const engine = await Engine.create({ peerTimeoutMs })
+  const engine = await Engine.create({ peerTimeoutMs, transports: ['tcp'] })
   try {
     const local = engine.allocate(16 * MiB)
     const seg = await engine.openSegment(target.segment)

@@ -12,7 +12,7 @@ const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex')
 test('WRITE then READ 64 MiB in 1 MiB requests across processes, bytes compared', async (t) => {
   t.timeout(90_000)
   const target = await startTarget({ FERRY_TARGET_BYTES: String(64 * MiB) })
-  const engine = await Engine.create()
+  const engine = await Engine.create({ transports: ['tcp'] })
   try {
     const src = engine.allocate(64 * MiB)
     pattern(11).copy(src.buffer)
@@ -53,7 +53,7 @@ test('WRITE then READ 64 MiB in 1 MiB requests across processes, bytes compared'
 test('batch API: submit, poll per task, list and overall, free', async (t) => {
   t.timeout(60_000)
   const target = await startTarget({ FERRY_TARGET_BYTES: String(16 * MiB) })
-  const engine = await Engine.create()
+  const engine = await Engine.create({ transports: ['tcp'] })
   try {
     const src = engine.allocate(16 * MiB)
     pattern(5, 16 * MiB).copy(src.buffer)
@@ -94,7 +94,7 @@ test('batch API: submit, poll per task, list and overall, free', async (t) => {
 test('registered user Buffers move bytes too', async (t) => {
   t.timeout(60_000)
   const target = await startTarget({ FERRY_TARGET_BYTES: String(MiB) })
-  const engine = await Engine.create()
+  const engine = await Engine.create({ transports: ['tcp'] })
   try {
     const mine = Buffer.alloc(MiB, 0x5a)
     const region = engine.registerMemory(mine)

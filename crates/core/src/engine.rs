@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -17,14 +17,19 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::BatchTable;
 use crate::control::{fetch_descriptor, run_link, LinkConfig, LinkEvents};
 use crate::error::{Error, Result};
+use crate::failover::{decide, Deadlines, Decision, FailoverPolicy};
+use crate::health::{HealthTable, RailPolicy};
 use crate::memory::{Access, KeepAlive, Region, RegionId, RegionTable};
 use crate::request::{validate, Request, ValidatedRequest};
 use crate::segment::{BufferDescriptor, Peer, SegmentTable};
 use crate::select::rank;
 use crate::server::{accept_loop, LocalSegment};
 use crate::status::{aggregate, TransferStatus};
-use crate::task::{Counters, Group, Task, TaskSnapshot};
-use crate::transport::{Transport, TransportKind};
+use crate::task::{Counters, Driver, Group, Observer, Task, TaskSnapshot};
+use crate::transport::{Attempt, Transport, TransportKind};
+use crate::transports::fault::{FaultSpec, FaultTransport};
+#[cfg(target_os = "linux")]
+use crate::transports::shm::ShmTransport;
 use crate::transports::tcp::{TcpConfig, TcpTransport};
 
 /// Engine settings. `Default` gives the embedded, loopback-only default.
@@ -41,6 +46,12 @@ pub struct EngineConfig {
     pub transports: Vec<TransportKind>,
     /// TCP transport settings.
     pub tcp: TcpConfig,
+    /// Failover budget, poll behaviour and attempt deadline.
+    pub failover: FailoverPolicy,
+    /// Fault injection per transport (tests and benchmarks).
+    pub faults: Vec<(TransportKind, FaultSpec)>,
+    /// Overrides the machine identity used for same-host detection (tests).
+    pub machine_id: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -49,8 +60,11 @@ impl Default for EngineConfig {
             listen: "127.0.0.1:0".into(),
             peer_timeout: Duration::from_millis(3000),
             io_threads: 2,
-            transports: vec![TransportKind::Tcp],
+            transports: vec![TransportKind::Shm, TransportKind::Tcp],
             tcp: TcpConfig::default(),
+            failover: FailoverPolicy::default(),
+            faults: Vec::new(),
+            machine_id: None,
         }
     }
 }
@@ -69,6 +83,19 @@ pub enum EngineEvent {
     PeerBack {
         /// Segment name.
         segment: String,
+    },
+    /// A task's attempt failed and it moved to another attempt.
+    Failover {
+        /// Segment name.
+        segment: String,
+        /// Transport of the failed attempt.
+        from: TransportKind,
+        /// Transport of the new attempt.
+        to: TransportKind,
+        /// Switches this task has made, this one included.
+        attempt: u32,
+        /// Why the attempt failed.
+        reason: String,
     },
 }
 
@@ -109,6 +136,10 @@ pub struct Metrics {
     pub bytes_transferred: u64,
     /// Times a peer was declared lost.
     pub peers_lost: u64,
+    /// Attempts that failed over to another attempt.
+    pub failovers: u64,
+    /// Attempts that ran past their deadline.
+    pub attempt_timeouts: u64,
     /// Segments open.
     pub segments_open: u64,
     /// Regions registered.
@@ -133,7 +164,17 @@ struct Inner {
     regions: Arc<RegionTable>,
     segments: SegmentTable,
     batches: BatchTable,
-    tcp: TcpTransport,
+    transports: HashMap<TransportKind, Arc<dyn Transport>>,
+    enabled: Vec<TransportKind>,
+    #[cfg(target_os = "linux")]
+    shm: Option<Arc<ShmTransport>>,
+    deadlines: Deadlines,
+    /// Error history per (peer, transport): failing paths rank last for a cooldown.
+    health: HealthTable<(u64, TransportKind)>,
+    /// Set once any error was recorded, so successes skip the table until then.
+    health_dirty: AtomicBool,
+    failovers: AtomicU64,
+    attempt_timeouts: AtomicU64,
     ops: Mutex<HashMap<u64, Vec<Arc<Task>>>>,
     next_op: AtomicU64,
     counters: Arc<Counters>,
@@ -237,23 +278,92 @@ impl Engine {
         token[..8].copy_from_slice(&random_u64().to_le_bytes());
         token[8..].copy_from_slice(&random_u64().to_le_bytes());
         let regions = Arc::new(RegionTable::default());
-        let local = Arc::new(LocalSegment {
-            engine_id,
-            name,
-            machine_id: machine_identity(),
-            token,
-            regions: regions.clone(),
-            transports: config.transports.clone(),
-        });
+        let machine_id = config.machine_id.clone().unwrap_or_else(machine_identity);
         let shutdown = CancellationToken::new();
         let handle = runtime.handle().clone();
-        handle.spawn(accept_loop(listener, local.clone(), shutdown.clone()));
-        let tcp = TcpTransport::new(
+        // The shm transport reports a dead same-host peer through the engine, which does
+        // not exist yet: the hook reads it from this slot once it does.
+        let slot: Arc<std::sync::OnceLock<Weak<Inner>>> = Arc::default();
+
+        let mut transports: HashMap<TransportKind, Arc<dyn Transport>> = HashMap::new();
+        let tcp: Arc<dyn Transport> = Arc::new(TcpTransport::new(
             handle.clone(),
             engine_id,
             config.tcp,
             shutdown.child_token(),
-        );
+        ));
+        transports.insert(TransportKind::Tcp, tcp);
+        #[cfg(target_os = "linux")]
+        let shm = if config.transports.contains(&TransportKind::Shm) {
+            let hook_slot = slot.clone();
+            let hook: crate::transports::shm::DeathHook = Arc::new(move |peer, reason| {
+                if let Some(inner) = hook_slot.get().and_then(Weak::upgrade) {
+                    inner.declare_lost(peer, reason);
+                }
+            });
+            let shm = Arc::new(ShmTransport::new(
+                machine_id.clone(),
+                engine_id,
+                config.io_threads.clamp(1, 8),
+                handle.clone(),
+                shutdown.child_token(),
+                hook,
+            )?);
+            transports.insert(TransportKind::Shm, shm.clone());
+            Some(shm)
+        } else {
+            None
+        };
+        for (kind, spec) in &config.faults {
+            if let Some(inner) = transports.remove(kind) {
+                let wrapped = FaultTransport::new(inner, spec.clone(), handle.clone());
+                transports.insert(*kind, Arc::new(wrapped));
+            }
+        }
+        let mut enabled = Vec::new();
+        for kind in &config.transports {
+            match transports.get(kind).map(|t| t.install()) {
+                Some(Ok(())) => enabled.push(*kind),
+                Some(Err(e)) => {
+                    tracing::warn!(transport = kind.name(), error = %e, "transport not installed")
+                }
+                None => tracing::info!(
+                    transport = kind.name(),
+                    "transport not available in this build"
+                ),
+            }
+        }
+        #[cfg(target_os = "linux")]
+        let shm_socket = if enabled.contains(&TransportKind::Shm) {
+            let _guard = runtime.enter();
+            let (listener, name) = crate::transports::shm::bind(engine_id)?;
+            handle.spawn(crate::transports::shm::serve(
+                listener,
+                regions.clone(),
+                token,
+                shutdown.clone(),
+            ));
+            Some(name)
+        } else {
+            None
+        };
+        #[cfg(not(target_os = "linux"))]
+        let shm_socket = None;
+        let local = Arc::new(LocalSegment {
+            engine_id,
+            name,
+            machine_id,
+            token,
+            regions: regions.clone(),
+            transports: enabled.clone(),
+            shm_socket,
+        });
+        handle.spawn(accept_loop(listener, local.clone(), shutdown.clone()));
+        let tick = config
+            .failover
+            .attempt_timeout
+            .map(|t| (t / 10).clamp(Duration::from_millis(5), Duration::from_millis(100)))
+            .unwrap_or(Duration::from_millis(100));
         let inner = Arc::new(Inner {
             state: AtomicU8::new(OPEN),
             engine_id,
@@ -266,7 +376,15 @@ impl Engine {
             regions,
             segments: SegmentTable::default(),
             batches: BatchTable::default(),
-            tcp,
+            transports,
+            enabled,
+            #[cfg(target_os = "linux")]
+            shm,
+            deadlines: Deadlines::new(std::time::Instant::now(), tick),
+            health: HealthTable::new(RailPolicy::default()),
+            health_dirty: AtomicBool::new(false),
+            failovers: AtomicU64::new(0),
+            attempt_timeouts: AtomicU64::new(0),
             ops: Mutex::new(HashMap::new()),
             next_op: AtomicU64::new(1),
             counters: Arc::new(Counters::default()),
@@ -274,6 +392,13 @@ impl Engine {
             peers_lost: AtomicU64::new(0),
             events: Mutex::new(None),
         });
+        let _ = slot.set(Arc::downgrade(&inner));
+        if inner.config.failover.attempt_timeout.is_some() {
+            inner.handle.spawn(sweep_deadlines(
+                Arc::downgrade(&inner),
+                inner.shutdown.clone(),
+            ));
+        }
         tracing::debug!(segment = %inner.local.name, "engine started");
         Ok(Self { inner })
     }
@@ -389,6 +514,7 @@ impl Engine {
         } else {
             peer.set_descriptor(desc);
         }
+        self.inner.attach_shm(&peer).await;
         let desc = peer.descriptor();
         Ok(SegmentInfo {
             handle: peer.handle(),
@@ -424,16 +550,16 @@ impl Engine {
         self.check_open()?;
         let peer = self.inner.segments.remove(handle)?;
         peer.link_cancel.cancel();
-        self.inner.tcp.forget_peer(
-            &peer,
-            Error::UnknownSegment(format!("{} was closed", peer.name())),
-        );
+        let error = Error::UnknownSegment(format!("{} was closed", peer.name()));
+        for t in self.inner.transports.values() {
+            t.forget_peer(&peer, error.clone());
+        }
         Ok(())
     }
 
     // ---- submission ---------------------------------------------------------------
 
-    fn prepare(&self, requests: &[Request]) -> Result<Vec<ValidatedRequest>> {
+    fn prepare(&self, requests: &[Request]) -> Result<Vec<(ValidatedRequest, Vec<TransportKind>)>> {
         self.check_open()?;
         if requests.is_empty() {
             return Err(Error::InvalidArgument("no requests given".into()));
@@ -448,14 +574,32 @@ impl Engine {
                     |h| self.inner.segments.get(h),
                 )
                 .map_err(|e| annotate(e, i))?;
-                let buffer = v
-                    .descriptor
-                    .buffer(v.remote_buffer)
-                    .map(|b| b.transports.clone())
-                    .unwrap_or_default();
-                rank(&buffer, &self.inner.config.transports, v.transport)
-                    .map_err(|e| annotate(e, i))?;
-                Ok(v)
+                let ranked = self.inner.candidates(&v).map_err(|e| annotate(e, i))?;
+                Ok((v, ranked))
+            })
+            .collect()
+    }
+
+    fn make_tasks(
+        &self,
+        prepared: Vec<(ValidatedRequest, Vec<TransportKind>)>,
+        group: Option<&Arc<Group>>,
+        observer: Observer,
+    ) -> Vec<Arc<Task>> {
+        let driver: Weak<dyn Driver> = Arc::downgrade(&self.inner) as Weak<dyn Driver>;
+        prepared
+            .into_iter()
+            .map(|(v, ranked)| {
+                let pinned = v.require_transport;
+                Task::with_driver(
+                    v,
+                    group.cloned(),
+                    self.inner.counters.clone(),
+                    observer,
+                    Some(driver.clone()),
+                    ranked,
+                    pinned,
+                )
             })
             .collect()
     }
@@ -464,10 +608,13 @@ impl Engine {
         self.inner
             .submitted
             .fetch_add(tasks.len() as u64, Ordering::Relaxed);
-        let results = self.inner.tcp.submit(tasks);
-        for (task, result) in tasks.iter().zip(results) {
-            if let Err(e) = result {
-                task.fail(e);
+        for task in tasks {
+            let first = task.with_state(|st| st.candidates.first().copied());
+            match first {
+                Some(kind) => self.inner.start_attempt(task, kind),
+                None => {
+                    task.fail(Error::TransportUnavailable("no candidate transport".into()));
+                }
             }
         }
     }
@@ -484,11 +631,8 @@ impl Engine {
         self.check_open()?;
         let b = self.inner.batches.get(batch)?;
         b.check_room(batch, requests.len())?;
-        let validated = self.prepare(requests)?;
-        let tasks: Vec<_> = validated
-            .into_iter()
-            .map(|r| Task::new(r, None, self.inner.counters.clone()))
-            .collect();
+        let prepared = self.prepare(requests)?;
+        let tasks = self.make_tasks(prepared, None, Observer::Poll);
         let first = b.push(batch, tasks.clone())?;
         self.launch(&tasks);
         Ok(first)
@@ -539,13 +683,13 @@ impl Engine {
     where
         F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
     {
-        let validated = self.prepare(requests)?;
+        let prepared = self.prepare(requests)?;
         let op = self.inner.next_op.fetch_add(1, Ordering::Relaxed);
         let weak = Arc::downgrade(&self.inner);
         let holder: Arc<Mutex<Vec<Arc<Task>>>> = Arc::default();
         let holder_cb = holder.clone();
         let group = Group::new(
-            validated.len(),
+            prepared.len(),
             Box::new(move || {
                 let tasks =
                     std::mem::take(&mut *holder_cb.lock().unwrap_or_else(|p| p.into_inner()));
@@ -559,10 +703,7 @@ impl Engine {
                 on_done(tasks.iter().map(|t| t.snapshot()).collect());
             }),
         );
-        let tasks: Vec<_> = validated
-            .into_iter()
-            .map(|r| Task::new(r, Some(group.clone()), self.inner.counters.clone()))
-            .collect();
+        let tasks = self.make_tasks(prepared, Some(&group), Observer::Progress);
         *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
         self.inner
             .ops
@@ -608,6 +749,8 @@ impl Engine {
             tasks_failed: c.failed.load(Ordering::Relaxed),
             bytes_transferred: c.bytes.load(Ordering::Relaxed),
             peers_lost: self.inner.peers_lost.load(Ordering::Relaxed),
+            failovers: self.inner.failovers.load(Ordering::Relaxed),
+            attempt_timeouts: self.inner.attempt_timeouts.load(Ordering::Relaxed),
             segments_open: 0,
             regions: self.inner.regions.snapshot().len() as u64,
         }
@@ -651,7 +794,9 @@ impl Inner {
         for t in &pending {
             t.finish(TransferStatus::Canceled, Some(Error::Closed));
         }
-        self.tcp.shutdown();
+        for t in self.transports.values() {
+            t.shutdown();
+        }
         for peer in self.segments.drain() {
             peer.link_cancel.cancel();
         }
@@ -674,6 +819,110 @@ impl Inner {
         tracing::debug!(segment = %self.local.name, "engine closed");
     }
 
+    /// Ranked candidate transports for a validated request.
+    fn candidates(&self, v: &ValidatedRequest) -> Result<Vec<TransportKind>> {
+        let registered = v
+            .descriptor
+            .buffer(v.remote_buffer)
+            .map(|b| b.transports.clone())
+            .unwrap_or_default();
+        let reachable: Vec<TransportKind> = self
+            .enabled
+            .iter()
+            .copied()
+            .filter(|k| self.reachable(*k, &v.peer).is_ok())
+            .collect();
+        if let Some(hint) = v.transport {
+            if let Err(why) = self.reachable(hint, &v.peer) {
+                if v.require_transport {
+                    return Err(Error::TransportUnavailable(format!(
+                        "{} required but unavailable towards {}: {why}",
+                        hint.name(),
+                        v.peer.name()
+                    )));
+                }
+            }
+        }
+        let ranked = rank(
+            &registered,
+            &reachable,
+            v.transport.filter(|h| reachable.contains(h)),
+        )?;
+        if v.require_transport {
+            return Ok(ranked.into_iter().take(1).collect());
+        }
+        Ok(self.rank_by_health(v.peer.handle(), &ranked, v.transport))
+    }
+
+    /// Moves transports that keep failing towards `peer` to the end (a pinned first
+    /// attempt stays first).
+    fn rank_by_health(
+        &self,
+        peer: u64,
+        ranked: &[TransportKind],
+        hint: Option<TransportKind>,
+    ) -> Vec<TransportKind> {
+        if !self.health_dirty.load(Ordering::Relaxed) {
+            return ranked.to_vec();
+        }
+        let now = std::time::Instant::now();
+        let mut out = self.health.rank(ranked, |k| (peer, *k), now);
+        if let Some(h) = hint {
+            if let Some(i) = out.iter().position(|k| *k == h) {
+                let k = out.remove(i);
+                out.insert(0, k);
+            }
+        }
+        out
+    }
+
+    /// Whether `kind` can reach `peer` from here; the reason when it cannot.
+    fn reachable(&self, kind: TransportKind, _peer: &Peer) -> std::result::Result<(), String> {
+        if !self.enabled.contains(&kind) {
+            return Err(format!("{} is not enabled on this engine", kind.name()));
+        }
+        match kind {
+            TransportKind::Tcp => Ok(()),
+            #[cfg(target_os = "linux")]
+            TransportKind::Shm => match &self.shm {
+                Some(shm) => shm.reachable(_peer),
+                None => Err("shm is not enabled on this engine".into()),
+            },
+            other => Err(format!("{} is not available in this build", other.name())),
+        }
+    }
+
+    /// Starts a new attempt of `task` on `kind`.
+    fn start_attempt(&self, task: &Arc<Task>, kind: TransportKind) {
+        let Some(attempt) = task.begin_attempt(kind) else {
+            return;
+        };
+        if let Some(timeout) = self.config.failover.attempt_timeout {
+            self.deadlines.add(
+                Arc::downgrade(task),
+                attempt,
+                std::time::Instant::now() + timeout,
+            );
+        }
+        tracing::debug!(
+            peer = task.request().peer.name(),
+            transport = kind.name(),
+            attempt,
+            "attempt"
+        );
+        let Some(transport) = self.transports.get(&kind) else {
+            task.attempt_failed(attempt, Error::TransportUnavailable(kind.name().into()));
+            return;
+        };
+        let a = Attempt {
+            task: task.clone(),
+            attempt,
+        };
+        if let Some(Err(e)) = transport.submit(std::slice::from_ref(&a)).pop() {
+            task.attempt_failed(attempt, e);
+        }
+    }
+
     fn emit(&self, event: EngineEvent) {
         let sink = self
             .events
@@ -692,6 +941,139 @@ impl Drop for Inner {
     }
 }
 
+impl Driver for Inner {
+    fn attempt_failed(&self, task: &Arc<Task>, _attempt: u32, error: Error) {
+        if self.state.load(Ordering::Acquire) != OPEN {
+            task.fail(error);
+            return;
+        }
+        let current = task.transport().unwrap_or(TransportKind::Tcp);
+        let retryable = matches!(
+            error.status(),
+            TransferStatus::Failed | TransferStatus::Timeout
+        );
+        let peer = task.request().peer.handle();
+        if retryable {
+            self.health_dirty.store(true, Ordering::Relaxed);
+            if self
+                .health
+                .record_error(&(peer, current), std::time::Instant::now())
+            {
+                tracing::info!(
+                    peer = task.request().peer.name(),
+                    transport = current.name(),
+                    "transport keeps failing towards this peer: ranked last for a cooldown"
+                );
+            }
+        }
+        let candidates = task.with_state(|st| st.candidates.clone());
+        let ranked = self.rank_by_health(peer, &candidates, None);
+        let decision = task.with_state(|st| {
+            let d = decide(
+                &self.config.failover,
+                task.observer(),
+                st.pinned,
+                retryable,
+                st.switches,
+                &ranked,
+                current,
+            );
+            if let Decision::Retry(_) = d {
+                st.switches += 1;
+            }
+            (d, st.switches)
+        });
+        match decision {
+            (Decision::Retry(to), switches) => {
+                self.failovers.fetch_add(1, Ordering::Relaxed);
+                let segment = task.request().peer.name().to_string();
+                tracing::debug!(%segment, from = current.name(), to = to.name(), switches, %error, "failover");
+                self.emit(EngineEvent::Failover {
+                    segment,
+                    from: current,
+                    to,
+                    attempt: switches,
+                    reason: error.to_string(),
+                });
+                self.start_attempt(task, to);
+            }
+            (Decision::Fail(why), _) => {
+                tracing::debug!(?why, %error, "task failed");
+                task.fail(error);
+            }
+        }
+    }
+
+    fn attempt_succeeded(&self, task: &Task, _attempt: u32) {
+        self.note_success(task);
+    }
+}
+
+impl Inner {
+    /// Declares `peer` lost: every transport fails its in-flight work towards it at once.
+    fn declare_lost(&self, peer: &Arc<Peer>, reason: String) {
+        if !peer.mark_lost(&reason) {
+            return;
+        }
+        self.peers_lost.fetch_add(1, Ordering::Relaxed);
+        for t in self.transports.values() {
+            t.fail_peer(peer, peer.lost_error());
+        }
+        self.emit(EngineEvent::PeerLost {
+            segment: peer.name().to_string(),
+            reason,
+        });
+    }
+
+    /// Sets up same-host shared memory with `peer` (maps its buffers); a failure only
+    /// leaves shm unreachable.
+    async fn attach_shm(&self, peer: &Arc<Peer>) {
+        #[cfg(target_os = "linux")]
+        if let Some(shm) = &self.shm {
+            if let Err(e) = shm.attach(peer).await {
+                tracing::info!(peer = peer.name(), error = %e, "shared memory unavailable; using the network");
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = peer;
+    }
+
+    fn note_success(&self, task: &Task) {
+        if self.health_dirty.load(Ordering::Relaxed) {
+            if let Some(kind) = task.transport() {
+                self.health.record_success(
+                    &(task.request().peer.handle(), kind),
+                    std::time::Instant::now(),
+                );
+            }
+        }
+    }
+}
+
+/// Fails attempts that pass their deadline (they then fail over like any failed attempt).
+async fn sweep_deadlines(inner: Weak<Inner>, cancel: CancellationToken) {
+    let tick = match inner.upgrade() {
+        Some(i) => i.deadlines.tick(),
+        None => return,
+    };
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        for (task, attempt) in inner.deadlines.expired(std::time::Instant::now()) {
+            let Some(task) = task.upgrade() else { continue };
+            if task.attempt() == attempt && !task.status().is_terminal() {
+                inner.attempt_timeouts.fetch_add(1, Ordering::Relaxed);
+                task.attempt_failed(attempt, Error::Timeout);
+            }
+        }
+    }
+}
+
 /// Routes link events to the engine without keeping it alive.
 struct Events(Weak<Inner>);
 
@@ -704,7 +1086,9 @@ impl LinkEvents for Events {
             return;
         }
         inner.peers_lost.fetch_add(1, Ordering::Relaxed);
-        inner.tcp.fail_peer(peer, peer.lost_error());
+        for t in inner.transports.values() {
+            t.fail_peer(peer, peer.lost_error());
+        }
         inner.emit(EngineEvent::PeerLost {
             segment: peer.name().to_string(),
             reason,
@@ -714,6 +1098,10 @@ impl LinkEvents for Events {
     fn peer_back(&self, peer: &Arc<Peer>) {
         peer.mark_alive();
         if let Some(inner) = self.0.upgrade() {
+            let (engine, p) = (inner.clone(), peer.clone());
+            inner
+                .handle
+                .spawn(async move { engine.attach_shm(&p).await });
             inner.emit(EngineEvent::PeerBack {
                 segment: peer.name().to_string(),
             });

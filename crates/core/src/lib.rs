@@ -13,7 +13,7 @@
 //! let seg = initiator.open_segment_blocking(target.segment_name())?;
 //! let req = Request { opcode: Opcode::Write, local: local.id(), local_offset: 0,
 //!     segment: seg.handle, remote_buffer: buf.id(), remote_offset: 0, length: 1 << 20,
-//!     transport: None };
+//!     transport: None, require_transport: false };
 //! let done = initiator.transfer_blocking(&[req])?;
 //! assert_eq!(done[0].status, ferry_core::TransferStatus::Completed);
 //! initiator.close();
@@ -31,12 +31,15 @@ pub mod batch;
 mod control;
 pub mod engine;
 pub mod error;
+pub mod failover;
+pub mod health;
 pub mod memory;
 mod net;
 pub mod request;
 pub mod segment;
 pub mod select;
 mod server;
+pub mod shm;
 pub mod status;
 pub mod task;
 pub mod transport;

@@ -51,7 +51,9 @@ impl Mapping {
         let cname = std::ffi::CString::new(name)
             .map_err(|_| Error::InvalidArgument("region name contains NUL".into()))?;
         // SAFETY: `cname` is a valid NUL-terminated string; memfd_create has no other inputs.
-        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe {
+            libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
+        };
         if raw < 0 {
             return Err(Error::io("memfd_create", &std::io::Error::last_os_error()));
         }
@@ -62,6 +64,19 @@ impl Mapping {
         // SAFETY: `fd` is a valid memfd owned by us.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
             return Err(Error::io("ftruncate", &std::io::Error::last_os_error()));
+        }
+        // Seal the size: a peer that maps this region can then never be made to fault
+        // (SIGBUS) by the file shrinking under its mapping.
+        // SAFETY: F_ADD_SEALS on a memfd we own, created with MFD_ALLOW_SEALING.
+        if unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+            )
+        } != 0
+        {
+            return Err(Error::io("seal memfd", &std::io::Error::last_os_error()));
         }
         // SAFETY: mapping a descriptor we own with a length it was truncated to; the kernel
         // chooses the address, so no existing mapping is replaced.

@@ -50,6 +50,8 @@ pub struct Request {
     pub length: u64,
     /// Pin the first attempt to this transport.
     pub transport: Option<TransportKind>,
+    /// Forbid fallback: only `transport` may serve the request.
+    pub require_transport: bool,
 }
 
 /// A request whose every reference has been resolved and checked.
@@ -73,6 +75,8 @@ pub struct ValidatedRequest {
     pub length: u64,
     /// Transport hint.
     pub transport: Option<TransportKind>,
+    /// Whether only the hinted transport may serve it.
+    pub require_transport: bool,
 }
 
 /// Resolves and checks a request. `region` and `segment` look ids up in the engine's tables.
@@ -83,6 +87,11 @@ pub fn validate(
 ) -> Result<ValidatedRequest> {
     if req.length == 0 {
         return Err(Error::InvalidArgument("length must be > 0".into()));
+    }
+    if req.require_transport && req.transport.is_none() {
+        return Err(Error::InvalidArgument(
+            "requireTransport needs the transport to require".into(),
+        ));
     }
     let local = region(req.local)?;
     check_range(req.local_offset, req.length, local.len() as u64).map_err(|e| match e {
@@ -136,6 +145,7 @@ pub fn validate(
         remote_offset: req.remote_offset,
         length: req.length,
         transport: req.transport,
+        require_transport: req.require_transport,
         descriptor,
     })
 }
@@ -164,6 +174,7 @@ mod tests {
             pid: 1,
             tcp_addr: "127.0.0.1:1".into(),
             token: "00".repeat(16),
+            shm_socket: None,
             buffers: vec![
                 BufferDescriptor {
                     id: 0,
@@ -204,6 +215,7 @@ mod tests {
             remote_offset: 4096,
             length: 4096,
             transport: None,
+            require_transport: false,
         }
     }
 

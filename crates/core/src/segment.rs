@@ -28,6 +28,9 @@ pub struct SegmentDescriptor {
     pub tcp_addr: String,
     /// Access token for data requests, hex encoded.
     pub token: String,
+    /// Abstract unix socket that same-host peers use to map shared-memory buffers.
+    #[serde(default)]
+    pub shm_socket: Option<String>,
     /// Exposed buffers.
     pub buffers: Vec<BufferDescriptor>,
 }
@@ -152,6 +155,18 @@ impl Peer {
                 .clone(),
         }
     }
+    /// `lost_error` if the peer is declared lost, else a PeerLost error with `reason`.
+    pub fn lost_error_or(&self, reason: &str) -> Error {
+        if self.is_lost() {
+            self.lost_error()
+        } else {
+            Error::PeerLost {
+                peer: self.name.clone(),
+                reason: reason.to_string(),
+            }
+        }
+    }
+
     /// Marks the peer lost; returns false if it already was.
     pub(crate) fn mark_lost(&self, reason: &str) -> bool {
         *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.to_string();

@@ -33,6 +33,7 @@ pub(crate) struct LocalSegment {
     pub token: Token,
     pub regions: Arc<RegionTable>,
     pub transports: Vec<TransportKind>,
+    pub shm_socket: Option<String>,
 }
 
 impl LocalSegment {
@@ -45,6 +46,7 @@ impl LocalSegment {
             pid: std::process::id(),
             tcp_addr: self.name.clone(),
             token: token_hex(&self.token),
+            shm_socket: self.shm_socket.clone(),
             buffers: self
                 .regions
                 .snapshot()
@@ -53,7 +55,14 @@ impl LocalSegment {
                     id: r.id(),
                     length: r.len() as u64,
                     access: r.access(),
-                    transports: self.transports.clone(),
+                    // Only engine-owned (memfd) regions can be shared; user Buffers are
+                    // served over the network transports.
+                    transports: self
+                        .transports
+                        .iter()
+                        .copied()
+                        .filter(|k| *k != TransportKind::Shm || r.mapping().is_some())
+                        .collect(),
                 })
                 .collect(),
         }

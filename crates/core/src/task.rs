@@ -2,7 +2,7 @@
 //! (poll or Promise) read it without locks held across transports.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::Error;
 use crate::request::ValidatedRequest;
@@ -66,14 +66,56 @@ pub struct TaskSnapshot {
     pub error: Option<Error>,
 }
 
+/// Decides what happens when an attempt fails (the engine's failover logic).
+pub trait Driver: Send + Sync {
+    /// Attempt `attempt` of `task` failed with `error`; retry elsewhere or end the task.
+    fn attempt_failed(&self, task: &Arc<Task>, attempt: u32, error: Error);
+
+    /// Attempt `attempt` of `task` completed (health bookkeeping).
+    fn attempt_succeeded(&self, _task: &Task, _attempt: u32) {}
+}
+
+/// How a task is observed, which decides whether failover may run for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observer {
+    /// Submitted to a batch and polled (`enableAutoFailoverOnPoll` governs failover).
+    Poll,
+    /// Awaited through the Promise path (always fails over while the budget lasts).
+    Progress,
+}
+
+/// Per-task failover bookkeeping, guarded by the task's lock.
+#[derive(Debug, Default)]
+pub struct AttemptState {
+    /// Why the task did not complete (set when it ends).
+    pub error: Option<Error>,
+    /// Ranked transports this task may use.
+    pub candidates: Vec<TransportKind>,
+    /// Whether fallback is forbidden (`requireTransport`).
+    pub pinned: bool,
+    /// Switches made so far.
+    pub switches: u32,
+    /// The last attempt whose failure was handled (first failure of an attempt wins).
+    pub failed_attempt: u32,
+}
+
 /// One transfer task.
+///
+/// Each attempt has a number; slices carry it, and completions or failures of an attempt
+/// that is no longer current are ignored, so a late reply from a transport that was failed
+/// over can never complete (or fail) the task's new attempt.
 pub struct Task {
     status: AtomicU8,
+    /// Current attempt (high 32 bits) and its slices still outstanding (low 32 bits).
+    progress: AtomicU64,
     transferred: AtomicU64,
-    slices_left: AtomicU32,
     transport: AtomicU8,
     attempts: AtomicU32,
-    error: Mutex<Option<Error>>,
+    /// Attempt whose completion the fault layer turns into a failure (0 = none).
+    corrupt: AtomicU32,
+    state: Mutex<AttemptState>,
+    observer: Observer,
+    driver: Option<Weak<dyn Driver>>,
     group: Option<Arc<Group>>,
     counters: Arc<Counters>,
     request: ValidatedRequest,
@@ -95,17 +137,49 @@ impl Task {
         group: Option<Arc<Group>>,
         counters: Arc<Counters>,
     ) -> Arc<Self> {
+        Self::with_driver(
+            request,
+            group,
+            counters,
+            Observer::Progress,
+            None,
+            Vec::new(),
+            false,
+        )
+    }
+
+    /// A task whose failed attempts go to `driver`.
+    pub fn with_driver(
+        request: ValidatedRequest,
+        group: Option<Arc<Group>>,
+        counters: Arc<Counters>,
+        observer: Observer,
+        driver: Option<Weak<dyn Driver>>,
+        candidates: Vec<TransportKind>,
+        pinned: bool,
+    ) -> Arc<Self> {
         Arc::new(Self {
             status: AtomicU8::new(TransferStatus::Waiting.raw()),
+            progress: AtomicU64::new(0),
             transferred: AtomicU64::new(0),
-            slices_left: AtomicU32::new(0),
             transport: AtomicU8::new(0),
             attempts: AtomicU32::new(0),
-            error: Mutex::new(None),
+            corrupt: AtomicU32::new(0),
+            state: Mutex::new(AttemptState {
+                candidates,
+                pinned,
+                ..AttemptState::default()
+            }),
+            observer,
+            driver,
             group,
             counters,
             request,
         })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AttemptState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The request this task carries out.
@@ -113,32 +187,123 @@ impl Task {
         &self.request
     }
 
+    /// How the task is observed.
+    pub fn observer(&self) -> Observer {
+        self.observer
+    }
+
     /// Current status.
     pub fn status(&self) -> TransferStatus {
         TransferStatus::from_raw(i64::from(self.status.load(Ordering::Acquire)))
     }
 
-    /// Starts an attempt on `transport` that will complete in `slices` slices.
-    /// Returns false (and changes nothing) if the task is already terminal.
-    pub fn begin_attempt(&self, transport: TransportKind, slices: u32) -> bool {
-        let _guard = self.error.lock().unwrap_or_else(|p| p.into_inner());
-        if self.status().is_terminal() {
-            return false;
-        }
-        self.transport.store(transport as u8, Ordering::Release);
-        self.attempts.fetch_add(1, Ordering::AcqRel);
-        self.transferred.store(0, Ordering::Release);
-        self.slices_left.store(slices.max(1), Ordering::Release);
-        self.status
-            .store(TransferStatus::Pending.raw(), Ordering::Release);
-        true
+    /// The current attempt number (0 before the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempts.load(Ordering::Acquire)
     }
 
-    /// Records one finished slice of `bytes`; the last one completes the task.
-    pub fn slice_done(&self, bytes: u64) {
-        self.transferred.fetch_add(bytes, Ordering::AcqRel);
-        if self.slices_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.finish(TransferStatus::Completed, None);
+    /// Transport of the current attempt.
+    pub fn transport(&self) -> Option<TransportKind> {
+        TransportKind::from_raw(self.transport.load(Ordering::Acquire))
+    }
+
+    /// Runs `f` on the failover bookkeeping.
+    pub fn with_state<R>(&self, f: impl FnOnce(&mut AttemptState) -> R) -> R {
+        f(&mut self.lock())
+    }
+
+    /// Starts a new attempt on `transport`; returns its number, or `None` if the task is
+    /// already terminal.
+    pub fn begin_attempt(&self, transport: TransportKind) -> Option<u32> {
+        let _guard = self.lock();
+        if self.status().is_terminal() {
+            return None;
+        }
+        let attempt = self.attempts.fetch_add(1, Ordering::AcqRel) + 1;
+        self.transport.store(transport as u8, Ordering::Release);
+        self.transferred.store(0, Ordering::Release);
+        self.progress
+            .store(u64::from(attempt) << 32, Ordering::Release);
+        self.status
+            .store(TransferStatus::Pending.raw(), Ordering::Release);
+        Some(attempt)
+    }
+
+    /// Declares that `attempt` completes after `slices` slices. Must precede any slice.
+    pub fn expect_slices(&self, attempt: u32, slices: u32) {
+        let _ = self.progress.compare_exchange(
+            u64::from(attempt) << 32,
+            (u64::from(attempt) << 32) | u64::from(slices.max(1)),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// Has the fault layer turn a completion of `attempt` into a failure.
+    pub fn corrupt_completion_of(&self, attempt: u32) {
+        self.corrupt.store(attempt, Ordering::Release);
+    }
+
+    /// Records one finished slice of `attempt`; the last one completes the attempt.
+    pub fn slice_done(self: &Arc<Self>, attempt: u32, bytes: u64) {
+        let mut cur = self.progress.load(Ordering::Acquire);
+        loop {
+            let (a, left) = ((cur >> 32) as u32, cur as u32);
+            if a != attempt || left == 0 {
+                return; // a stale attempt, or already done
+            }
+            let next = (cur & !0xFFFF_FFFF) | u64::from(left - 1);
+            match self.progress.compare_exchange_weak(
+                cur,
+                next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    self.transferred.fetch_add(bytes, Ordering::AcqRel);
+                    if left == 1 {
+                        self.attempt_succeeded(attempt);
+                    }
+                    return;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn attempt_succeeded(self: &Arc<Self>, attempt: u32) {
+        if self.corrupt.load(Ordering::Acquire) == attempt {
+            self.attempt_failed(
+                attempt,
+                Error::Io("fault injection: completion reported as failed".into()),
+            );
+            return;
+        }
+        if self.finish(TransferStatus::Completed, None) {
+            if let Some(driver) = self.driver.as_ref().and_then(Weak::upgrade) {
+                driver.attempt_succeeded(self, attempt);
+            }
+        }
+    }
+
+    /// Reports that `attempt` failed. Ignored for stale attempts and for every failure of
+    /// an attempt after the first; otherwise the driver decides (fail over or end).
+    pub fn attempt_failed(self: &Arc<Self>, attempt: u32, error: Error) {
+        if self.attempt() != attempt || self.status().is_terminal() {
+            return;
+        }
+        {
+            let mut st = self.lock();
+            if st.failed_attempt >= attempt {
+                return;
+            }
+            st.failed_attempt = attempt;
+        }
+        match self.driver.as_ref().and_then(Weak::upgrade) {
+            Some(driver) => driver.attempt_failed(self, attempt, error),
+            None => {
+                self.fail(error);
+            }
         }
     }
 
@@ -151,11 +316,11 @@ impl Task {
     pub fn finish(&self, status: TransferStatus, error: Option<Error>) -> bool {
         debug_assert!(status.is_terminal());
         {
-            let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.lock();
             if self.status().is_terminal() {
                 return false;
             }
-            *slot = error;
+            st.error = error;
             self.status.store(status.raw(), Ordering::Release);
         }
         if status == TransferStatus::Completed {
@@ -176,7 +341,7 @@ impl Task {
     pub fn snapshot(&self) -> TaskSnapshot {
         let status = self.status();
         let error = if status.is_terminal() && status != TransferStatus::Completed {
-            self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            self.lock().error.clone()
         } else {
             None
         };
@@ -195,6 +360,6 @@ impl Task {
 
     /// The error, if the task ended without completing.
     pub fn error(&self) -> Option<Error> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.lock().error.clone()
     }
 }

@@ -49,20 +49,39 @@ impl TransportKind {
     }
 }
 
+/// One attempt of a task, handed to a transport.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// The task.
+    pub task: Arc<Task>,
+    /// The attempt number every completion must quote.
+    pub attempt: u32,
+}
+
 /// A way of moving bytes to and from peers.
 pub trait Transport: Send + Sync {
     /// Which transport this is.
     fn kind(&self) -> TransportKind;
 
-    /// Takes tasks (already validated, attempt already started) and returns one result per
-    /// task. An `Err` means nothing of that task was sent, so it can safely be retried on
-    /// another transport. `Ok` means the transport now owns the task until it marks it
-    /// completed or failed.
-    fn submit(&self, tasks: &[Arc<Task>]) -> Vec<Result<()>>;
+    /// Prepares the transport for use; a failure leaves it uninstalled (never selected).
+    fn install(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Takes attempts (requests already validated) and returns one result per attempt.
+    /// An `Err` means nothing of that attempt was sent, so it can safely be retried on
+    /// another transport. `Ok` means the transport owns the attempt until it reports every
+    /// slice done (`Task::slice_done`) or the attempt failed (`Task::attempt_failed`).
+    fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>>;
 
     /// Fails every in-flight and queued slice towards `peer` at once and drops its
-    /// connections (the peer was declared lost, or its segment closed).
+    /// connections (the peer was declared lost).
     fn fail_peer(&self, peer: &Peer, error: crate::Error);
+
+    /// Like `fail_peer`, and forgets the peer (its segment was closed).
+    fn forget_peer(&self, peer: &Peer, error: crate::Error) {
+        self.fail_peer(peer, error);
+    }
 
     /// Stops every thread and connection. Idempotent.
     fn shutdown(&self);

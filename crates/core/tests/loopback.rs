@@ -28,10 +28,17 @@ fn bytes(region: &Region) -> &[u8] {
     unsafe { std::slice::from_raw_parts(p, region.len()) }
 }
 
+fn tcp_only() -> EngineConfig {
+    EngineConfig {
+        transports: vec![ferry_core::TransportKind::Tcp],
+        ..EngineConfig::default()
+    }
+}
+
 fn pair() -> (Engine, Engine) {
     let cfg = EngineConfig {
         peer_timeout: Duration::from_millis(1000),
-        ..EngineConfig::default()
+        ..tcp_only()
     };
     (
         Engine::new(cfg.clone()).expect("target"),
@@ -49,6 +56,7 @@ fn req(op: Opcode, local: &Region, seg: u64, remote: &Region, off: u64, len: u64
         remote_offset: off,
         length: len,
         transport: None,
+        require_transport: false,
     }
 }
 
@@ -307,7 +315,7 @@ fn malformed_frames_drop_the_connection_and_touch_nothing() {
     assert_eq!(read_reply(&mut s).expect("pong").op, Op::Pong);
     assert!(bytes(&remote).iter().all(|&b| b == 0));
     // 5. the engine still serves a real peer afterwards
-    let initiator = Engine::new(EngineConfig::default()).expect("initiator");
+    let initiator = Engine::new(tcp_only()).expect("initiator");
     let local = initiator.allocate(4096).expect("local");
     fill(&local, 3);
     let seg = initiator
@@ -394,7 +402,7 @@ fn close_wakes_every_waiter_while_threads_poll() {
 fn a_restarted_peer_is_refetched_and_served_again() {
     let cfg = EngineConfig {
         peer_timeout: Duration::from_millis(500),
-        ..EngineConfig::default()
+        ..tcp_only()
     };
     let first = Engine::new(cfg.clone()).expect("target");
     let addr = first.segment_name().to_string();

@@ -1,5 +1,6 @@
 //! Conversions between JS values and core types. No decisions live here.
 
+use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{
     EngineConfig, EngineEvent, Error, Metrics, Opcode, Request, SegmentInfo, TaskSnapshot,
     TransportKind,
@@ -33,14 +34,77 @@ pub struct EngineOptions {
     pub peer_timeout_ms: Option<u32>,
     /// I/O threads [2].
     pub io_threads: Option<u32>,
-    /// Enabled transports, of "tcp", "shm", "rdma" [["tcp"]].
+    /// Enabled transports, of "tcp", "shm", "rdma" [["shm", "tcp"]].
     pub transports: Option<Vec<String>>,
+    /// Overrides the machine identity used for same-host detection (tests) [auto].
+    pub machine_id: Option<String>,
     /// TCP data connections per peer [2].
     pub connections_per_peer: Option<u32>,
     /// TCP slice size in bytes [1048576].
     pub slice_size: Option<u32>,
     /// Connect timeout in ms [3000].
     pub connect_timeout_ms: Option<u32>,
+    /// Transport switches allowed per task; 0 disables failover [3].
+    pub max_failover_attempts: Option<u32>,
+    /// Whether polled (batch) tasks fail over; the Promise path always does [true].
+    pub enable_auto_failover_on_poll: Option<bool>,
+    /// Deadline of one attempt in ms; 0 = none [10000].
+    pub attempt_timeout_ms: Option<u32>,
+    /// Fault injection per transport, for tests and benchmarks [none].
+    pub faults: Option<Vec<FaultOptions>>,
+}
+
+/// Fault injection on one transport.
+#[napi(object)]
+#[derive(Default)]
+pub struct FaultOptions {
+    /// "tcp", "shm" or "rdma".
+    pub transport: String,
+    /// Probability that submitting a request fails [0].
+    pub submit_failure_rate: Option<f64>,
+    /// Every submission after this many fails [never].
+    pub fail_after_submits: Option<u32>,
+    /// Probability that a completed attempt is reported FAILED [0].
+    pub corrupt_completion_rate: Option<f64>,
+    /// Delay before each submission, in ms [0].
+    pub delay_ms: Option<u32>,
+    /// The transport fails to install [false].
+    pub fail_install: Option<bool>,
+    /// Seed of the random choices [0].
+    pub seed: Option<u32>,
+}
+
+fn rate(v: Option<f64>, what: &str) -> Result<f64, Error> {
+    match v {
+        None => Ok(0.0),
+        Some(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        Some(r) => Err(Error::InvalidArgument(format!(
+            "{what} must be in 0..=1, got {r}"
+        ))),
+    }
+}
+
+impl TryFrom<FaultOptions> for (TransportKind, FaultSpec) {
+    type Error = Error;
+    fn try_from(f: FaultOptions) -> Result<Self, Error> {
+        let kind = TransportKind::parse(&f.transport).ok_or_else(|| {
+            Error::InvalidArgument(format!("unknown transport {:?}", f.transport))
+        })?;
+        Ok((
+            kind,
+            FaultSpec {
+                submit_failure_rate: rate(f.submit_failure_rate, "submitFailureRate")?,
+                fail_after_submits: f.fail_after_submits.map(u64::from),
+                corrupt_completion_rate: rate(f.corrupt_completion_rate, "corruptCompletionRate")?,
+                delay: f
+                    .delay_ms
+                    .filter(|d| *d > 0)
+                    .map(|d| std::time::Duration::from_millis(u64::from(d))),
+                fail_install: f.fail_install.unwrap_or(false),
+                seed: u64::from(f.seed.unwrap_or(0)),
+            },
+        ))
+    }
 }
 
 impl TryFrom<EngineOptions> for EngineConfig {
@@ -97,6 +161,25 @@ impl TryFrom<EngineOptions> for EngineConfig {
         if let Some(v) = o.connect_timeout_ms {
             c.tcp.connect_timeout = std::time::Duration::from_millis(u64::from(v.max(1)));
         }
+        if let Some(v) = o.machine_id {
+            c.machine_id = Some(v);
+        }
+        if let Some(v) = o.max_failover_attempts {
+            c.failover.max_failover_attempts = v;
+        }
+        if let Some(v) = o.enable_auto_failover_on_poll {
+            c.failover.auto_failover_on_poll = v;
+        }
+        if let Some(v) = o.attempt_timeout_ms {
+            c.failover.attempt_timeout =
+                (v > 0).then(|| std::time::Duration::from_millis(u64::from(v)));
+        }
+        if let Some(faults) = o.faults {
+            c.faults = faults
+                .into_iter()
+                .map(<(TransportKind, FaultSpec)>::try_from)
+                .collect::<Result<_, _>>()?;
+        }
         Ok(c)
     }
 }
@@ -120,6 +203,8 @@ pub struct TransferRequest {
     pub length: f64,
     /// Transport hint for the first attempt.
     pub transport: Option<String>,
+    /// Only `transport` may serve the request (no fallback) [false].
+    pub require_transport: Option<bool>,
 }
 
 impl TryFrom<&TransferRequest> for Request {
@@ -141,6 +226,7 @@ impl TryFrom<&TransferRequest> for Request {
                     })?)
                 }
             },
+            require_transport: r.require_transport.unwrap_or(false),
         })
     }
 }
@@ -270,12 +356,18 @@ pub struct OpenResult {
 /// An engine event.
 #[napi(object)]
 pub struct EngineEventJs {
-    /// "peerLost" or "peerBack".
+    /// "peerLost", "peerBack" or "failover".
     pub kind: String,
     /// Segment name.
     pub segment: String,
-    /// Reason, for peerLost.
+    /// Reason, for peerLost and failover.
     pub reason: Option<String>,
+    /// Failover: transport of the failed attempt.
+    pub from: Option<String>,
+    /// Failover: transport of the new attempt.
+    pub to: Option<String>,
+    /// Failover: switches made by the task, this one included.
+    pub attempt: Option<u32>,
 }
 
 impl From<EngineEvent> for EngineEventJs {
@@ -285,11 +377,31 @@ impl From<EngineEvent> for EngineEventJs {
                 kind: "peerLost".into(),
                 segment,
                 reason: Some(reason),
+                from: None,
+                to: None,
+                attempt: None,
             },
             EngineEvent::PeerBack { segment } => Self {
                 kind: "peerBack".into(),
                 segment,
                 reason: None,
+                from: None,
+                to: None,
+                attempt: None,
+            },
+            EngineEvent::Failover {
+                segment,
+                from,
+                to,
+                attempt,
+                reason,
+            } => Self {
+                kind: "failover".into(),
+                segment,
+                reason: Some(reason),
+                from: Some(from.name().into()),
+                to: Some(to.name().into()),
+                attempt: Some(attempt),
             },
         }
     }
@@ -308,6 +420,10 @@ pub struct EngineMetrics {
     pub bytes_transferred: f64,
     /// Times a peer was declared lost.
     pub peers_lost: f64,
+    /// Attempts that failed over.
+    pub failovers: f64,
+    /// Attempts that passed their deadline.
+    pub attempt_timeouts: f64,
     /// Registered regions.
     pub regions: f64,
 }
@@ -320,6 +436,8 @@ impl From<Metrics> for EngineMetrics {
             tasks_failed: m.tasks_failed as f64,
             bytes_transferred: m.bytes_transferred as f64,
             peers_lost: m.peers_lost as f64,
+            failovers: m.failovers as f64,
+            attempt_timeouts: m.attempt_timeouts as f64,
             regions: m.regions as f64,
         }
     }

@@ -1,3 +1,6 @@
 //! Transport implementations.
 
+pub mod fault;
+#[cfg(target_os = "linux")]
+pub mod shm;
 pub mod tcp;

@@ -30,7 +30,7 @@ use crate::net::{connect, read_header};
 use crate::request::Opcode;
 use crate::segment::Peer;
 use crate::task::Task;
-use crate::transport::{Transport, TransportKind};
+use crate::transport::{Attempt, Transport, TransportKind};
 use crate::wire::{ConnKind, Header, Op, RejectCode, Token, HEADER_LEN, MAX_DATA_PAYLOAD};
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
@@ -63,6 +63,7 @@ impl Default for TcpConfig {
 /// One slice of a task, queued or in flight.
 struct Slice {
     task: Arc<Task>,
+    attempt: u32,
     opcode: Opcode,
     region: Arc<Region>,
     local_offset: u64,
@@ -189,7 +190,7 @@ impl DataConn {
             match slice.region.range_ptr(slice.local_offset, payload_len) {
                 Ok(p) => p.cast_const(),
                 Err(e) => {
-                    slice.task.fail(e);
+                    slice.task.attempt_failed(slice.attempt, e);
                     return Err(slice);
                 }
             }
@@ -261,7 +262,7 @@ impl DataConn {
             inf.slices.drain().map(|(_, s)| s).collect()
         };
         for s in drained {
-            s.task.fail(error.clone());
+            s.task.attempt_failed(s.attempt, error.clone());
         }
     }
 
@@ -270,7 +271,7 @@ impl DataConn {
         let queued: Vec<Queued> = self.write_state().queue.drain(..).collect();
         for q in queued {
             if let Queued::Fresh(s) = q {
-                s.task.fail(error.clone());
+                s.task.attempt_failed(s.attempt, error.clone());
             }
         }
     }
@@ -349,10 +350,11 @@ impl TcpTransport {
             .clone()
     }
 
-    fn submit_one(&self, task: &Arc<Task>) -> Result<()> {
+    fn submit_one(&self, a: &Attempt) -> Result<()> {
         if self.shutdown.is_cancelled() {
             return Err(Error::Closed);
         }
+        let task = &a.task;
         let req = task.request();
         if req.peer.is_lost() {
             return Err(req.peer.lost_error());
@@ -366,15 +368,14 @@ impl TcpTransport {
                 req.length
             ))
         })?;
-        if !task.begin_attempt(TransportKind::Tcp, count) {
-            return Ok(()); // already terminal (canceled): nothing to send
-        }
+        task.expect_slices(a.attempt, count);
         let mut offset = 0;
         while offset < req.length {
             let len = slice_size.min(req.length - offset);
             let n = pool.next.fetch_add(1, Ordering::Relaxed) % pool.conns.len();
             pool.conns[n].send(Slice {
                 task: task.clone(),
+                attempt: a.attempt,
                 opcode: req.opcode,
                 region: req.local.clone(),
                 local_offset: req.local_offset + offset,
@@ -399,8 +400,8 @@ impl Transport for TcpTransport {
         TransportKind::Tcp
     }
 
-    fn submit(&self, tasks: &[Arc<Task>]) -> Vec<Result<()>> {
-        tasks.iter().map(|t| self.submit_one(t)).collect()
+    fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
+        attempts.iter().map(|a| self.submit_one(a)).collect()
     }
 
     fn fail_peer(&self, peer: &Peer, error: Error) {
@@ -420,6 +421,14 @@ impl Transport for TcpTransport {
         }
     }
 
+    fn forget_peer(&self, peer: &Peer, error: Error) {
+        self.fail_peer(peer, error);
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&peer.handle());
+    }
+
     fn shutdown(&self) {
         self.shutdown.cancel();
         for pool in self.pools() {
@@ -429,17 +438,6 @@ impl Transport for TcpTransport {
             }
         }
         self.pools.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-}
-
-impl TcpTransport {
-    /// Drops the pool of a closed segment, failing its in-flight work.
-    pub fn forget_peer(&self, peer: &Peer, error: Error) {
-        self.fail_peer(peer, error);
-        self.pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&peer.handle());
     }
 }
 
@@ -528,15 +526,14 @@ async fn write_loop(conn: &DataConn, half: &OwnedWriteHalf) -> Error {
             }
             Some(Queued::Partial(frame)) => frame,
             Some(Queued::Fresh(slice)) => {
-                if slice.task.status().is_terminal() {
-                    continue; // canceled or failed elsewhere: do not spend bandwidth on it
+                if slice.task.status().is_terminal() || slice.task.attempt() != slice.attempt {
+                    continue; // canceled, failed or failed over: do not spend bandwidth on it
                 }
                 match conn.register(slice) {
                     Ok(frame) => frame,
                     Err(slice) => {
-                        slice
-                            .task
-                            .fail(conn.error_for_break(Error::Io("connection closing".into())));
+                        let error = conn.error_for_break(Error::Io("connection closing".into()));
+                        slice.task.attempt_failed(slice.attempt, error);
                         continue;
                     }
                 }
@@ -572,12 +569,12 @@ async fn read_loop(conn: &DataConn, mut r: BufReader<OwnedReadHalf>) -> Error {
             return Error::Protocol(format!("reply to unknown request {}", h.request_id));
         };
         match (h.op, slice.opcode) {
-            (Op::WriteAck, Opcode::Write) => slice.task.slice_done(slice.len),
+            (Op::WriteAck, Opcode::Write) => slice.task.slice_done(slice.attempt, slice.len),
             (Op::ReadResp, Opcode::Read) if h.length == slice.len => {
                 let ptr = match slice.region.range_ptr(slice.local_offset, slice.len) {
                     Ok(p) => p,
                     Err(e) => {
-                        slice.task.fail(e.clone());
+                        slice.task.attempt_failed(slice.attempt, e.clone());
                         return e;
                     }
                 };
@@ -586,30 +583,30 @@ async fn read_loop(conn: &DataConn, mut r: BufReader<OwnedReadHalf>) -> Error {
                 let dst = unsafe { std::slice::from_raw_parts_mut(ptr, slice.len as usize) };
                 if let Err(e) = r.read_exact(dst).await {
                     let err = Error::io("receive READ payload", &e);
-                    slice.task.fail(err.clone());
+                    slice.task.attempt_failed(slice.attempt, err.clone());
                     return err;
                 }
-                slice.task.slice_done(slice.len);
+                slice.task.slice_done(slice.attempt, slice.len);
             }
             (Op::Error, _) => {
                 let mut text = vec![0u8; h.length.min(HEADER_LEN as u64 * 100) as usize];
                 if let Err(e) = r.read_exact(&mut text).await {
                     let err = Error::io("receive error text", &e);
-                    slice.task.fail(err.clone());
+                    slice.task.attempt_failed(slice.attempt, err.clone());
                     return err;
                 }
                 let code = RejectCode::from_raw(h.flags);
-                slice.task.fail(Error::RemoteRejected(format!(
-                    "{code:?}: {}",
-                    String::from_utf8_lossy(&text)
-                )));
+                slice.task.attempt_failed(
+                    slice.attempt,
+                    Error::RemoteRejected(format!("{code:?}: {}", String::from_utf8_lossy(&text))),
+                );
             }
             (op, expected) => {
                 let err = Error::Protocol(format!(
                     "{op:?} (len {}) in reply to a {expected:?}",
                     h.length
                 ));
-                slice.task.fail(err.clone());
+                slice.task.attempt_failed(slice.attempt, err.clone());
                 return err;
             }
         }

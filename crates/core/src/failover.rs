@@ -1,0 +1,269 @@
+//! Failover decisions and attempt deadlines. Pure code: the engine supplies the ranked
+//! candidates, the budget used so far and the time.
+//!
+//! Ferry's departures from TENT: submit-stage failures fail over like completion failures
+//! (transports return a result per request, atomically); an attempt that passes its deadline
+//! counts as a failed attempt and fails over, so TIMEOUT is final only when the last attempt
+//! timed out; failover runs as soon as an attempt fails rather than on the next poll — with
+//! `enableAutoFailoverOnPoll` off, polled (batch) tasks never fail over, while the Promise
+//! path still does.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::task::{Observer, Task};
+use crate::transport::TransportKind;
+
+/// Failover settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailoverPolicy {
+    /// Switches allowed per task: 0 disables failover, 1 allows exactly one. Default 3.
+    pub max_failover_attempts: u32,
+    /// Whether polled (batch) tasks fail over. Default true.
+    pub auto_failover_on_poll: bool,
+    /// Deadline of one attempt; `None` = no deadline. Default 10 s.
+    pub attempt_timeout: Option<Duration>,
+}
+
+impl Default for FailoverPolicy {
+    fn default() -> Self {
+        Self {
+            max_failover_attempts: 3,
+            auto_failover_on_poll: true,
+            attempt_timeout: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// What to do after an attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Start a new attempt on this transport.
+    Retry(TransportKind),
+    /// End the task with the attempt's error.
+    Fail(FailReason),
+}
+
+/// Why no retry happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// `max_failover_attempts` switches were spent (or it is 0).
+    BudgetExhausted,
+    /// The request pinned its transport (`requireTransport`).
+    Pinned,
+    /// A polled task with `enableAutoFailoverOnPoll` off.
+    PollFailoverDisabled,
+    /// No transport is left to try.
+    NoCandidate,
+    /// The error is final whatever the transport (canceled, closed, bad request).
+    NotRetryable,
+}
+
+/// Decides the next step after an attempt on `current` failed.
+///
+/// `ranked` is the task's candidates in current preference order (health applied). The
+/// next transport is the one after `current` in that order, wrapping around, so two
+/// failing transports alternate until the budget is spent; a single candidate is retried.
+pub fn decide(
+    policy: &FailoverPolicy,
+    observer: Observer,
+    pinned: bool,
+    retryable: bool,
+    switches_used: u32,
+    ranked: &[TransportKind],
+    current: TransportKind,
+) -> Decision {
+    if !retryable {
+        return Decision::Fail(FailReason::NotRetryable);
+    }
+    if pinned {
+        return Decision::Fail(FailReason::Pinned);
+    }
+    if observer == Observer::Poll && !policy.auto_failover_on_poll {
+        return Decision::Fail(FailReason::PollFailoverDisabled);
+    }
+    if switches_used >= policy.max_failover_attempts {
+        return Decision::Fail(FailReason::BudgetExhausted);
+    }
+    let next = match ranked.iter().position(|k| *k == current) {
+        Some(i) => ranked.get((i + 1) % ranked.len()).copied(),
+        None => ranked.first().copied(),
+    };
+    match next {
+        Some(k) => Decision::Retry(k),
+        None => Decision::Fail(FailReason::NoCandidate),
+    }
+}
+
+/// A registered deadline: the task (not kept alive) and its attempt number.
+pub type DeadlineEntry = (Weak<Task>, u32);
+
+/// Attempt deadlines in coarse time buckets: registering is a push under a lock, and the
+/// sweeper only touches buckets that have expired.
+pub struct Deadlines {
+    epoch: Instant,
+    tick: Duration,
+    buckets: Mutex<BTreeMap<u64, Vec<DeadlineEntry>>>,
+}
+
+impl Deadlines {
+    /// Deadlines resolved to `tick`.
+    pub fn new(epoch: Instant, tick: Duration) -> Self {
+        Self {
+            epoch,
+            tick: tick.max(Duration::from_millis(1)),
+            buckets: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The sweep period.
+    pub fn tick(&self) -> Duration {
+        self.tick
+    }
+
+    fn bucket(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.epoch);
+        // Round up: an entry never fires before its deadline.
+        since.as_nanos().div_ceil(self.tick.as_nanos()) as u64
+    }
+
+    /// Registers `attempt` of `task` to expire at `deadline`.
+    pub fn add(&self, task: Weak<Task>, attempt: u32, deadline: Instant) {
+        let b = self.bucket(deadline);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        buckets.entry(b).or_default().push((task, attempt));
+    }
+
+    /// Takes every entry whose deadline is at or before `now`.
+    pub fn expired(&self, now: Instant) -> Vec<DeadlineEntry> {
+        let cut = now.saturating_duration_since(self.epoch).as_nanos() / self.tick.as_nanos();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let later = buckets.split_off(&(cut as u64 + 1));
+        let due = std::mem::replace(&mut *buckets, later);
+        due.into_values().flatten().collect()
+    }
+
+    /// Entries still waiting (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.buckets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(Vec::len)
+            .sum()
+    }
+
+    /// Whether nothing is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use TransportKind::*;
+
+    fn policy(budget: u32) -> FailoverPolicy {
+        FailoverPolicy {
+            max_failover_attempts: budget,
+            ..FailoverPolicy::default()
+        }
+    }
+
+    #[test]
+    fn fails_over_to_the_next_candidate_and_wraps() {
+        let p = policy(3);
+        let ranked = [Shm, Tcp];
+        assert_eq!(
+            decide(&p, Observer::Progress, false, true, 0, &ranked, Shm),
+            Decision::Retry(Tcp)
+        );
+        assert_eq!(
+            decide(&p, Observer::Progress, false, true, 1, &ranked, Tcp),
+            Decision::Retry(Shm)
+        );
+        // a single candidate is retried
+        assert_eq!(
+            decide(&p, Observer::Progress, false, true, 0, &[Tcp], Tcp),
+            Decision::Retry(Tcp)
+        );
+        // current no longer ranked (e.g. disabled): start from the best
+        assert_eq!(
+            decide(&p, Observer::Progress, false, true, 0, &[Tcp], Shm),
+            Decision::Retry(Tcp)
+        );
+        assert_eq!(
+            decide(&p, Observer::Progress, false, true, 0, &[], Shm),
+            Decision::Fail(FailReason::NoCandidate)
+        );
+    }
+
+    #[test]
+    fn budgets() {
+        let ranked = [Shm, Tcp];
+        // budget 0 disables failover
+        assert_eq!(
+            decide(&policy(0), Observer::Progress, false, true, 0, &ranked, Shm),
+            Decision::Fail(FailReason::BudgetExhausted)
+        );
+        // budget 1 allows exactly one switch
+        assert_eq!(
+            decide(&policy(1), Observer::Progress, false, true, 0, &ranked, Shm),
+            Decision::Retry(Tcp)
+        );
+        assert_eq!(
+            decide(&policy(1), Observer::Progress, false, true, 1, &ranked, Tcp),
+            Decision::Fail(FailReason::BudgetExhausted)
+        );
+    }
+
+    #[test]
+    fn poll_failover_switch_pinning_and_final_errors() {
+        let off = FailoverPolicy {
+            auto_failover_on_poll: false,
+            ..FailoverPolicy::default()
+        };
+        let ranked = [Shm, Tcp];
+        assert_eq!(
+            decide(&off, Observer::Poll, false, true, 0, &ranked, Shm),
+            Decision::Fail(FailReason::PollFailoverDisabled)
+        );
+        // the progress (Promise) path still fails over
+        assert_eq!(
+            decide(&off, Observer::Progress, false, true, 0, &ranked, Shm),
+            Decision::Retry(Tcp)
+        );
+        assert_eq!(
+            decide(&policy(3), Observer::Progress, true, true, 0, &ranked, Shm),
+            Decision::Fail(FailReason::Pinned)
+        );
+        assert_eq!(
+            decide(
+                &policy(3),
+                Observer::Progress,
+                false,
+                false,
+                0,
+                &ranked,
+                Shm
+            ),
+            Decision::Fail(FailReason::NotRetryable)
+        );
+    }
+
+    #[test]
+    fn deadlines_fire_at_or_after_their_time_only() {
+        let epoch = Instant::now();
+        let d = Deadlines::new(epoch, Duration::from_millis(10));
+        d.add(Weak::new(), 1, epoch + Duration::from_millis(25));
+        d.add(Weak::new(), 2, epoch + Duration::from_millis(95));
+        assert!(d.expired(epoch + Duration::from_millis(24)).is_empty());
+        assert_eq!(d.expired(epoch + Duration::from_millis(30)).len(), 1);
+        assert!(d.expired(epoch + Duration::from_millis(90)).is_empty());
+        assert_eq!(d.len(), 1);
+        assert_eq!(d.expired(epoch + Duration::from_millis(100)).len(), 1);
+        assert!(d.is_empty());
+    }
+}

@@ -1,0 +1,172 @@
+//! The fault transport: a decorator over any transport for tests and failover benchmarks.
+//! It can fail submissions (at a rate, or after N), report completed attempts as failed,
+//! delay submissions, and fail to install. Its random choices come from a seeded generator,
+//! so a test run is reproducible.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+
+use crate::error::{Error, Result};
+use crate::segment::Peer;
+use crate::transport::{Attempt, Transport, TransportKind};
+
+/// What to inject. `Default` injects nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FaultSpec {
+    /// Probability that submitting a request fails (0.0..=1.0).
+    pub submit_failure_rate: f64,
+    /// After this many submitted requests, every submission fails.
+    pub fail_after_submits: Option<u64>,
+    /// Probability that a completed attempt is reported FAILED instead.
+    pub corrupt_completion_rate: f64,
+    /// Delay before each submission reaches the real transport.
+    pub delay: Option<Duration>,
+    /// The transport fails to install and is never selected.
+    pub fail_install: bool,
+    /// Seed of the random choices.
+    pub seed: u64,
+}
+
+/// SplitMix64: tiny, seedable, and good enough to draw fault decisions.
+struct Rng(u64);
+
+impl Rng {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A transport wrapped with fault injection.
+pub struct FaultTransport {
+    inner: Arc<dyn Transport>,
+    spec: FaultSpec,
+    rng: Mutex<Rng>,
+    submits: AtomicU64,
+    rt: Handle,
+}
+
+impl FaultTransport {
+    /// Wraps `inner`; delayed submissions run on `rt`.
+    pub fn new(inner: Arc<dyn Transport>, spec: FaultSpec, rt: Handle) -> Self {
+        let seed = spec.seed;
+        Self {
+            inner,
+            spec,
+            rng: Mutex::new(Rng(seed)),
+            submits: AtomicU64::new(0),
+            rt,
+        }
+    }
+
+    fn draw(&self, rate: f64) -> bool {
+        rate > 0.0
+            && self
+                .rng
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .next_f64()
+                < rate
+    }
+
+    fn injected(what: &str, kind: TransportKind) -> Error {
+        Error::Io(format!("fault injection: {what} on {}", kind.name()))
+    }
+}
+
+impl Transport for FaultTransport {
+    fn kind(&self) -> TransportKind {
+        self.inner.kind()
+    }
+
+    fn install(&self) -> Result<()> {
+        if self.spec.fail_install {
+            return Err(Error::TransportUnavailable(format!(
+                "fault injection: {} failed to install",
+                self.kind().name()
+            )));
+        }
+        self.inner.install()
+    }
+
+    fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
+        let kind = self.kind();
+        let mut results: Vec<Option<Result<()>>> = vec![None; attempts.len()];
+        let mut forward = Vec::with_capacity(attempts.len());
+        let mut forward_index = Vec::with_capacity(attempts.len());
+        for (i, a) in attempts.iter().enumerate() {
+            let n = self.submits.fetch_add(1, Ordering::Relaxed) + 1;
+            let over = self.spec.fail_after_submits.is_some_and(|limit| n > limit);
+            if over || self.draw(self.spec.submit_failure_rate) {
+                results[i] = Some(Err(Self::injected("submit failed", kind)));
+                continue;
+            }
+            if self.draw(self.spec.corrupt_completion_rate) {
+                a.task.corrupt_completion_of(a.attempt);
+            }
+            forward.push(a.clone());
+            forward_index.push(i);
+        }
+        match self.spec.delay {
+            Some(delay) if !forward.is_empty() => {
+                let inner = self.inner.clone();
+                self.rt.spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    for (a, r) in forward.iter().zip(inner.submit(&forward)) {
+                        if let Err(e) = r {
+                            a.task.attempt_failed(a.attempt, e);
+                        }
+                    }
+                });
+                for i in forward_index {
+                    results[i] = Some(Ok(()));
+                }
+            }
+            _ => {
+                for (i, r) in forward_index.into_iter().zip(self.inner.submit(&forward)) {
+                    results[i] = Some(r);
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Io("fault layer lost a result".into()))))
+            .collect()
+    }
+
+    fn fail_peer(&self, peer: &Peer, error: Error) {
+        self.inner.fail_peer(peer, error)
+    }
+
+    fn forget_peer(&self, peer: &Peer, error: Error) {
+        self.inner.forget_peer(peer, error)
+    }
+
+    fn shutdown(&self) {
+        self.inner.shutdown()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rng;
+
+    #[test]
+    fn rng_is_seeded_and_uniform_enough() {
+        let mut a = Rng(7);
+        let mut b = Rng(7);
+        let xs: Vec<f64> = (0..1000).map(|_| a.next_f64()).collect();
+        let ys: Vec<f64> = (0..1000).map(|_| b.next_f64()).collect();
+        assert_eq!(xs, ys);
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        let below = xs.iter().filter(|x| **x < 0.1).count();
+        assert!((60..140).contains(&below), "{below}");
+    }
+}

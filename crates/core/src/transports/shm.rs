@@ -1,0 +1,537 @@
+//! The shared-memory transport, for peers on the same host (same machine id and boot id).
+//!
+//! Engine-owned regions are memfds sealed against resizing. A same-host initiator connects
+//! to the target's abstract unix socket, proves the segment token, and receives each
+//! buffer's memfd over SCM_RIGHTS; it maps every buffer once and copies straight into or out
+//! of the mapping: one copy, no target CPU. Small copies run on the submitting thread;
+//! larger ones are cut into chunks for a small pool of copy threads.
+//!
+//! A dead process's memory stays mapped, so a copy into it would "succeed" silently. The
+//! transport therefore watches the target: a pidfd (exit) and the unix connection (EOF)
+//! report its death at once, after which every copy fails; each copy also checks the pidfd
+//! after it finishes, so no attempt completes into a dead target.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixStream as StdUnixStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::memory::{Region, RegionTable};
+use crate::request::Opcode;
+use crate::segment::{Peer, SegmentDescriptor};
+use crate::shm::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
+use crate::task::Task;
+use crate::transport::{Attempt, Transport, TransportKind};
+use crate::wire::{token_eq, Token};
+
+/// Copies up to this size run on the submitting thread.
+const INLINE_COPY_MAX: u64 = 256 << 10;
+/// Larger copies are cut into chunks of this size for the copy threads.
+const CHUNK: u64 = 1 << 20;
+/// How long the server waits for a client's token.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+// ---- serving side ---------------------------------------------------------------------
+
+/// Binds the abstract unix socket that serves this engine's memfds.
+pub(crate) fn bind(engine_id: u64) -> Result<(UnixListener, String)> {
+    let name = format!("ferry-shm-{engine_id:016x}-{}", std::process::id());
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())
+        .map_err(|e| Error::io("shm socket name", &e))?;
+    let std_listener = std::os::unix::net::UnixListener::bind_addr(&addr)
+        .map_err(|e| Error::io("bind shm socket", &e))?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("bind shm socket", &e))?;
+    let listener =
+        UnixListener::from_std(std_listener).map_err(|e| Error::io("bind shm socket", &e))?;
+    Ok((listener, name))
+}
+
+/// Serves fd requests until `cancel` fires.
+pub(crate) async fn serve(
+    listener: UnixListener,
+    regions: Arc<RegionTable>,
+    token: Token,
+    cancel: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let regions = regions.clone();
+                let cancel = cancel.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = cancel.cancelled() => {}
+                        r = serve_one(stream, &regions, &token) => {
+                            if let Err(e) = r {
+                                tracing::debug!(error = %e, "shm connection ended");
+                            }
+                        }
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "shm accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// One client: a 16-byte token, then 8-byte buffer ids, each answered with 16 bytes
+/// (status u32, reserved u32, length u64) and, on success, the buffer's memfd.
+async fn serve_one(mut stream: UnixStream, regions: &RegionTable, token: &Token) -> Result<()> {
+    let io = |e: std::io::Error| Error::io("shm serve", &e);
+    let mut got = [0u8; 16];
+    tokio::time::timeout(AUTH_TIMEOUT, stream.read_exact(&mut got))
+        .await
+        .map_err(|_| Error::Protocol("no shm token in time".into()))?
+        .map_err(io)?;
+    if !token_eq(&got, token) {
+        return Err(Error::Protocol("shm client sent a wrong token".into()));
+    }
+    stream.write_all(&[1]).await.map_err(io)?;
+    loop {
+        let mut id = [0u8; 8];
+        match stream.read_exact(&mut id).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(io(e)),
+        }
+        let id = u64::from_le_bytes(id);
+        let mut reply = [0u8; 16];
+        match regions.get(id).ok().filter(|r| r.mapping().is_some()) {
+            Some(region) => {
+                reply[8..].copy_from_slice(&(region.len() as u64).to_le_bytes());
+                let fd = region
+                    .mapping()
+                    .map(|m| m.fd().as_fd())
+                    .ok_or_else(|| Error::Protocol("region lost its mapping".into()))?;
+                send_fds_async(&stream, &reply, &[fd]).await.map_err(io)?;
+            }
+            None => {
+                reply[..4].copy_from_slice(&1u32.to_le_bytes());
+                stream.write_all(&reply).await.map_err(io)?;
+            }
+        }
+    }
+}
+
+// ---- initiator side -------------------------------------------------------------------
+
+/// What the transport knows about one same-host peer.
+struct ShmPeer {
+    peer: Arc<Peer>,
+    pidfd: Pidfd,
+    maps: RwLock<HashMap<u64, Arc<RemoteMapping>>>,
+    dead: AtomicBool,
+    cancel: CancellationToken,
+}
+
+impl ShmPeer {
+    fn alive(&self) -> bool {
+        !self.dead.load(Ordering::Acquire) && self.pidfd.is_alive()
+    }
+}
+
+/// Called when a same-host peer's process is seen to exit.
+pub(crate) type DeathHook = Arc<dyn Fn(&Arc<Peer>, String) + Send + Sync>;
+
+struct CopyJob {
+    task: Arc<Task>,
+    attempt: u32,
+    peer: Arc<ShmPeer>,
+    mapping: Arc<RemoteMapping>,
+    opcode: Opcode,
+    region: Arc<Region>,
+    local_offset: u64,
+    remote_offset: u64,
+    len: u64,
+}
+
+impl CopyJob {
+    /// Copies, then checks the target is still alive before reporting success.
+    fn run(self) {
+        if !self.peer.alive() {
+            self.task.attempt_failed(
+                self.attempt,
+                self.peer.peer.lost_error_or("target process exited"),
+            );
+            return;
+        }
+        let (Some(remote), Ok(local)) = (
+            self.mapping.range_ptr(self.remote_offset, self.len),
+            self.region.range_ptr(self.local_offset, self.len),
+        ) else {
+            self.task.attempt_failed(
+                self.attempt,
+                Error::OutOfRange(format!(
+                    "shm copy [{}+{}) outside the mapping",
+                    self.remote_offset, self.len
+                )),
+            );
+            return;
+        };
+        let (src, dst) = match self.opcode {
+            Opcode::Write => (local.cast_const(), remote),
+            Opcode::Read => (remote.cast_const(), local),
+        };
+        // SAFETY: both ranges were bounds-checked just above against mappings that this job
+        // keeps alive (`mapping`, `region`); they belong to different mappings, so they do
+        // not overlap. Concurrent access by the peers is the transfer contract, as with RDMA.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.len as usize) };
+        if self.peer.alive() {
+            self.task.slice_done(self.attempt, self.len);
+        } else {
+            self.task.attempt_failed(
+                self.attempt,
+                self.peer.peer.lost_error_or("target process exited"),
+            );
+        }
+    }
+}
+
+/// The shared-memory transport.
+pub struct ShmTransport {
+    machine_id: String,
+    local_engine_id: u64,
+    peers: Mutex<HashMap<u64, Arc<ShmPeer>>>,
+    jobs: Mutex<Option<mpsc::Sender<CopyJob>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    rt: Handle,
+    shutdown: CancellationToken,
+    on_death: DeathHook,
+}
+
+impl ShmTransport {
+    /// A transport with `copy_threads` copy threads.
+    pub(crate) fn new(
+        machine_id: String,
+        local_engine_id: u64,
+        copy_threads: usize,
+        rt: Handle,
+        shutdown: CancellationToken,
+        on_death: DeathHook,
+    ) -> Result<Self> {
+        let (tx, rx) = mpsc::channel::<CopyJob>();
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::new();
+        for i in 0..copy_threads.max(1) {
+            let rx = rx.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("ferry-shm-copy-{i}"))
+                .spawn(move || loop {
+                    let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    match job {
+                        Ok(job) => job.run(),
+                        Err(_) => return, // the transport shut down
+                    }
+                })
+                .map_err(|e| Error::io("start shm copy thread", &e))?;
+            threads.push(handle);
+        }
+        Ok(Self {
+            machine_id,
+            local_engine_id,
+            peers: Mutex::new(HashMap::new()),
+            jobs: Mutex::new(Some(tx)),
+            threads: Mutex::new(threads),
+            rt,
+            shutdown,
+            on_death,
+        })
+    }
+
+    fn peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&handle)
+            .cloned()
+    }
+
+    /// Why shm cannot reach `peer`, if it cannot.
+    pub(crate) fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
+        match self.peer(peer.handle()) {
+            Some(p) if p.alive() => Ok(()),
+            Some(_) => Err("the target process exited".into()),
+            None => {
+                let desc = peer.descriptor();
+                if desc.machine_id != self.machine_id {
+                    Err(format!(
+                        "{} is on another host (machine/boot id {:?}, here {:?})",
+                        peer.name(),
+                        desc.machine_id,
+                        self.machine_id
+                    ))
+                } else if desc.shm_socket.is_none() {
+                    Err(format!("{} does not offer shared memory", peer.name()))
+                } else {
+                    Err(format!("shared memory with {} is not set up", peer.name()))
+                }
+            }
+        }
+    }
+
+    /// Connects to a same-host peer and maps its buffers (again, on refresh). Peers on
+    /// another host, or without shm, are left alone.
+    pub(crate) async fn attach(&self, peer: &Arc<Peer>) -> Result<()> {
+        let desc = peer.descriptor();
+        let Some(socket) = desc.shm_socket.clone() else {
+            return Ok(());
+        };
+        if desc.machine_id != self.machine_id || desc.engine_id == self.local_engine_id {
+            return Ok(());
+        }
+        let token = desc.token_bytes()?;
+        let attached = connect_and_map(&socket, &token, &desc).await?;
+        let (stream, pidfd, maps) = attached;
+        let shm_peer = Arc::new(ShmPeer {
+            peer: peer.clone(),
+            pidfd,
+            maps: RwLock::new(maps),
+            dead: AtomicBool::new(false),
+            cancel: self.shutdown.child_token(),
+        });
+        let old = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(peer.handle(), shm_peer.clone());
+        if let Some(old) = old {
+            old.cancel.cancel();
+            old.maps.write().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+        self.rt
+            .spawn(watch(shm_peer, stream, self.on_death.clone()));
+        Ok(())
+    }
+
+    fn submit_one(&self, a: &Attempt) -> Result<()> {
+        if self.shutdown.is_cancelled() {
+            return Err(Error::Closed);
+        }
+        let req = a.task.request();
+        let peer = self.peer(req.peer.handle()).ok_or_else(|| {
+            Error::TransportUnavailable(format!("no shared memory with {}", req.peer.name()))
+        })?;
+        if !peer.alive() {
+            return Err(req.peer.lost_error_or("target process exited"));
+        }
+        let mapping = peer
+            .maps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&req.remote_buffer)
+            .cloned()
+            .ok_or_else(|| {
+                Error::TransportUnavailable(format!(
+                    "buffer {} of {} is not mapped",
+                    req.remote_buffer,
+                    req.peer.name()
+                ))
+            })?;
+        if mapping.range_ptr(req.remote_offset, req.length).is_none() {
+            return Err(Error::OutOfRange(format!(
+                "[{}+{}) outside the {}-byte mapping of buffer {}",
+                req.remote_offset,
+                req.length,
+                mapping.len(),
+                req.remote_buffer
+            )));
+        }
+        let job = |offset: u64, len: u64| CopyJob {
+            task: a.task.clone(),
+            attempt: a.attempt,
+            peer: peer.clone(),
+            mapping: mapping.clone(),
+            opcode: req.opcode,
+            region: req.local.clone(),
+            local_offset: req.local_offset + offset,
+            remote_offset: req.remote_offset + offset,
+            len,
+        };
+        if req.length <= INLINE_COPY_MAX {
+            a.task.expect_slices(a.attempt, 1);
+            job(0, req.length).run();
+            return Ok(());
+        }
+        let chunks = u32::try_from(req.length.div_ceil(CHUNK))
+            .map_err(|_| Error::InvalidArgument("request too large".into()))?;
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(tx) = jobs.as_ref() else {
+            return Err(Error::Closed);
+        };
+        a.task.expect_slices(a.attempt, chunks);
+        let mut offset = 0;
+        while offset < req.length {
+            let len = CHUNK.min(req.length - offset);
+            if let Err(mpsc::SendError(job)) = tx.send(job(offset, len)) {
+                job.task.attempt_failed(job.attempt, Error::Closed);
+                break;
+            }
+            offset += len;
+        }
+        Ok(())
+    }
+}
+
+/// Connects, proves the token, and maps every shm buffer of `desc`.
+async fn connect_and_map(
+    socket: &str,
+    token: &Token,
+    desc: &SegmentDescriptor,
+) -> Result<(UnixStream, Pidfd, HashMap<u64, Arc<RemoteMapping>>)> {
+    let io = |what: &'static str| move |e: std::io::Error| Error::io(what, &e);
+    let addr = SocketAddr::from_abstract_name(socket.as_bytes()).map_err(io("shm address"))?;
+    let std_stream = StdUnixStream::connect_addr(&addr).map_err(io("connect shm socket"))?;
+    let pid = peer_pid(&std_stream).map_err(io("shm peer pid"))?;
+    let pidfd = Pidfd::open(pid).map_err(io("pidfd_open"))?;
+    // The handshake is a few local round trips: done blocking with a timeout, before the
+    // stream joins the runtime for watching.
+    std_stream
+        .set_read_timeout(Some(AUTH_TIMEOUT))
+        .map_err(io("shm socket"))?;
+    let mut s = &std_stream;
+    s.write_all(token).map_err(io("shm token"))?;
+    let mut ok = [0u8; 1];
+    s.read_exact(&mut ok).map_err(io("shm token reply"))?;
+    let mut maps = HashMap::new();
+    for b in desc
+        .buffers
+        .iter()
+        .filter(|b| b.transports.contains(&TransportKind::Shm))
+    {
+        s.write_all(&b.id.to_le_bytes())
+            .map_err(io("shm fd request"))?;
+        let mut reply = [0u8; 16];
+        let (n, mut fds) =
+            crate::shm::recv_fds(&std_stream, &mut reply, 1).map_err(io("shm fd reply"))?;
+        if n != reply.len() {
+            return Err(Error::Protocol(format!("short shm reply ({n} bytes)")));
+        }
+        let status = u32::from_le_bytes([reply[0], reply[1], reply[2], reply[3]]);
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&reply[8..]);
+        let len = u64::from_le_bytes(len);
+        match (status, fds.pop()) {
+            (0, Some(fd)) if len == b.length => {
+                let len =
+                    usize::try_from(len).map_err(|_| Error::Protocol("buffer too large".into()))?;
+                let mapping = RemoteMapping::map(fd, len).map_err(io("map shm buffer"))?;
+                if !mapping.is_shrink_sealed() {
+                    return Err(Error::Protocol(format!(
+                        "buffer {} is not sealed against shrinking; refusing to map it",
+                        b.id
+                    )));
+                }
+                maps.insert(b.id, Arc::new(mapping));
+            }
+            (0, _) => {
+                return Err(Error::Protocol(format!(
+                    "bad shm reply for buffer {}",
+                    b.id
+                )))
+            }
+            _ => {} // released since the descriptor was made: not mapped, tcp serves it
+        }
+    }
+    std_stream
+        .set_read_timeout(None)
+        .map_err(io("shm socket"))?;
+    std_stream.set_nonblocking(true).map_err(io("shm socket"))?;
+    let stream = UnixStream::from_std(std_stream).map_err(io("shm socket"))?;
+    Ok((stream, pidfd, maps))
+}
+
+/// Reports the peer dead when its process exits or its unix connection closes.
+async fn watch(peer: Arc<ShmPeer>, mut stream: UnixStream, on_death: DeathHook) {
+    let mut byte = [0u8; 1];
+    let why = tokio::select! {
+        _ = peer.cancel.cancelled() => return,
+        r = peer.pidfd.exited() => match r {
+            Ok(()) => "target process exited".to_string(),
+            Err(e) => format!("pidfd failed: {e}"),
+        },
+        r = stream.read(&mut byte) => match r {
+            Ok(0) => "shm connection closed by the target".to_string(),
+            Ok(_) => "unexpected bytes on the shm connection".to_string(),
+            Err(e) => format!("shm connection failed: {e}"),
+        },
+    };
+    peer.dead.store(true, Ordering::Release);
+    tracing::warn!(peer = peer.peer.name(), reason = %why, "same-host peer gone");
+    on_death(&peer.peer, why);
+}
+
+impl Transport for ShmTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
+        attempts.iter().map(|a| self.submit_one(a)).collect()
+    }
+
+    fn fail_peer(&self, peer: &Peer, _error: Error) {
+        // Copies are synchronous or queued; queued ones re-check liveness before copying.
+        if let Some(p) = self.peer(peer.handle()) {
+            p.dead.store(true, Ordering::Release);
+        }
+    }
+
+    fn forget_peer(&self, peer: &Peer, error: Error) {
+        self.fail_peer(peer, error);
+        let removed = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&peer.handle());
+        if let Some(p) = removed {
+            p.cancel.cancel();
+            // Unmap now: only copies already in flight keep their mapping until they end.
+            p.maps.write().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+    }
+
+    fn shutdown(&self) {
+        self.shutdown.cancel();
+        let peers: Vec<_> = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        for p in peers {
+            p.dead.store(true, Ordering::Release);
+            p.cancel.cancel();
+            p.maps.write().unwrap_or_else(|e| e.into_inner()).clear();
+        }
+        // Closing the queue ends the copy threads once they finish their current job.
+        drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
