@@ -375,3 +375,146 @@ fn a_transport_that_fails_to_install_is_never_selected() {
     initiator.close();
     target.close();
 }
+
+/// Both engines on this host: shm first, tcp second.
+fn shm_and_tcp(budget: u32, faults: Vec<(TransportKind, FaultSpec)>) -> EngineConfig {
+    EngineConfig {
+        failover: FailoverPolicy {
+            max_failover_attempts: budget,
+            ..FailoverPolicy::default()
+        },
+        faults,
+        ..EngineConfig::default()
+    }
+}
+
+#[test]
+fn status_corruption_fails_over_to_the_secondary() {
+    let corrupt_shm = FaultSpec {
+        corrupt_completion_rate: 1.0,
+        ..FaultSpec::default()
+    };
+    let r = rig(shm_and_tcp(3, vec![(TransportKind::Shm, corrupt_shm)]));
+    let snaps = r
+        .initiator
+        .transfer_blocking(&[write(&r, 0)])
+        .expect("transfer");
+    assert_eq!(snaps[0].status, TransferStatus::Completed);
+    assert_eq!(snaps[0].transport, Some(TransportKind::Tcp));
+    assert_eq!(snaps[0].attempts, 2);
+    assert!(landed(&r, 0));
+    let events = r.events.lock().expect("events").clone();
+    assert!(
+        matches!(
+            events.as_slice(),
+            [EngineEvent::Failover {
+                from: TransportKind::Shm,
+                to: TransportKind::Tcp,
+                attempt: 1,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn both_transports_failing_alternate_until_the_budget_is_spent() {
+    let r = rig(shm_and_tcp(
+        3,
+        vec![
+            (
+                TransportKind::Shm,
+                FaultSpec {
+                    corrupt_completion_rate: 1.0,
+                    ..FaultSpec::default()
+                },
+            ),
+            (
+                TransportKind::Tcp,
+                FaultSpec {
+                    submit_failure_rate: 1.0,
+                    ..FaultSpec::default()
+                },
+            ),
+        ],
+    ));
+    let batch = r.initiator.allocate_batch(1).expect("batch");
+    r.initiator
+        .submit_transfer(batch, &[write(&r, 0)])
+        .expect("submit");
+    let snaps = wait_batch(&r.initiator, batch);
+    assert_eq!(
+        (snaps[0].status, snaps[0].attempts),
+        (TransferStatus::Failed, 4)
+    );
+    let hops: Vec<_> = r
+        .events
+        .lock()
+        .expect("events")
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Failover { from, to, .. } => Some((*from, *to)),
+            _ => None,
+        })
+        .collect();
+    use TransportKind::{Shm, Tcp};
+    assert_eq!(hops, [(Shm, Tcp), (Tcp, Shm), (Shm, Tcp)]);
+    r.initiator.free_batch(batch).expect("free");
+}
+
+#[test]
+fn a_timed_out_attempt_fails_over_and_completes_elsewhere() {
+    let slow_shm = FaultSpec {
+        delay: Some(Duration::from_millis(500)),
+        ..FaultSpec::default()
+    };
+    let mut cfg = shm_and_tcp(3, vec![(TransportKind::Shm, slow_shm)]);
+    cfg.failover.attempt_timeout = Some(Duration::from_millis(100));
+    let r = rig(cfg);
+    let started = Instant::now();
+    let snaps = r
+        .initiator
+        .transfer_blocking(&[write(&r, 0)])
+        .expect("transfer");
+    assert_eq!(snaps[0].status, TransferStatus::Completed, "{:?}", snaps[0]);
+    assert_eq!(
+        (snaps[0].transport, snaps[0].attempts),
+        (Some(TransportKind::Tcp), 2)
+    );
+    assert!(started.elapsed() < Duration::from_millis(450));
+    assert_eq!(r.initiator.metrics().attempt_timeouts, 1);
+    assert!(landed(&r, 0));
+}
+
+#[test]
+fn a_transport_that_keeps_failing_is_ranked_last_for_a_cooldown() {
+    let corrupt_shm = FaultSpec {
+        corrupt_completion_rate: 1.0,
+        ..FaultSpec::default()
+    };
+    let r = rig(shm_and_tcp(3, vec![(TransportKind::Shm, corrupt_shm)]));
+    // Three failures of shm towards this peer within the window pause it...
+    for i in 0..3 {
+        let s = r
+            .initiator
+            .transfer_blocking(&[write(&r, i)])
+            .expect("transfer");
+        assert_eq!(
+            (s[0].transport, s[0].attempts),
+            (Some(TransportKind::Tcp), 2)
+        );
+    }
+    // ... so the next requests go to tcp first, without a failed attempt.
+    for i in 3..6 {
+        let s = r
+            .initiator
+            .transfer_blocking(&[write(&r, i)])
+            .expect("transfer");
+        assert_eq!(
+            (s[0].status, s[0].transport, s[0].attempts),
+            (TransferStatus::Completed, Some(TransportKind::Tcp), 1)
+        );
+    }
+    assert_eq!(r.initiator.metrics().failovers, 3);
+}
