@@ -2,32 +2,48 @@
  * Ferry performance suite.
  *
  *   npm run perf -- --suite tcp [--repeat 3] [--duration 5] [--warmup 1] [--lat-ops 20000] ...
+ *   npm run perf -- --suite shm,failover --repeat 3 --duration 3
+ *
+ * Suites: `tcp` (tcp transport over loopback vs iperf3 and a pure-Node round trip), `shm`
+ * (shared-memory transport to a same-host peer vs a one-thread memcpy, plus 4 KiB write
+ * latency), `failover` (shm WRITE throughput with a share of shm completions failing over to
+ * tcp, vs the same engine setup without faults).
  *
  * Prints one JSON line per case on stdout (the only thing written there) and progress on
  * stderr. Each figure is compared with a baseline measured in the same invocation (these
  * machines are shared and noisy): engine and baseline are measured interleaved, in
  * `--repeat` rounds, each round running both back to back (the order alternating between
  * rounds), and the record reports medians over the rounds; `ratio` is engine / baseline. Every child process
- * started (target engines, iperf3, baseline servers) is killed by pid on exit, on error and
+ * started (target engines, iperf3, baseline servers, the memcpy baseline) is killed by pid on exit, on error and
  * on SIGINT/SIGTERM.
  *
  * A new suite is a function `(options) => Promise<CaseRecord[]>` added to `suites` below.
  */
 import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
+import { failoverSuite } from './suites/failover'
+import { shmSuite } from './suites/shm'
 import { tcpSuite } from './suites/tcp'
 import type { Suite, SuiteOptions } from './suites/types'
 
 const suites: Record<string, Suite> = {
   tcp: tcpSuite,
-  // shm: shmSuite,
-  // failover: failoverSuite,
+  shm: shmSuite,
+  failover: failoverSuite,
 }
 
 const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]
-  --suite NAME        suite(s) to run, comma-separated (default: tcp)
+  --suite NAME        suite(s) to run, comma-separated (default: tcp):
+                        tcp       tcp transport over loopback vs iperf3 -l 1M and a pure-Node
+                                  TCP request/answer
+                        shm       shm transport to a same-host target: write-1MiB, read-1MiB vs
+                                  a 1-thread memcpy (gcc -O2 at run time; target ratio >= 0.85),
+                                  write-4KiB-p50 (no baseline), batches of 64 x 4 KiB (ops/s)
+                        failover  1 MiB WRITEs over shm with a share of shm completions failing
+                                  over to tcp, vs the same without faults (ratio = faulty / clean)
   --repeat N          rounds per case, engine and baseline interleaved; medians reported (default 3)
-  --duration S        measured seconds per throughput run and iperf3 run (default 5)
+  --duration S        measured seconds per throughput run and baseline run (iperf3, memcpy)
+                      (default 5)
   --warmup S          warm-up seconds before each measurement of round 1 (default 1)
   --budget S          soft limit on one phase's rounds; over it, rounds after the first measure
                       only the API method that won round 1 (default 300)
@@ -44,6 +60,15 @@ const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>
                       read-1MiB-cold (DRAM-bound); the 4 KiB latency reads span the larger
                       of the two working sets, with or without --no-cold (default 256)
   --no-cold           skip the write-1MiB-cold and read-1MiB-cold cases
+  --shm-working-set MIB
+                      shm: working set on each side, pre-touched, that write-1MiB and
+                      read-1MiB cycle through (and the 4 KiB writes span), and the memcpy
+                      baseline's source and destination each (default 1024)
+  --failover-working-set MIB
+                      failover: working set on each side, pre-touched (default 256)
+  --fault-rate R      failover: share of shm completions reported FAILED (corruptCompletionRate),
+                      0..1 (default 0.1)
+  --fault-seed N      failover: seed of the fault injection (default 7)
   --json              JSON lines on stdout (the default and only format)
   -h, --help          this text`
 
@@ -66,6 +91,10 @@ function parseArgs(argv: string[]): Cli {
     workingSetBytes: 8 << 20,
     coldWorkingSetBytes: 256 << 20,
     cold: true,
+    shmWorkingSetBytes: 1024 << 20,
+    failoverWorkingSetBytes: 256 << 20,
+    faultRate: 0.1,
+    faultSeed: 7,
     repeat: 3,
     budgetSeconds: 300,
   }
@@ -80,6 +109,10 @@ function parseArgs(argv: string[]): Cli {
     '--batches': { set: (v) => (options.batchesInFlight = v), min: 1, integer: true },
     '--working-set': { set: (v) => (options.workingSetBytes = v * (1 << 20)), min: 1, integer: true },
     '--cold-working-set': { set: (v) => (options.coldWorkingSetBytes = v * (1 << 20)), min: 1, integer: true },
+    '--shm-working-set': { set: (v) => (options.shmWorkingSetBytes = v * (1 << 20)), min: 1, integer: true },
+    '--failover-working-set': { set: (v) => (options.failoverWorkingSetBytes = v * (1 << 20)), min: 1, integer: true },
+    '--fault-rate': { set: (v) => (options.faultRate = v), min: 0, max: 1, integer: false },
+    '--fault-seed': { set: (v) => (options.faultSeed = v), min: 0, max: 2 ** 32 - 1, integer: true },
     '--repeat': { set: (v) => (options.repeat = v), min: 1, max: 1000, integer: true },
     '--budget': { set: (v) => (options.budgetSeconds = v), min: 1, integer: false },
   }

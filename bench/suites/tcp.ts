@@ -22,351 +22,41 @@
  * Promise API and the batch API with a spin on getTransferStatus. Each record reports the
  * better method as `value` and names it in `method`; both figures are in the record.
  */
-import * as os from 'node:os'
-import * as path from 'node:path'
-import { Engine, TransferStatus, type IoRequest, type Region, type Segment, type TransferRequest } from '../../index'
+import { Engine } from '../../index'
 import { startIperf3Loopback, type Iperf3Result } from '../baselines/iperf3'
 import { startNodeTcpLatency, type LatencyBaselineSession } from '../baselines/node_tcp_lat'
-import { jsonLines, startTsx, stopChild, tailStderr } from '../lib/children'
 import { log } from '../lib/log'
-import { blockFor, median, nowNs, ratio, round, summarize } from '../lib/stats'
+import {
+  MiB,
+  METHODS,
+  ORDER_NOTE,
+  attempt,
+  betterByMedian,
+  bothFit,
+  hostLoad,
+  isResult,
+  latencyBatch,
+  latencyMethodLabel,
+  latencyPromise,
+  medianCpu,
+  mergeTallies,
+  roundErrors,
+  startTarget,
+  throughputBatch,
+  throughputMethodLabel,
+  throughputPromise,
+  unexpectedTransports,
+  type LatencyRun,
+  type Method,
+  type Opcode,
+  type Rig,
+  type Rounds,
+  type ThroughputResult,
+} from '../lib/rig'
+import { median, ratio, round, summarize } from '../lib/stats'
 import type { CaseRecord, SuiteOptions } from './types'
 
-const MiB = 1 << 20
 const SUITE = 'tcp'
-
-type Opcode = 'read' | 'write'
-
-/** CPU time of this process and of the target over a measured phase, as % of one CPU. */
-interface CpuShare {
-  local: number | null
-  target: number | null
-}
-
-interface ThroughputResult {
-  gbps: number
-  bytes: number
-  seconds: number
-  cpu: CpuShare
-}
-
-/** The target process and what this engine needs to reach it. */
-interface Target {
-  ask(cmd: string): Promise<Record<string, unknown>>
-  stop(): Promise<void>
-  segment: string
-  buffer: number
-}
-
-async function startTarget(bytes: number): Promise<Target> {
-  const proc = startTsx('target engine', path.join(__dirname, '..', 'target.ts'), [], {
-    FERRY_BENCH_BYTES: String(bytes),
-  })
-  const stderr = tailStderr(proc)
-  const lines = jsonLines(proc, () => stderr())
-  try {
-    const hello = await lines.next(30_000)
-    log(`target pid ${proc.pid} ready: segment ${String(hello.segment)}, ${bytes / MiB} MiB pre-touched`)
-    // One command at a time: replies come back in order.
-    let chain: Promise<unknown> = Promise.resolve()
-    const ask = (cmd: string) => {
-      const p = chain.then(() => {
-        proc.stdin!.write(cmd + '\n')
-        return lines.next(10_000)
-      })
-      chain = p.catch(() => undefined)
-      return p
-    }
-    return {
-      ask,
-      segment: String(hello.segment),
-      buffer: Number(hello.buffer),
-      async stop() {
-        lines.close()
-        proc.stdin?.end()
-        await stopChild(proc)
-      },
-    }
-  } catch (err) {
-    lines.close()
-    await stopChild(proc)
-    throw err
-  }
-}
-
-/** Measures CPU use of both processes between `begin()` and `end()`. */
-function cpuMeter(target: Target) {
-  let local0: NodeJS.CpuUsage | undefined
-  let t0 = 0
-  let remote0: Promise<Record<string, unknown> | null> | undefined
-  const remoteCpu = () => target.ask('cpu').catch(() => null)
-  return {
-    begin() {
-      t0 = nowNs()
-      local0 = process.cpuUsage()
-      remote0 = remoteCpu()
-    },
-    async end(): Promise<CpuShare> {
-      const wallUs = (nowNs() - t0) / 1000
-      const local = process.cpuUsage(local0)
-      const [a, b] = await Promise.all([remote0, remoteCpu()])
-      const used = (r: Record<string, unknown>) => Number(r.user_us) + Number(r.system_us)
-      return {
-        local: round(((local.user + local.system) / wallUs) * 100, 0),
-        target: a && b ? round(((used(b) - used(a)) / wallUs) * 100, 0) : null,
-      }
-    },
-  }
-}
-
-interface Rig {
-  engine: Engine
-  local: Region
-  /** Bytes of `local` and of the target's buffer (both pre-touched). */
-  regionBytes: number
-  remote: Segment
-  remoteBuffer: number
-  target: Target
-  options: SuiteOptions
-}
-
-function request(rig: Rig, opcode: Opcode, offset: number, length: number): TransferRequest {
-  return {
-    opcode,
-    local: rig.local,
-    localOffset: offset,
-    remote: rig.remote,
-    remoteBuffer: rig.remoteBuffer,
-    remoteOffset: offset,
-    length,
-  }
-}
-
-/** The same, for the Promise calls (`engine.read` / `engine.write`). */
-function ioRequest(rig: Rig, offset: number, length: number): IoRequest {
-  return { local: rig.local, localOffset: offset, remote: rig.remote, remoteBuffer: rig.remoteBuffer, remoteOffset: offset, length }
-}
-
-function timeout<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: NodeJS.Timeout | undefined
-  return Promise.race([
-    p,
-    new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`${what}: no completion within ${ms} ms`)), ms)
-    }),
-  ]).finally(() => clearTimeout(timer))
-}
-
-const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve))
-
-/**
- * Promise API: `window` lanes, each awaiting one 1 MiB call after another over the first
- * `workingSet` bytes of each side. Bytes completed between the end of the warm-up and the
- * end of the measurement, over that time.
- */
-async function throughputPromise(rig: Rig, opcode: Opcode, chunk: number, workingSet: number, warmupSeconds: number): Promise<ThroughputResult> {
-  const { engine, options } = rig
-  const slots = Math.floor(workingSet / chunk)
-  const meter = cpuMeter(rig.target)
-  let next = 0
-  let completed = 0
-  let stop = false
-  let startBytes = 0
-  let startNs = 0
-  let endBytes = 0
-  let endNs = 0
-  let cpu: Promise<CpuShare> | undefined
-  const requests = Array.from({ length: slots }, (_, i) => ioRequest(rig, i * chunk, chunk))
-  const lane = async () => {
-    while (!stop) {
-      const io = requests[next++ % slots]
-      if (opcode === 'write') await engine.write(io)
-      else await engine.read(io)
-      completed += chunk
-    }
-  }
-  const warm = setTimeout(() => {
-    startBytes = completed
-    startNs = nowNs()
-    meter.begin()
-  }, warmupSeconds * 1000)
-  const finish = setTimeout(
-    () => {
-      endBytes = completed
-      endNs = nowNs()
-      cpu = meter.end()
-      stop = true
-    },
-    (warmupSeconds + options.durationSeconds) * 1000,
-  )
-  try {
-    const lanes = Array.from({ length: options.window }, lane)
-    await timeout(Promise.all(lanes), (warmupSeconds + options.durationSeconds + 15) * 1000, `${opcode} (promise)`)
-  } finally {
-    clearTimeout(warm)
-    clearTimeout(finish)
-    stop = true
-  }
-  const seconds = (endNs - startNs) / 1e9
-  return { gbps: (endBytes - startBytes) / seconds / 1e9, bytes: endBytes - startBytes, seconds, cpu: await cpu! }
-}
-
-const terminal = (s: TransferStatus) => s !== TransferStatus.WAITING && s !== TransferStatus.PENDING
-
-/**
- * Batch API: `batchesInFlight` batches of `batchTasks` 1 MiB tasks outstanding, over the
- * first `workingSet` bytes of each side; the batches are polled with getBatchStatus, backing
- * off (Atomics.wait, 10 µs doubling to 1 ms) while none has finished, and a finished one is
- * freed and replaced at once.
- */
-async function throughputBatch(rig: Rig, opcode: Opcode, chunk: number, workingSet: number, warmupSeconds: number): Promise<ThroughputResult> {
-  const { engine, options } = rig
-  const slots = Math.floor(workingSet / chunk)
-  const perBatch = options.batchTasks
-  const meter = cpuMeter(rig.target)
-  const requests = Array.from({ length: slots }, (_, i) => request(rig, opcode, i * chunk, chunk))
-  const inflight: number[] = []
-  let next = 0
-  let completed = 0
-  const submit = () => {
-    const batch = engine.allocateBatch(perBatch)
-    const list: TransferRequest[] = []
-    for (let j = 0; j < perBatch; j++) list.push(requests[next++ % slots])
-    engine.submitTransfer(batch, list)
-    inflight.push(batch)
-  }
-  /** Polls every outstanding batch once; returns how many finished. */
-  const poll = () => {
-    let finished = 0
-    for (let i = 0; i < inflight.length; ) {
-      const batch = inflight[i]
-      const st = engine.getBatchStatus(batch)
-      if (!terminal(st.status)) {
-        i++
-        continue
-      }
-      if (st.status !== TransferStatus.COMPLETED) {
-        const bad = engine.getTransferStatusList(batch).find((t) => t.status !== TransferStatus.COMPLETED)
-        throw new Error(`batch ${opcode} ended ${st.name}: ${bad?.code ?? ''} ${bad?.message ?? ''}`)
-      }
-      completed += st.transferredBytes
-      engine.freeBatch(batch)
-      inflight.splice(i, 1)
-      finished++
-    }
-    return finished
-  }
-
-  const t0 = nowNs()
-  const warmEnd = t0 + warmupSeconds * 1e9
-  const measureEnd = warmEnd + options.durationSeconds * 1e9
-  const hardEnd = measureEnd + 15e9
-  let startBytes = -1
-  let startNs = 0
-  let endBytes = 0
-  let endNs = 0
-  let backoffUs = 10
-  let lastYield = nowNs()
-  try {
-    for (;;) {
-      const now = nowNs()
-      if (startBytes < 0 && now >= warmEnd) {
-        startBytes = completed
-        startNs = now
-        meter.begin()
-      }
-      if (now >= measureEnd) {
-        endBytes = completed
-        endNs = now
-        break
-      }
-      while (inflight.length < options.batchesInFlight) submit()
-      if (poll() > 0) {
-        backoffUs = 10
-      } else {
-        blockFor(backoffUs)
-        backoffUs = Math.min(backoffUs * 2, 1000)
-      }
-      // Let the event loop breathe now and then (the target's CPU replies arrive there).
-      if (now - lastYield > 5e6) {
-        await yieldToLoop()
-        lastYield = nowNs()
-      }
-    }
-    const cpu = meter.end()
-    // Drain what is still outstanding, bounded.
-    while (inflight.length > 0) {
-      if (nowNs() > hardEnd) throw new Error(`batch ${opcode}: ${inflight.length} batches unfinished at the deadline`)
-      if (poll() === 0) blockFor(200)
-    }
-    const seconds = (endNs - startNs) / 1e9
-    return { gbps: (endBytes - startBytes) / seconds / 1e9, bytes: endBytes - startBytes, seconds, cpu: await cpu }
-  } finally {
-    for (const batch of inflight.splice(0)) {
-      try {
-        engine.freeBatch(batch)
-      } catch {
-        // engine closing
-      }
-    }
-  }
-}
-
-
-// ---------------------------------------------------------------------------------------
-// Rounds: engine and baseline interleaved, medians reported.
-// ---------------------------------------------------------------------------------------
-
-type Method = 'promise' | 'batch'
-const METHODS: readonly Method[] = ['promise', 'batch']
-
-/** Per-round outcome of one series: a result, an error, or undefined when not measured. */
-type Rounds<T> = Array<T | Error | undefined>
-
-const isResult = <T>(x: T | Error | undefined): x is T => x !== undefined && !(x instanceof Error)
-
-/** 1-min load average now, for the record. */
-const hostLoad = () => round(os.loadavg()[0], 2)
-
-/** Errors of a series as "round N method: message". */
-function roundErrors<T>(rounds: Rounds<T>, label: string): string[] {
-  const out: string[] = []
-  rounds.forEach((x, r) => {
-    if (x instanceof Error) out.push(`round ${r + 1} ${label}: ${x.message}`)
-  })
-  return out
-}
-
-/** The method whose figures have the better median (ties and all-missing: promise). */
-function betterByMedian(figures: Record<Method, Array<number | null>>, higherIsBetter: boolean): Method {
-  const p = median(figures.promise)
-  const b = median(figures.batch)
-  if (!Number.isFinite(b)) return 'promise'
-  if (!Number.isFinite(p)) return 'batch'
-  return (higherIsBetter ? b > p : b < p) ? 'batch' : 'promise'
-}
-
-/** Median CPU share over the runs that measured one. */
-function medianCpu(cpus: CpuShare[]): CpuShare | null {
-  if (cpus.length === 0) return null
-  return { local: round(median(cpus.map((c) => c.local)), 0), target: round(median(cpus.map((c) => c.target)), 0) }
-}
-
-/**
- * Whether rounds 2.. can measure both API methods within the budget, judged from the time
- * round 1 (which always measures both, plus the warm-ups) took.
- */
-function bothFit(options: SuiteOptions, phaseStart: number, round1Ms: number): boolean {
-  const projected = (Date.now() - phaseStart + (options.repeat - 1) * round1Ms) / 1000
-  return projected <= options.budgetSeconds
-}
-
-const throughputMethodLabel = (m: Method, options: SuiteOptions) =>
-  m === 'promise'
-    ? `promise (window ${options.window})`
-    : `batch (${options.batchesInFlight} x ${options.batchTasks} tasks, polled with backoff)`
-
-const ORDER_NOTE = 'rounds alternate the order: odd rounds engine first, even rounds baseline first'
 
 /** One throughput case: an opcode over a working set of a given locality. */
 interface ThroughputCase {
@@ -547,103 +237,14 @@ function throughputRecord(c: ThroughputCase, cases: ThroughputCase[], phase: Thr
     record.cold_vs_hot_per_round = rounds.map((v, r) => ratio(v, hotRounds[r]))
   }
   const errors = METHODS.flatMap((m) => roundErrors(series[m], m))
+  const seen = mergeTallies(METHODS.flatMap((m) => series[m].filter(isResult).map((x) => x.transports)))
+  record.tasks_by_transport = seen
+  const other = unexpectedTransports(seen, 'tcp')
+  if (other) errors.unshift(`transport: expected every task over tcp, saw ${other}`)
   if (errors.length) record.error = errors.join('; ')
   const notes = [...new Set(phase.iperf.map((i) => i.note).filter((n): n is string => !!n))]
   if (notes.length) record.note = notes.join('; ')
   return record
-}
-
-async function attempt<T>(what: string, fn: () => Promise<T>): Promise<T | Error> {
-  try {
-    return await fn()
-  } catch (err) {
-    log(`${what} failed: ${(err as Error).stack ?? String(err)}`)
-    return err instanceof Error ? err : new Error(String(err))
-  }
-}
-
-interface LatencyRun {
-  samples: number[]
-  cpu: CpuShare
-}
-
-/** Promise API: `await engine.read` of `bytes`, one at a time; µs per call. */
-async function latencyPromise(rig: Rig, bytes: number, warmupSeconds: number): Promise<LatencyRun> {
-  const { engine, options } = rig
-  const slots = Math.floor(rig.regionBytes / bytes)
-  const requests = Array.from({ length: slots }, (_, i) => ioRequest(rig, i * bytes, bytes))
-  const samples: number[] = []
-  const warmEnd = Date.now() + warmupSeconds * 1000
-  let i = 0
-  while (Date.now() < warmEnd) await timeout(engine.read(requests[i++ % slots]), 10_000, 'latency warm-up read')
-  const meter = cpuMeter(rig.target)
-  meter.begin()
-  const deadline = Date.now() + options.latencyMaxSeconds * 1000
-  while (samples.length < options.latencyOps && Date.now() < deadline) {
-    const io = requests[i++ % slots]
-    const t0 = nowNs()
-    await engine.read(io)
-    samples.push((nowNs() - t0) / 1000)
-  }
-  return { samples, cpu: await meter.end() }
-}
-
-/**
- * Batch API: submitTransfer of one `bytes` READ, then spin on getTransferStatus until the
- * task is terminal; µs per op. Batches of 1024 tasks are reused and replaced (untimed).
- */
-async function latencyBatch(rig: Rig, bytes: number, warmupSeconds: number): Promise<LatencyRun> {
-  const { engine, options } = rig
-  const slots = Math.floor(rig.regionBytes / bytes)
-  const requests = Array.from({ length: slots }, (_, i) => [request(rig, 'read', i * bytes, bytes)])
-  const capacity = 1024
-  let batch = engine.allocateBatch(capacity)
-  let used = 0
-  const samples: number[] = []
-  let i = 0
-  const one = (): number => {
-    if (used === capacity) {
-      engine.freeBatch(batch)
-      batch = engine.allocateBatch(capacity)
-      used = 0
-    }
-    const list = requests[i++ % slots]
-    const t0 = nowNs()
-    const task = engine.submitTransfer(batch, list)
-    used++
-    const giveUp = t0 + 10e9
-    let st = engine.getTransferStatus(batch, task)
-    while (!terminal(st.status)) {
-      st = engine.getTransferStatus(batch, task)
-      if (nowNs() > giveUp) throw new Error('batch latency: a 4 KiB read did not finish in 10 s')
-    }
-    const t1 = nowNs()
-    if (st.status !== TransferStatus.COMPLETED) throw new Error(`batch latency: read ended ${st.name}: ${st.code ?? ''} ${st.message ?? ''}`)
-    return (t1 - t0) / 1000
-  }
-  try {
-    const warmEnd = Date.now() + warmupSeconds * 1000
-    let lastYield = Date.now()
-    while (Date.now() < warmEnd) one()
-    const meter = cpuMeter(rig.target)
-    meter.begin()
-    const deadline = Date.now() + options.latencyMaxSeconds * 1000
-    while (samples.length < options.latencyOps && Date.now() < deadline) {
-      samples.push(one())
-      // Spinning blocks the event loop; give it a turn every 10 ms (outside any timed op).
-      if (Date.now() - lastYield > 10) {
-        await yieldToLoop()
-        lastYield = Date.now()
-      }
-    }
-    return { samples, cpu: await meter.end() }
-  } finally {
-    try {
-      engine.freeBatch(batch)
-    } catch {
-      // engine closing
-    }
-  }
 }
 
 interface LatencyPhase {
@@ -710,9 +311,6 @@ async function latencyPhase(rig: Rig, bytes: number): Promise<LatencyPhase> {
   return phase
 }
 
-const latencyMethodLabel = (m: Method) =>
-  m === 'promise' ? 'promise (await engine.read)' : 'batch (submitTransfer + spin on getTransferStatus)'
-
 function latencyRecord(phase: LatencyPhase, bytes: number, spanBytes: number, options: SuiteOptions): CaseRecord {
   const p50s = (runs: Array<number[] | undefined>) =>
     Array.from({ length: options.repeat }, (_, r) => {
@@ -773,6 +371,10 @@ function latencyRecord(phase: LatencyPhase, bytes: number, spanBytes: number, op
     host_load: phase.hostLoad,
   }
   const errors = [...METHODS.flatMap((m) => roundErrors(phase.engine[m], m)), ...roundErrors(phase.base, 'baseline')]
+  const seen = mergeTallies(METHODS.flatMap((m) => phase.engine[m].filter(isResult).map((x) => x.transports)))
+  record.tasks_by_transport = seen
+  const other = unexpectedTransports(seen, 'tcp')
+  if (other) errors.unshift(`transport: expected every task over tcp, saw ${other}`)
   if (errors.length) record.error = errors.join('; ')
   return record
 }
@@ -790,7 +392,9 @@ export async function tcpSuite(options: SuiteOptions): Promise<CaseRecord[]> {
   const target = await startTarget(regionBytes)
   let engine: Engine | undefined
   try {
-    engine = await Engine.create({ listen: '127.0.0.1:0' })
+    // The target is on this host: with the default transports (['shm', 'tcp']) the engine
+    // would serve it over shm. This suite measures tcp, so tcp is the only one enabled here.
+    engine = await Engine.create({ listen: '127.0.0.1:0', transports: ['tcp'] })
     const local = engine.allocate(regionBytes)
     local.buffer.fill(0x3c) // fault every page in before anything is timed
     const remote = await engine.openSegment(target.segment)

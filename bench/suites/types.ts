@@ -29,6 +29,18 @@ export interface SuiteOptions {
   coldWorkingSetBytes: number
   /** Whether to measure the `-cold` throughput cases. */
   cold: boolean
+  /**
+   * `shm` suite: bytes of the working set on each side (a multiple of 1 MiB, pre-touched)
+   * that its 1 MiB requests cycle through, and of each of the memcpy baseline's source and
+   * destination; the 4 KiB latency writes span it too.
+   */
+  shmWorkingSetBytes: number
+  /** `failover` suite: bytes of the working set on each side (a multiple of 1 MiB, pre-touched). */
+  failoverWorkingSetBytes: number
+  /** `failover` suite: share of shm completions reported FAILED (corruptCompletionRate). */
+  faultRate: number
+  /** `failover` suite: seed of the fault injection. */
+  faultSeed: number
   /** Rounds per case; each round measures the engine and its baseline back to back. */
   repeat: number
   /**
