@@ -416,6 +416,15 @@ impl Engine {
         WeakEngine(Arc::downgrade(&self.inner))
     }
 
+    /// A lookup that failed while `close` ran reports `Closed`, not the empty table.
+    fn or_closed(&self, e: Error) -> Error {
+        if self.is_closed() {
+            Error::Closed
+        } else {
+            e
+        }
+    }
+
     /// Whether `close` has been called.
     pub fn is_closed(&self) -> bool {
         self.inner.state.load(Ordering::Acquire) != OPEN
@@ -629,7 +638,11 @@ impl Engine {
     /// of the first new task. On any error nothing is submitted.
     pub fn submit_transfer(&self, batch: u64, requests: &[Request]) -> Result<usize> {
         self.check_open()?;
-        let b = self.inner.batches.get(batch)?;
+        let b = self
+            .inner
+            .batches
+            .get(batch)
+            .map_err(|e| self.or_closed(e))?;
         b.check_room(batch, requests.len())?;
         let prepared = self.prepare(requests)?;
         let tasks = self.make_tasks(prepared, None, Observer::Poll);
@@ -641,7 +654,11 @@ impl Engine {
     /// Status of one task.
     pub fn transfer_status(&self, batch: u64, task: usize) -> Result<TaskSnapshot> {
         self.check_open()?;
-        let b = self.inner.batches.get(batch)?;
+        let b = self
+            .inner
+            .batches
+            .get(batch)
+            .map_err(|e| self.or_closed(e))?;
         b.task(task)
             .map(|t| t.snapshot())
             .ok_or(Error::InvalidTask {
@@ -653,13 +670,23 @@ impl Engine {
     /// Status of every task of a batch.
     pub fn transfer_status_list(&self, batch: u64) -> Result<Vec<TaskSnapshot>> {
         self.check_open()?;
-        Ok(self.inner.batches.get(batch)?.snapshots())
+        let b = self
+            .inner
+            .batches
+            .get(batch)
+            .map_err(|e| self.or_closed(e))?;
+        Ok(b.snapshots())
     }
 
     /// Aggregate status of a batch.
     pub fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
         self.check_open()?;
-        let (status, transferred, tasks) = self.inner.batches.get(batch)?.status();
+        let b = self
+            .inner
+            .batches
+            .get(batch)
+            .map_err(|e| self.or_closed(e))?;
+        let (status, transferred, tasks) = b.status();
         Ok(BatchSnapshot {
             status,
             transferred,
@@ -670,7 +697,11 @@ impl Engine {
     /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
     pub fn free_batch(&self, batch: u64) -> Result<()> {
         self.check_open()?;
-        let b = self.inner.batches.free(batch)?;
+        let b = self
+            .inner
+            .batches
+            .free(batch)
+            .map_err(|e| self.or_closed(e))?;
         for t in b.tasks() {
             t.finish(TransferStatus::Canceled, Some(Error::Canceled));
         }

@@ -1,0 +1,58 @@
+//! # ferry-bench
+//!
+//! tebench's engine room: a task [`gate`] that drives N native worker threads one case at a
+//! time, benchmark [`worker`]s that loop allocate → submit → poll (with backoff) → free
+//! through ferry-core's public API, and the [`report`] columns of Mooncake's tebench.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use ferry_bench::{bench_gate, BenchSpec, GateHooks, ReportRow, RunError, Stripe};
+//! use ferry_core::{Engine, EngineConfig, Opcode};
+//!
+//! let target = Engine::new(EngineConfig::default())?;
+//! let remote = target.allocate(8 << 20)?;
+//! let initiator = Engine::new(EngineConfig::default())?;
+//! let local = initiator.allocate(8 << 20)?;
+//! let seg = initiator.open_segment_blocking(target.segment_name())?;
+//! let gate = bench_gate(initiator.clone(), 2, GateHooks::default())?;
+//! let spec = BenchSpec {
+//!     opcode: Opcode::Write, block_size: 64 << 10, batch_size: 1, local: local.id(),
+//!     segment: seg.handle, peer: seg.name, remote_buffer: remote.id(),
+//!     stripe: Stripe { base: 0, len: 4 << 20 }, transport: None,
+//!     duration: Duration::from_secs(1), warmup: Duration::from_millis(100),
+//!     request_interval_us: 0, stall_timeout: ferry_bench::DEFAULT_STALL_TIMEOUT,
+//! };
+//! match gate.run(spec.clone()) {
+//!     Ok(stats) => {
+//!         let row = ReportRow::from_stats(spec.block_size, spec.batch_size, &stats)?;
+//!         println!("{}\n{}", ReportRow::header(), row.to_line());
+//!     }
+//!     Err(RunError::Failed(f)) => eprintln!("{f}"),
+//!     Err(RunError::Stopped { .. }) => eprintln!("interrupted"),
+//! }
+//! gate.stop();
+//! initiator.close();
+//! target.close();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Thread safety: a [`Gate`] is `Send + Sync`; `run` calls are serialized, `stop` may come
+//! from any other thread. Worker functions run on the gate's threads and must return once
+//! their [`StopSignal`] is raised (bench workers check it between polls).
+//!
+//! Resources: [`Gate::stop`] (or dropping the gate) joins every worker thread; bench
+//! workers free each batch they allocate, on every path. Nothing in this crate exits the
+//! process: failures come back as values ([`Failure`]) for the caller to report.
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod gate;
+pub mod report;
+pub mod worker;
+
+pub use gate::{Failure, Gate, GateHooks, Hook, Retirements, RunError, StopSignal, WorkerFn};
+pub use report::ReportRow;
+pub use worker::{
+    bench_gate, run_worker, Backoff, BenchGate, BenchSpec, OffsetCycle, Pause, Stripe, WorkerStats,
+    DEFAULT_STALL_TIMEOUT,
+};

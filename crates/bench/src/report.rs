@@ -1,0 +1,245 @@
+//! tebench's result columns, computed from merged worker stats with the formulas of
+//! Mooncake's tebench, so that numbers compare directly.
+//!
+//! With `ops` = all measured operations over all threads and `wall` = each thread's
+//! measured wall time:
+//! - BW = block × batch × ops / mean(wall), in 10^9 B/s;
+//! - Avg Inst GB/s = mean over operations of block × batch / that operation's time;
+//! - Avg Lat = mean(wall) × threads / ops (pacing included);
+//! - Avg Tx, P99 Tx, P999 Tx = mean and percentiles of the operation time, submit to
+//!   completion (batch allocation and free are outside the timer).
+//!
+//! A case with no operations reports zeros rather than NaN or infinity.
+
+use serde::Serialize;
+
+use crate::worker::WorkerStats;
+
+/// One result row: a (block size, batch size) case.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReportRow {
+    /// Bytes per request.
+    pub block_size: u64,
+    /// Requests per batch.
+    pub batch_size: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Measured operations over all threads.
+    pub ops: u64,
+    /// BW (GB/S): block × batch × ops / mean per-thread wall time, 10^9 B/s.
+    pub bw_gbps: f64,
+    /// Avg Inst GB/s: mean over operations of block × batch / operation time.
+    pub avg_inst_gbps: f64,
+    /// Avg Lat (us): mean per-thread wall time × threads / ops.
+    pub avg_lat_us: f64,
+    /// Avg Tx (us): mean operation time.
+    pub avg_tx_us: f64,
+    /// P99 Tx (us).
+    pub p99_tx_us: f64,
+    /// P999 Tx (us).
+    pub p999_tx_us: f64,
+}
+
+impl ReportRow {
+    /// Column headers, with their units, as tebench prints them.
+    pub const COLUMNS: [&'static str; 8] = [
+        "BlkSize (B)",
+        "Batch",
+        "BW (GB/S)",
+        "Avg Inst GB/s",
+        "Avg Lat (us)",
+        "Avg Tx (us)",
+        "P99 Tx (us)",
+        "P999 Tx (us)",
+    ];
+
+    /// Computes the row for a case from every worker's stats (already merged or not:
+    /// [`WorkerStats::workers`] says how many threads each entry stands for).
+    ///
+    /// # Errors
+    /// If the histograms cannot be merged (never for stats from [`WorkerStats::new`]).
+    pub fn from_stats(
+        block_size: u64,
+        batch_size: usize,
+        stats: &[WorkerStats],
+    ) -> Result<Self, hdrhistogram::AdditionError> {
+        Ok(match WorkerStats::merge_all(stats)? {
+            Some(merged) => Self::from_merged(block_size, batch_size, &merged),
+            None => Self::from_parts(block_size, batch_size, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0),
+        })
+    }
+
+    /// Computes the row from stats merged over every thread.
+    pub fn from_merged(block_size: u64, batch_size: usize, merged: &WorkerStats) -> Self {
+        let ns_to_us = |ns: u64| ns as f64 / 1e3;
+        Self::from_parts(
+            block_size,
+            batch_size,
+            merged.workers,
+            merged.ops,
+            merged.wall.as_secs_f64(),
+            merged.tx_total.as_secs_f64(),
+            merged.inst_bps_sum,
+            ns_to_us(merged.tx_ns.value_at_quantile(0.99)),
+            ns_to_us(merged.tx_ns.value_at_quantile(0.999)),
+        )
+    }
+
+    /// The formulas, on plain numbers: `wall_sum_s` is the sum of per-thread wall times,
+    /// `tx_sum_s` the sum of operation times, `inst_bps_sum` the sum over operations of
+    /// bytes / operation time.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_parts(
+        block_size: u64,
+        batch_size: usize,
+        threads: usize,
+        ops: u64,
+        wall_sum_s: f64,
+        tx_sum_s: f64,
+        inst_bps_sum: f64,
+        p99_tx_us: f64,
+        p999_tx_us: f64,
+    ) -> Self {
+        let op_bytes = block_size as f64 * batch_size as f64;
+        let mean_wall_s = if threads == 0 {
+            0.0
+        } else {
+            wall_sum_s / threads as f64
+        };
+        let per_op = |total: f64| if ops == 0 { 0.0 } else { total / ops as f64 };
+        let bw_gbps = if mean_wall_s > 0.0 {
+            op_bytes * ops as f64 / mean_wall_s / 1e9
+        } else {
+            0.0
+        };
+        Self {
+            block_size,
+            batch_size,
+            threads,
+            ops,
+            bw_gbps,
+            avg_inst_gbps: per_op(inst_bps_sum) / 1e9,
+            avg_lat_us: per_op(mean_wall_s * threads as f64) * 1e6,
+            avg_tx_us: per_op(tx_sum_s) * 1e6,
+            p99_tx_us: if ops == 0 { 0.0 } else { p99_tx_us },
+            p999_tx_us: if ops == 0 { 0.0 } else { p999_tx_us },
+        }
+    }
+
+    /// The header line for [`ReportRow::to_line`].
+    pub fn header() -> String {
+        let c = Self::COLUMNS;
+        format!(
+            "{:>12} {:>6} {:>10} {:>14} {:>13} {:>12} {:>12} {:>13}",
+            c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
+        )
+    }
+
+    /// The row as text, aligned under [`ReportRow::header`].
+    pub fn to_line(&self) -> String {
+        format!(
+            "{:>12} {:>6} {:>10.3} {:>14.3} {:>13.1} {:>12.1} {:>12.1} {:>13.1}",
+            self.block_size,
+            self.batch_size,
+            self.bw_gbps,
+            self.avg_inst_gbps,
+            self.avg_lat_us,
+            self.avg_tx_us,
+            self.p99_tx_us,
+            self.p999_tx_us
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn close(a: f64, b: f64, tol: f64) -> bool {
+        (a - b).abs() <= tol * b.abs().max(1e-12)
+    }
+
+    #[test]
+    fn formulas_on_hand_computed_numbers() {
+        // 2 threads, block 4096, batch 2 (8192 B per op).
+        // Thread A: 3 ops of 10, 20, 30 µs; wall 1 ms.
+        // Thread B: 1 op of 40 µs;          wall 3 ms.
+        let mut a = WorkerStats::new().expect("stats");
+        for us in [10, 20, 30] {
+            a.record(8192, Duration::from_micros(us));
+        }
+        a.wall = Duration::from_millis(1);
+        let mut b = WorkerStats::new().expect("stats");
+        b.record(8192, Duration::from_micros(40));
+        b.wall = Duration::from_millis(3);
+        let row = ReportRow::from_stats(4096, 2, &[a, b]).expect("row");
+
+        assert_eq!(row.threads, 2);
+        assert_eq!(row.ops, 4);
+        // mean wall = 2 ms; BW = 8192 × 4 / 0.002 s = 16_384_000 B/s = 0.016384 GB/s.
+        assert!(close(row.bw_gbps, 0.016_384, 1e-9), "{}", row.bw_gbps);
+        // inst = 8192/10µs + 8192/20µs + 8192/30µs + 8192/40µs
+        //      = 819.2e6 + 409.6e6 + 273.0667e6 + 204.8e6 = 1706.6667e6 B/s; / 4 ops
+        //      = 426.6667e6 B/s = 0.4266667 GB/s.
+        assert!(
+            close(row.avg_inst_gbps, 0.426_666_67, 1e-6),
+            "{}",
+            row.avg_inst_gbps
+        );
+        // Avg Lat = 2 ms × 2 / 4 = 1 ms = 1000 µs.
+        assert!(close(row.avg_lat_us, 1000.0, 1e-9), "{}", row.avg_lat_us);
+        // Avg Tx = (10 + 20 + 30 + 40) / 4 = 25 µs.
+        assert!(close(row.avg_tx_us, 25.0, 1e-9), "{}", row.avg_tx_us);
+        // With 4 samples the 99th and 99.9th percentiles are the largest one, 40 µs,
+        // within the histogram's 3 significant digits.
+        assert!(close(row.p99_tx_us, 40.0, 1e-3), "{}", row.p99_tx_us);
+        assert!(close(row.p999_tx_us, 40.0, 1e-3), "{}", row.p999_tx_us);
+    }
+
+    #[test]
+    fn percentiles_over_a_thousand_operations() {
+        // 1000 ops of 1..=1000 µs on one thread: P99 = 990 µs, P999 = 999 µs.
+        let mut s = WorkerStats::new().expect("stats");
+        for us in 1..=1000 {
+            s.record(4096, Duration::from_micros(us));
+        }
+        s.wall = Duration::from_secs(1);
+        let row = ReportRow::from_stats(4096, 1, &[s]).expect("row");
+        assert!(close(row.p99_tx_us, 990.0, 1e-3), "{}", row.p99_tx_us);
+        assert!(close(row.p999_tx_us, 999.0, 1e-3), "{}", row.p999_tx_us);
+        // Avg Tx = 500.5 µs; BW = 4096 × 1000 / 1 s = 4.096e6 B/s.
+        assert!(close(row.avg_tx_us, 500.5, 1e-9));
+        assert!(close(row.bw_gbps, 0.004_096, 1e-9));
+    }
+
+    #[test]
+    fn no_operations_give_zeros_not_nan() {
+        let row = ReportRow::from_stats(4096, 1, &[]).expect("row");
+        assert_eq!(row.ops, 0);
+        assert_eq!(row.bw_gbps, 0.0);
+        assert_eq!(row.avg_lat_us, 0.0);
+        let mut idle = WorkerStats::new().expect("stats");
+        idle.wall = Duration::from_secs(1);
+        let row = ReportRow::from_stats(4096, 1, &[idle]).expect("row");
+        for v in [
+            row.bw_gbps,
+            row.avg_inst_gbps,
+            row.avg_lat_us,
+            row.avg_tx_us,
+            row.p99_tx_us,
+            row.p999_tx_us,
+        ] {
+            assert_eq!(v, 0.0);
+        }
+    }
+
+    #[test]
+    fn text_row_lines_up_with_the_header() {
+        let row = ReportRow::from_parts(4096, 1, 1, 10, 1.0, 0.001, 4.096e10, 150.0, 200.0);
+        let (h, l) = (ReportRow::header(), row.to_line());
+        assert_eq!(h.len(), l.len(), "\n{h}\n{l}");
+        assert!(h.contains("BW (GB/S)") && h.contains("P999 Tx (us)"));
+    }
+}

@@ -1,0 +1,657 @@
+//! Benchmark workers over ferry-core's public batch API.
+//!
+//! Each worker loops allocate_batch → submit_transfer → poll batch_status (with backoff) →
+//! free_batch, timing each operation from submit to completion. COMPLETED ends an
+//! operation; any other terminal status, an engine error, or a poll that sees no progress
+//! for [`BenchSpec::stall_timeout`] ends the worker with a [`Failure`] naming the status,
+//! transport, peer and request. Nothing here exits, panics on engine input, or spins
+//! without bound.
+//!
+//! The pure parts — the offset cycle over a stripe, the backoff schedule and the stats
+//! arithmetic — take no clock or engine and are tested on their own.
+
+use std::time::{Duration, Instant};
+
+use ferry_core::{Engine, Error, Opcode, RegionId, Request, TransferStatus, TransportKind};
+use hdrhistogram::Histogram;
+
+use crate::gate::{Failure, Gate, GateHooks, StopSignal};
+
+/// Where worker `i` works: bytes `[base + i·len, base + (i+1)·len)` of both the local
+/// region and the remote buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stripe {
+    /// Offset of worker 0's stripe.
+    pub base: u64,
+    /// Bytes per worker.
+    pub len: u64,
+}
+
+/// One benchmark case, handed to every worker of a gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchSpec {
+    /// READ or WRITE.
+    pub opcode: Opcode,
+    /// Bytes per request.
+    pub block_size: u64,
+    /// Requests per batch (one operation).
+    pub batch_size: usize,
+    /// Local region the data moves from (WRITE) or into (READ).
+    pub local: RegionId,
+    /// Handle of the opened target segment.
+    pub segment: u64,
+    /// The target's segment name (for failure reports).
+    pub peer: String,
+    /// Buffer id inside the target segment.
+    pub remote_buffer: u64,
+    /// Per-worker stripes of both buffers.
+    pub stripe: Stripe,
+    /// Pin every request to this transport (tebench's `--xport_type`).
+    pub transport: Option<TransportKind>,
+    /// Measured time per worker.
+    pub duration: Duration,
+    /// Unmeasured time before it.
+    pub warmup: Duration,
+    /// Pause before each batch, in µs (tebench's `--request_interval_us`); counted in the
+    /// worker's wall time, not in the operation's.
+    pub request_interval_us: u64,
+    /// An operation that shows no progress for this long fails with TIMEOUT.
+    pub stall_timeout: Duration,
+}
+
+/// Default [`BenchSpec::stall_timeout`].
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl BenchSpec {
+    /// Bytes one operation moves.
+    pub fn op_bytes(&self) -> u64 {
+        self.block_size.saturating_mul(self.batch_size as u64)
+    }
+
+    /// Checks that a batch fits in a stripe and that the stripes are addressable.
+    ///
+    /// # Errors
+    /// An INVALID [`Failure`] naming the bad parameter.
+    pub fn check(&self, workers: usize) -> Result<(), Failure> {
+        let invalid = |why: String| Err(Failure::new(TransferStatus::Invalid, why));
+        if self.block_size == 0 || self.batch_size == 0 {
+            return invalid(format!(
+                "block size and batch size must be > 0 (got {} and {})",
+                self.block_size, self.batch_size
+            ));
+        }
+        let need = self.block_size.checked_mul(self.batch_size as u64);
+        if need.is_none_or(|n| n > self.stripe.len) {
+            return invalid(format!(
+                "{} × {} B does not fit in a {} B stripe",
+                self.batch_size, self.block_size, self.stripe.len
+            ));
+        }
+        let end = (workers as u64)
+            .checked_mul(self.stripe.len)
+            .and_then(|n| n.checked_add(self.stripe.base));
+        if end.is_none() {
+            return invalid(format!(
+                "{workers} stripes of {} B overflow",
+                self.stripe.len
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Cycles block-sized offsets through one stripe: each batch takes the next `batch`
+/// positions, wrapping at the stripe's end. Offsets within a batch never overlap as long
+/// as `block × batch ≤ stripe len`.
+#[derive(Debug, Clone)]
+pub struct OffsetCycle {
+    start: u64,
+    block: u64,
+    positions: u64,
+    next: u64,
+}
+
+impl OffsetCycle {
+    /// The cycle of worker `slot` for `spec` (call [`BenchSpec::check`] first).
+    pub fn new(spec: &BenchSpec, slot: usize) -> Self {
+        let start = spec
+            .stripe
+            .base
+            .saturating_add((slot as u64).saturating_mul(spec.stripe.len));
+        let block = spec.block_size.max(1);
+        Self {
+            start,
+            block,
+            positions: (spec.stripe.len / block).max(1),
+            next: 0,
+        }
+    }
+
+    /// The next offset.
+    pub fn next_offset(&mut self) -> u64 {
+        let off = self.start + self.next * self.block;
+        self.next = (self.next + 1) % self.positions;
+        off
+    }
+}
+
+/// What a poller does before its next poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// Busy-wait this many spin-loop hints.
+    Spin(u32),
+    /// Yield the CPU once.
+    Yield,
+    /// Sleep.
+    Sleep(Duration),
+}
+
+/// Polls spinning first: a few short spins, then yields, then sleeps that double up to
+/// [`Backoff::MAX_SLEEP`]. Never a tight loop that starves the peer on a small machine.
+///
+/// A sleep is also capped at [`Backoff::SLEEP_FRACTION`] of the time already waited, so
+/// that a poller oversleeps a completion by at most about that fraction of the operation
+/// (plus the OS timer slack) instead of up to a whole `MAX_SLEEP`: that keeps measured
+/// operation times and bandwidth honest for operations of a few hundred microseconds.
+#[derive(Debug, Clone, Default)]
+pub struct Backoff {
+    step: u32,
+}
+
+impl Backoff {
+    /// Polls that spin.
+    pub const SPINS: u32 = 6;
+    /// Polls that yield, after the spins.
+    pub const YIELDS: u32 = 16;
+    /// First sleep.
+    pub const MIN_SLEEP: Duration = Duration::from_micros(8);
+    /// Longest sleep.
+    pub const MAX_SLEEP: Duration = Duration::from_millis(1);
+    /// A sleep is at most `waited / SLEEP_FRACTION` (but never below `MIN_SLEEP`).
+    pub const SLEEP_FRACTION: u32 = 8;
+
+    /// Starts again from spinning.
+    pub fn reset(&mut self) {
+        self.step = 0;
+    }
+
+    /// The pause before the next poll, `waited` after the operation started.
+    pub fn next_pause(&mut self, waited: Duration) -> Pause {
+        let step = self.step;
+        self.step = self.step.saturating_add(1);
+        if step < Self::SPINS {
+            return Pause::Spin(1 << (step + 2));
+        }
+        if step < Self::SPINS + Self::YIELDS {
+            return Pause::Yield;
+        }
+        let doublings = (step - Self::SPINS - Self::YIELDS).min(16);
+        let doubled = Self::MIN_SLEEP
+            .saturating_mul(1 << doublings)
+            .min(Self::MAX_SLEEP);
+        let share = (waited / Self::SLEEP_FRACTION).max(Self::MIN_SLEEP);
+        Pause::Sleep(doubled.min(share))
+    }
+
+    /// Waits before the next poll, `waited` after the operation started.
+    pub fn wait(&mut self, waited: Duration) {
+        match self.next_pause(waited) {
+            Pause::Spin(n) => (0..n).for_each(|_| std::hint::spin_loop()),
+            Pause::Yield => std::thread::yield_now(),
+            Pause::Sleep(d) => std::thread::sleep(d),
+        }
+    }
+}
+
+/// Histogram bounds: operation times in nanoseconds, 1 ns to 1 hour, 3 significant digits.
+const HIST_LOW_NS: u64 = 1;
+const HIST_HIGH_NS: u64 = 3_600_000_000_000;
+const HIST_SIGFIG: u8 = 3;
+
+/// One worker's measurements (or several workers' after [`WorkerStats::merge`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerStats {
+    /// Workers merged into these stats (1 for one worker's).
+    pub workers: usize,
+    /// Measured operations (batches) that completed.
+    pub ops: u64,
+    /// Bytes those operations moved.
+    pub bytes: u64,
+    /// Sum over workers of measured wall time (pacing included).
+    pub wall: Duration,
+    /// Sum of operation times (submit to completion).
+    pub tx_total: Duration,
+    /// Operation times in nanoseconds. Recorded in ns rather than µs so that
+    /// few-microsecond shared-memory operations keep three significant digits.
+    pub tx_ns: Histogram<u64>,
+    /// Sum over operations of bytes / operation time, in B/s ("Avg Inst GB/s").
+    pub inst_bps_sum: f64,
+}
+
+impl WorkerStats {
+    /// Empty stats of one worker.
+    ///
+    /// # Errors
+    /// Only if the histogram cannot be created (its bounds are constants, so never).
+    pub fn new() -> Result<Self, hdrhistogram::CreationError> {
+        Ok(Self {
+            workers: 1,
+            ops: 0,
+            bytes: 0,
+            wall: Duration::ZERO,
+            tx_total: Duration::ZERO,
+            tx_ns: Histogram::new_with_bounds(HIST_LOW_NS, HIST_HIGH_NS, HIST_SIGFIG)?,
+            inst_bps_sum: 0.0,
+        })
+    }
+
+    /// Records one completed operation of `bytes` that took `took`.
+    pub fn record(&mut self, bytes: u64, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.ops += 1;
+        self.bytes = self.bytes.saturating_add(bytes);
+        self.tx_total = self.tx_total.saturating_add(took);
+        self.tx_ns.saturating_record(ns);
+        self.inst_bps_sum += bytes as f64 / (ns as f64 * 1e-9);
+    }
+
+    /// Adds `other` (another worker) into these stats.
+    ///
+    /// # Errors
+    /// If `other`'s histogram does not fit this one's range (histograms made by
+    /// [`WorkerStats::new`] always fit).
+    pub fn merge(&mut self, other: &WorkerStats) -> Result<(), hdrhistogram::AdditionError> {
+        self.tx_ns.add(&other.tx_ns)?;
+        self.workers += other.workers;
+        self.ops += other.ops;
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.wall = self.wall.saturating_add(other.wall);
+        self.tx_total = self.tx_total.saturating_add(other.tx_total);
+        self.inst_bps_sum += other.inst_bps_sum;
+        Ok(())
+    }
+
+    /// Merges every worker's stats into one. `None` for an empty slice.
+    ///
+    /// # Errors
+    /// As [`WorkerStats::merge`].
+    pub fn merge_all(
+        stats: &[WorkerStats],
+    ) -> Result<Option<WorkerStats>, hdrhistogram::AdditionError> {
+        let mut iter = stats.iter();
+        let Some(first) = iter.next() else {
+            return Ok(None);
+        };
+        let mut merged = first.clone();
+        for s in iter {
+            merged.merge(s)?;
+        }
+        Ok(Some(merged))
+    }
+}
+
+/// A bench gate: every worker runs [`run_worker`] on `engine` for each [`BenchSpec`].
+pub type BenchGate = Gate<BenchSpec, WorkerStats>;
+
+/// Starts a gate of `threads` benchmark workers on `engine`.
+///
+/// # Errors
+/// As [`Gate::start`].
+pub fn bench_gate(engine: Engine, threads: usize, hooks: GateHooks) -> std::io::Result<BenchGate> {
+    Gate::start_with_hooks(threads, hooks, move |slot, spec: BenchSpec, stop| {
+        run_worker(&engine, slot, &spec, stop)
+    })
+}
+
+/// Runs one benchmark worker: warm-up, then `spec.duration` of measured operations.
+/// Returns early (with the stats so far) once `stop` is raised.
+///
+/// # Errors
+/// A [`Failure`] when an operation ends other than COMPLETED, an engine call fails, or an
+/// operation stalls for `spec.stall_timeout`.
+pub fn run_worker(
+    engine: &Engine,
+    slot: usize,
+    spec: &BenchSpec,
+    stop: &StopSignal,
+) -> Result<WorkerStats, Failure> {
+    spec.check(slot + 1)?;
+    let mut stats = WorkerStats::new()
+        .map_err(|e| Failure::new(TransferStatus::Failed, format!("histogram: {e}")))?;
+    let mut op = Operation::new(engine, slot, spec);
+
+    let warm_end = Instant::now() + spec.warmup;
+    while Instant::now() < warm_end {
+        pace(spec);
+        if stop.is_raised() || op.run(stop)?.is_none() {
+            return Ok(stats);
+        }
+    }
+    let started = Instant::now();
+    let end = started + spec.duration;
+    let bytes = spec.op_bytes();
+    while Instant::now() < end {
+        pace(spec);
+        if stop.is_raised() {
+            break;
+        }
+        match op.run(stop)? {
+            Some(took) => stats.record(bytes, took),
+            None => break,
+        }
+    }
+    stats.wall = started.elapsed();
+    Ok(stats)
+}
+
+fn pace(spec: &BenchSpec) {
+    if spec.request_interval_us > 0 {
+        std::thread::sleep(Duration::from_micros(spec.request_interval_us));
+    }
+}
+
+/// One worker's reusable operation state: its requests and offset cycle.
+struct Operation<'a> {
+    engine: &'a Engine,
+    spec: &'a BenchSpec,
+    slot: usize,
+    cycle: OffsetCycle,
+    requests: Vec<Request>,
+}
+
+impl<'a> Operation<'a> {
+    fn new(engine: &'a Engine, slot: usize, spec: &'a BenchSpec) -> Self {
+        let template = Request {
+            opcode: spec.opcode,
+            local: spec.local,
+            local_offset: 0,
+            segment: spec.segment,
+            remote_buffer: spec.remote_buffer,
+            remote_offset: 0,
+            length: spec.block_size,
+            transport: spec.transport,
+            require_transport: spec.transport.is_some(),
+        };
+        Self {
+            engine,
+            spec,
+            slot,
+            cycle: OffsetCycle::new(spec, slot),
+            requests: vec![template; spec.batch_size],
+        }
+    }
+
+    /// Runs one batch to completion. `Ok(None)` when `stop` was raised while polling (the
+    /// batch is freed, which cancels what is left of it).
+    fn run(&mut self, stop: &StopSignal) -> Result<Option<Duration>, Failure> {
+        for r in &mut self.requests {
+            let off = self.cycle.next_offset();
+            r.local_offset = off;
+            r.remote_offset = off;
+        }
+        let batch = self
+            .engine
+            .allocate_batch(self.requests.len())
+            .map_err(|e| self.engine_failure(&e, "allocate_batch", None))?;
+        let submitted = Instant::now();
+        if let Err(e) = self.engine.submit_transfer(batch, &self.requests) {
+            let _ = self.engine.free_batch(batch);
+            return Err(self.engine_failure(&e, "submit_transfer", self.requests.first()));
+        }
+        let mut backoff = Backoff::default();
+        let mut progress = (0u64, Instant::now());
+        let took = loop {
+            let snap = match self.engine.batch_status(batch) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = self.engine.free_batch(batch);
+                    return Err(self.engine_failure(&e, "batch_status", self.requests.first()));
+                }
+            };
+            if snap.status == TransferStatus::Completed {
+                break submitted.elapsed();
+            }
+            if snap.status.is_terminal() {
+                return Err(self.task_failure(batch, snap.status, None));
+            }
+            let now = Instant::now();
+            if snap.transferred > progress.0 {
+                progress = (snap.transferred, now);
+            } else if now.duration_since(progress.1) >= self.spec.stall_timeout {
+                let why = format!(
+                    "no progress for {:.1} s ({} of {} B moved)",
+                    self.spec.stall_timeout.as_secs_f64(),
+                    snap.transferred,
+                    self.spec.op_bytes()
+                );
+                return Err(self.task_failure(batch, TransferStatus::Timeout, Some(why)));
+            }
+            if stop.is_raised() {
+                let _ = self.engine.free_batch(batch);
+                return Ok(None);
+            }
+            backoff.wait(now.duration_since(submitted));
+        };
+        self.engine
+            .free_batch(batch)
+            .map_err(|e| self.engine_failure(&e, "free_batch", None))?;
+        Ok(Some(took))
+    }
+
+    fn describe(&self, r: &Request, task: Option<usize>) -> String {
+        let op = match r.opcode {
+            Opcode::Read => "READ",
+            Opcode::Write => "WRITE",
+        };
+        let task = task.map(|t| format!("task {t}: ")).unwrap_or_default();
+        format!(
+            "{task}{op} {} B, local region {} @ {}, {} buffer {} @ {}",
+            r.length, r.local, r.local_offset, self.spec.peer, r.remote_buffer, r.remote_offset
+        )
+    }
+
+    fn engine_failure(&self, e: &Error, call: &str, request: Option<&Request>) -> Failure {
+        // An engine that is closing can answer a call that raced with `close` with the
+        // error of a lookup that the close emptied (an unknown batch); report the cause.
+        let (status, code, reason) = if self.engine.is_closed() && *e != Error::Closed {
+            (
+                TransferStatus::Canceled,
+                Error::Closed.code(),
+                format!("{} ({call} answered: {e})", Error::Closed),
+            )
+        } else {
+            (e.status(), e.code(), e.to_string())
+        };
+        Failure {
+            worker: Some(self.slot),
+            status,
+            code: Some(code.to_string()),
+            transport: self.spec.transport,
+            peer: self.spec.peer.clone(),
+            request: match request {
+                Some(r) => format!(
+                    "{call} of {} request(s), first: {}",
+                    self.requests.len(),
+                    self.describe(r, None)
+                ),
+                None => call.to_string(),
+            },
+            reason,
+        }
+    }
+
+    /// A failure for a batch that ended `status` (or stalled): the first task that did not
+    /// complete names the transport and the reason. Frees the batch.
+    fn task_failure(&self, batch: u64, status: TransferStatus, stalled: Option<String>) -> Failure {
+        let list = self.engine.transfer_status_list(batch);
+        let freed = self.engine.free_batch(batch);
+        let (index, snap) = match &list {
+            Ok(list) => match list
+                .iter()
+                .enumerate()
+                .find(|(_, s)| s.status != TransferStatus::Completed)
+            {
+                Some((i, s)) => (Some(i), Some(s)),
+                None => (None, None),
+            },
+            Err(_) => (None, None),
+        };
+        let request = index
+            .and_then(|i| self.requests.get(i).map(|r| self.describe(r, Some(i))))
+            .unwrap_or_else(|| format!("batch of {} request(s)", self.requests.len()));
+        let mut reason = match (stalled, snap.and_then(|s| s.error.as_ref())) {
+            (Some(why), _) => why,
+            (None, Some(e)) => e.to_string(),
+            (None, None) => format!("batch ended {status}"),
+        };
+        if let Err(e) = freed {
+            reason.push_str(&format!(" (free_batch: {e})"));
+        }
+        Failure {
+            worker: Some(self.slot),
+            status,
+            code: snap
+                .and_then(|s| s.error.as_ref())
+                .map(|e| e.code().to_string()),
+            transport: snap.and_then(|s| s.transport).or(self.spec.transport),
+            peer: self.spec.peer.clone(),
+            request,
+            reason,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(block: u64, batch: usize, stripe: Stripe) -> BenchSpec {
+        BenchSpec {
+            opcode: Opcode::Write,
+            block_size: block,
+            batch_size: batch,
+            local: 1,
+            segment: 1,
+            peer: "127.0.0.1:1".into(),
+            remote_buffer: 0,
+            stripe,
+            transport: None,
+            duration: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+            request_interval_us: 0,
+            stall_timeout: DEFAULT_STALL_TIMEOUT,
+        }
+    }
+
+    #[test]
+    fn offsets_cycle_within_the_stripe() {
+        let s = spec(
+            4096,
+            2,
+            Stripe {
+                base: 1 << 20,
+                len: 3 * 4096 + 100,
+            },
+        );
+        let mut c = OffsetCycle::new(&s, 2);
+        let start = (1 << 20) + 2 * (3 * 4096 + 100);
+        let got: Vec<u64> = (0..7).map(|_| c.next_offset() - start).collect();
+        assert_eq!(got, [0, 4096, 8192, 0, 4096, 8192, 0]);
+    }
+
+    #[test]
+    fn spec_check_refuses_what_does_not_fit() {
+        let stripe = Stripe { base: 0, len: 8192 };
+        assert!(spec(4096, 2, stripe).check(4).is_ok());
+        let too_big = spec(4096, 3, stripe).check(1).expect_err("too big");
+        assert_eq!(too_big.status, TransferStatus::Invalid);
+        assert!(spec(0, 1, stripe).check(1).is_err());
+        assert!(spec(4096, 0, stripe).check(1).is_err());
+        assert!(spec(u64::MAX, 2, stripe).check(1).is_err());
+        let huge = Stripe {
+            base: u64::MAX - 10,
+            len: 8192,
+        };
+        assert!(spec(4096, 1, huge).check(2).is_err());
+    }
+
+    #[test]
+    fn backoff_spins_then_yields_then_sleeps_up_to_a_millisecond() {
+        let long = Duration::from_secs(1);
+        let mut b = Backoff::default();
+        let pauses: Vec<Pause> = (0..60).map(|_| b.next_pause(long)).collect();
+        let spins = pauses
+            .iter()
+            .filter(|p| matches!(p, Pause::Spin(_)))
+            .count();
+        let yields = pauses.iter().filter(|p| **p == Pause::Yield).count();
+        assert_eq!(spins, Backoff::SPINS as usize);
+        assert_eq!(yields, Backoff::YIELDS as usize);
+        assert!(pauses[..spins + yields]
+            .iter()
+            .all(|p| !matches!(p, Pause::Sleep(_))));
+        let sleeps: Vec<Duration> = pauses
+            .iter()
+            .filter_map(|p| match p {
+                Pause::Sleep(d) => Some(*d),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sleeps.len(), 60 - spins - yields, "sleeps only after that");
+        assert_eq!(sleeps[0], Backoff::MIN_SLEEP);
+        assert_eq!(sleeps[1], Backoff::MIN_SLEEP * 2);
+        assert!(sleeps.windows(2).all(|w| w[1] >= w[0]), "never shrinks");
+        assert_eq!(*sleeps.last().expect("sleeps"), Backoff::MAX_SLEEP);
+        // Far past the schedule it still sleeps the maximum, never spins again.
+        b.step = u32::MAX - 1;
+        assert_eq!(b.next_pause(long), Pause::Sleep(Backoff::MAX_SLEEP));
+        assert_eq!(b.next_pause(long), Pause::Sleep(Backoff::MAX_SLEEP));
+        b.reset();
+        assert_eq!(b.next_pause(long), Pause::Spin(4));
+    }
+
+    #[test]
+    fn backoff_sleeps_at_most_an_eighth_of_the_time_waited() {
+        let mut b = Backoff {
+            step: Backoff::SPINS + Backoff::YIELDS + 10,
+        };
+        assert_eq!(
+            b.next_pause(Duration::from_micros(400)),
+            Pause::Sleep(Duration::from_micros(50))
+        );
+        assert_eq!(
+            b.next_pause(Duration::from_micros(10)),
+            Pause::Sleep(Backoff::MIN_SLEEP)
+        );
+        assert_eq!(
+            b.next_pause(Duration::from_secs(10)),
+            Pause::Sleep(Backoff::MAX_SLEEP)
+        );
+    }
+
+    #[test]
+    fn stats_record_and_merge() {
+        let mut a = WorkerStats::new().expect("stats");
+        a.record(1000, Duration::from_micros(1)); // 1e9 B/s
+        a.record(1000, Duration::from_micros(2)); // 5e8 B/s
+        a.wall = Duration::from_millis(1);
+        let mut b = WorkerStats::new().expect("stats");
+        b.record(1000, Duration::from_micros(4)); // 2.5e8 B/s
+        b.wall = Duration::from_millis(3);
+        let m = WorkerStats::merge_all(&[a, b])
+            .expect("merge")
+            .expect("some");
+        assert_eq!(m.workers, 2);
+        assert_eq!(m.ops, 3);
+        assert_eq!(m.bytes, 3000);
+        assert_eq!(m.wall, Duration::from_millis(4));
+        assert_eq!(m.tx_total, Duration::from_micros(7));
+        assert_eq!(m.tx_ns.len(), 3);
+        assert!((m.inst_bps_sum - 1.75e9).abs() < 1.0);
+        assert!(WorkerStats::merge_all(&[]).expect("empty").is_none());
+        // Zero-length times are recorded as 1 ns, never a division by zero.
+        let mut z = WorkerStats::new().expect("stats");
+        z.record(8, Duration::ZERO);
+        assert!(z.inst_bps_sum.is_finite());
+    }
+}
