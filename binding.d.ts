@@ -9,6 +9,16 @@
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+/** A gate of native benchmark worker threads bound to one engine. */
+export declare class NativeBench {
+  /** Starts `threads` worker threads on `engine`'s core. */
+  constructor(engine: NativeEngine, threads: number)
+  /** Runs one case on every worker; resolves with its result. Runs one at a time. */
+  runCase(benchCase: BenchCase): Promise<BenchResult>
+  /** Stops the workers (a running case resolves "stopped") and joins their threads. */
+  stop(): void
+}
+
 /** The native engine. Use the `Engine` class of the package, which wraps this one. */
 export declare class NativeEngine {
   /** Starts an engine listening on `options.listen`. */
@@ -66,6 +76,91 @@ export interface BatchStatus {
   transferredBytes: number
   /** Tasks in the batch. */
   tasks: number
+}
+
+/** One benchmark case. */
+export interface BenchCase {
+  /** "read" or "write". */
+  opcode: string
+  /** Bytes per request. */
+  blockSize: number
+  /** Requests per batch. */
+  batchSize: number
+  /** Local region id. */
+  local: number
+  /** Segment handle. */
+  segment: number
+  /** Segment name (for failure reports). */
+  peer: string
+  /** Remote buffer id. */
+  remoteBuffer: number
+  /** Offset of worker 0's stripe. */
+  stripeBase: number
+  /** Bytes per worker stripe. */
+  stripeLen: number
+  /** Pin every request to this transport. */
+  transport?: string
+  /** Measured time in ms. */
+  durationMs: number
+  /** Warm-up in ms. */
+  warmupMs: number
+  /** Pacing before each batch, in µs. */
+  requestIntervalUs: number
+}
+
+/** Why a case failed. */
+export interface BenchFailure {
+  /** Raw status. */
+  status: number
+  /** Status name. */
+  statusName: string
+  /** Error code, when known. */
+  code?: string
+  /** Transport of the failed attempt. */
+  transport: string
+  /** Segment name. */
+  peer: string
+  /** The request. */
+  request: string
+  /** What went wrong. */
+  reason: string
+}
+
+/**
+ * Outcome of a case: "ok" with a row, "failed" with the first failure, or "stopped"
+ * (with a row from the workers that finished, if any).
+ */
+export interface BenchResult {
+  /** "ok", "failed" or "stopped". */
+  outcome: string
+  /** The row, for "ok" (and "stopped" when partial results exist). */
+  row?: BenchRow
+  /** The failure, for "failed". */
+  failure?: BenchFailure
+}
+
+/** tebench's columns for one case. */
+export interface BenchRow {
+  /** Bytes per request. */
+  blockSize: number
+  /** Requests per batch. */
+  batchSize: number
+  /** Worker threads. */
+  threads: number
+  /** Measured operations (batches) over all threads. */
+  ops: number
+  /** BW (GB/s). */
+  bwGbps: number
+  /** Avg Inst GB/s. */
+  avgInstGbps: number
+  /** Avg Lat (µs). */
+  avgLatUs: number
+  /** Avg Tx (µs). */
+  avgTxUs: number
+  /** P99 Tx (µs). */
+  p99TxUs: number
+  /** P999 Tx (µs). */
+  p999TxUs: number
 }
 
 /** An engine event. */

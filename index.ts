@@ -321,6 +321,57 @@ function toNativeRequest(r: TransferRequest): Native.TransferRequest {
   }
 }
 
+/** One tebench case for the native workers. */
+export interface BenchCase {
+  opcode: 'read' | 'write'
+  /** Bytes per request. */
+  blockSize: number
+  /** Requests per batch. */
+  batchSize: number
+  local: Region
+  remote: Segment
+  remoteBuffer: number
+  /** Worker i works on [stripeBase + i·stripeLen, … + stripeLen) of both buffers. */
+  stripeBase: number
+  stripeLen: number
+  transport?: TransportName
+  durationMs: number
+  warmupMs: number
+  requestIntervalUs: number
+}
+
+/** tebench's columns for one case. */
+export type BenchRow = Native.BenchRow
+/** Why a case failed: status, transport, peer and request. */
+export type BenchFailure = Native.BenchFailure
+/** A case's outcome. */
+export type BenchResult = Native.BenchResult
+
+/**
+ * Native benchmark workers (the tebench runner): `threads` threads that loop allocate →
+ * submit → poll (with backoff) → free through the engine, timing every operation.
+ */
+export class Bench {
+  readonly #native: Native.NativeBench
+  /** @internal */
+  constructor(n: Native.NativeBench) {
+    this.#native = n
+  }
+
+  /** Runs one case on every worker; a failure stops the gate (later cases return it). */
+  runCase(c: BenchCase): Promise<BenchResult> {
+    const { local, remote, ...rest } = c
+    return call(() =>
+      this.#native.runCase({ ...rest, local: local.id, segment: remote.handle, peer: remote.name }),
+    )
+  }
+
+  /** Stops the workers; a running case resolves as "stopped" with partial results. */
+  stop(): void {
+    this.#native.stop()
+  }
+}
+
 /** A Ferry engine: owns memory, opens peers' segments, moves bytes. */
 export class Engine extends EventEmitter {
   readonly #native: Native.NativeEngine
@@ -486,6 +537,11 @@ export class Engine extends EventEmitter {
       attempts: failed.attempts,
       tasks,
     })
+  }
+
+  /** Starts `threads` native benchmark workers on this engine (tebench's runner). */
+  bench(threads: number): Bench {
+    return new Bench(call(() => new native.NativeBench(this.#native, threads)))
   }
 
   /** Engine counters. */

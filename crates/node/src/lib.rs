@@ -4,6 +4,7 @@
 
 #![deny(clippy::all)]
 
+mod bench;
 mod buffer;
 mod convert;
 mod settle;
@@ -43,6 +44,13 @@ type EventFn = ThreadsafeFunction<EngineEventJs, (), EngineEventJs, Status, fals
 #[napi]
 pub struct NativeEngine {
     engine: Engine,
+}
+
+impl NativeEngine {
+    /// The core engine (for the benchmark workers).
+    pub(crate) fn core(&self) -> &Engine {
+        &self.engine
+    }
 }
 
 #[napi]
