@@ -1110,20 +1110,9 @@ struct Events(Weak<Inner>);
 
 impl LinkEvents for Events {
     fn peer_lost(&self, peer: &Arc<Peer>, reason: String) {
-        let Some(inner) = self.0.upgrade() else {
-            return;
-        };
-        if !peer.mark_lost(&reason) {
-            return;
+        if let Some(inner) = self.0.upgrade() {
+            inner.declare_lost(peer, reason);
         }
-        inner.peers_lost.fetch_add(1, Ordering::Relaxed);
-        for t in inner.transports.values() {
-            t.fail_peer(peer, peer.lost_error());
-        }
-        inner.emit(EngineEvent::PeerLost {
-            segment: peer.name().to_string(),
-            reason,
-        });
     }
 
     fn peer_back(&self, peer: &Arc<Peer>) {
