@@ -31,26 +31,36 @@ test('same-host peers move bytes over shm, mapped once, verified both ways', asy
     // a transport hint still wins for the first attempt
     const viaTcp = await engine.write({ local: src, remote: seg, remoteBuffer: target.buffer, length: MiB, transport: 'tcp' })
     t.is(viaTcp.tasks[0].transport, 'tcp')
-    // the target's memfd is mapped here exactly once while the segment is open...
-    const maps = () => fs.readFileSync('/proc/self/maps', 'utf8').split('\n').filter((l) => l.includes('ferry-region-')).length
-    const fds = () => fs.readdirSync('/proc/self/fd').filter((f) => {
-      try {
-        return fs.readlinkSync(`/proc/self/fd/${f}`).includes('ferry-region-')
-      } catch {
-        return false
-      }
-    }).length
-    t.true(maps() >= 3, 'own regions + the mapped remote buffer')
-    const [mapsOpen, fdsOpen] = [maps(), fds()]
+    // The target's memfd is mapped here exactly once while the segment is open. Identify it
+    // by inode (read from the target's own maps), so other engines in this process don't count.
+    const inodeOf = (line: string) => line.trim().split(/\s+/)[4]
+    const targetLine = fs
+      .readFileSync(`/proc/${target.pid}/maps`, 'utf8')
+      .split('\n')
+      .find((l) => l.includes('ferry-region-'))
+    t.truthy(targetLine, 'the target maps its region')
+    const inode = inodeOf(targetLine!)
+    const maps = () =>
+      fs.readFileSync('/proc/self/maps', 'utf8').split('\n').filter((l) => l.includes('ferry-region-') && inodeOf(l) === inode).length
+    const fds = () =>
+      fs.readdirSync('/proc/self/fd').filter((f) => {
+        try {
+          return String(fs.statSync(`/proc/self/fd/${f}`).ino) === inode
+        } catch {
+          return false
+        }
+      }).length
+    t.is(maps(), 1, 'the remote buffer is mapped once')
+    t.is(fds(), 1, 'and its fd is held once')
     engine.closeSegment(seg)
-    t.is(maps(), mapsOpen - 1, 'closeSegment unmaps the remote buffer')
-    t.is(fds(), fdsOpen - 1, 'closeSegment closes its fd')
+    t.is(maps(), 0, 'closeSegment unmaps the remote buffer')
+    t.is(fds(), 0, 'closeSegment closes its fd')
     // Reopen (maps again), then close the engine with the segment open: close unmaps it.
     await engine.openSegment(target.segment)
-    t.is(maps(), mapsOpen)
+    t.is(maps(), 1)
     await engine.close()
-    t.is(maps(), mapsOpen - 1, 'close unmaps remote buffers (local ones live while their Buffers do)')
-    t.is(fds(), fdsOpen - 1, 'close closes the remote fds')
+    t.is(maps(), 0, 'close unmaps remote buffers')
+    t.is(fds(), 0, 'close closes the remote fds')
   } finally {
     await engine.close()
     await target.kill()

@@ -865,6 +865,9 @@ impl Inner {
             .collect();
         if let Some(hint) = v.transport {
             if let Err(why) = self.reachable(hint, &v.peer) {
+                if v.require_transport && v.peer.is_lost() {
+                    return Err(v.peer.lost_error());
+                }
                 if v.require_transport {
                     return Err(Error::TransportUnavailable(format!(
                         "{} required but unavailable towards {}: {why}",
@@ -878,7 +881,15 @@ impl Inner {
             &registered,
             &reachable,
             v.transport.filter(|h| reachable.contains(h)),
-        )?;
+        )
+        .map_err(|e| {
+            // Nothing reachable because the peer died: say that, not "no transport".
+            if v.peer.is_lost() {
+                v.peer.lost_error()
+            } else {
+                e
+            }
+        })?;
         if v.require_transport {
             return Ok(ranked.into_iter().take(1).collect());
         }

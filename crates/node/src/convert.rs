@@ -128,18 +128,20 @@ impl TryFrom<EngineOptions> for EngineConfig {
             for name in list {
                 let kind = TransportKind::parse(&name)
                     .ok_or_else(|| Error::InvalidArgument(format!("unknown transport {name:?}")))?;
-                if kind != TransportKind::Tcp {
+                if kind == TransportKind::Rdma {
                     tracing::info!(
                         transport = name,
                         "transport not built in this version; ignored"
                     );
                     continue;
                 }
-                kinds.push(kind);
+                if !kinds.contains(&kind) {
+                    kinds.push(kind);
+                }
             }
             if kinds.is_empty() {
                 return Err(Error::InvalidArgument(
-                    "transports must include one this build supports (tcp)".into(),
+                    "transports must include one this build supports (shm, tcp)".into(),
                 ));
             }
             c.transports = kinds;

@@ -1,0 +1,151 @@
+/** bench/tebench.ts as a process: output, exit codes, and peer death mid-case. */
+import test from 'ava'
+import type { ChildProcess } from 'node:child_process'
+import * as path from 'node:path'
+import * as readline from 'node:readline'
+import { delay, killAll, spawnNode } from './helpers'
+
+const TEBENCH = path.join(__dirname, '..', 'bench', 'tebench.ts')
+const COLUMNS = ['blockSize', 'batchSize', 'bwGbps', 'avgInstGbps', 'avgLatUs', 'avgTxUs', 'p99TxUs', 'p999TxUs']
+
+interface Finished {
+  code: number | null
+  signal: NodeJS.Signals | null
+  stdout: string
+  stderr: string
+  exitedAt: number
+}
+
+/** Collects a child's output; `done` resolves when it exits. */
+function watch(proc: ChildProcess) {
+  let stdout = ''
+  let stderr = ''
+  proc.stdout?.on('data', (d) => (stdout += d))
+  proc.stderr?.on('data', (d) => (stderr += d))
+  const done = new Promise<Finished>((resolve) => {
+    proc.once('exit', (code, signal) => {
+      // let the pipes drain
+      setTimeout(() => resolve({ code, signal, stdout, stderr, exitedAt: Date.now() }), 50)
+    })
+  })
+  return { done, out: () => stdout, err: () => stderr }
+}
+
+function runTebench(args: string[]) {
+  return watch(spawnNode(TEBENCH, {}, args))
+}
+
+/** Starts a target-mode tebench and returns its segment name. */
+async function startTarget(extra: string[] = []) {
+  const proc = spawnNode(TEBENCH, {}, ['--rpc_server_port=0', '--total_buffer_size=64M', ...extra])
+  const w = watch(proc)
+  const segment = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`target did not start: ${w.err()}`)), 20_000)
+    const lines = readline.createInterface({ input: proc.stdout! })
+    lines.on('line', (line) => {
+      const m = /--target_seg_name=(\S+)/.exec(line)
+      if (m) {
+        clearTimeout(timer)
+        resolve(m[1])
+      }
+    })
+    proc.once('exit', (code) => reject(new Error(`target exited (${code}): ${w.err()}`)))
+  })
+  return { proc, segment, ...w }
+}
+
+test.after.always(() => killAll())
+
+test('--local --json: one JSON object per case with the columns, exit 0', async (t) => {
+  t.timeout(60_000)
+  const r = await runTebench([
+    '--local',
+    '--duration=1',
+    '--max_block_size=65536',
+    '--start_block_size=4096',
+    '--total_buffer_size=64M',
+    '--json',
+  ]).done
+  t.is(r.code, 0, r.stderr)
+  const rows = r.stdout
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+  t.deepEqual(
+    rows.map((x) => x.blockSize),
+    [4096, 8192, 16384, 32768, 65536],
+  )
+  for (const row of rows) {
+    for (const c of COLUMNS) t.is(typeof row[c], 'number', `${c} in ${JSON.stringify(row)}`)
+    t.true((row.ops as number) > 0)
+    t.true((row.bwGbps as number) > 0)
+  }
+})
+
+test('bad usage exits 2 with one message on stderr', async (t) => {
+  t.timeout(30_000)
+  for (const args of [['--no_such_flag'], ['--op_type=erase'], ['--metadata_type=etcd'], ['--duration']]) {
+    const r = await runTebench(args).done
+    t.is(r.code, 2, `${args.join(' ')}: ${r.stderr}`)
+    t.is(r.stderr.trim().split('\n').length, 1, r.stderr)
+    t.regex(r.stderr, /^tebench: /)
+    t.is(r.stdout, '')
+  }
+  const etcd = await runTebench(['--metadata_type=etcd']).done
+  t.regex(etcd.stderr, /not supported yet/)
+})
+
+for (const xport of ['tcp', 'shm'] as const) {
+  test(`target SIGKILLed mid-case over ${xport}: initiator exits 1 promptly with a FAILED line`, async (t) => {
+    t.timeout(60_000)
+    const target = await startTarget()
+    const init = spawnNode(TEBENCH, {}, [
+      `--target_seg_name=${target.segment}`,
+      '--op_type=write',
+      '--start_block_size=1048576',
+      '--max_block_size=1048576',
+      '--start_num_threads=8',
+      '--max_num_threads=8',
+      '--total_buffer_size=64M',
+      `--xport_type=${xport}`,
+      '--duration=10',
+    ])
+    const w = watch(init)
+    // The table header comes right before the first case starts (1 s warm-up, then measured).
+    const started = Date.now()
+    while (!w.out().includes('BlkSize') && Date.now() - started < 15_000) await delay(20)
+    t.true(w.out().includes('BlkSize'), `initiator did not start: ${w.err()}`)
+    await delay(1500)
+    process.kill(target.proc.pid!, 'SIGKILL')
+    const killedAt = Date.now()
+    const r = await Promise.race([w.done, delay(15_000).then(() => undefined)])
+    t.truthy(r, 'initiator did not exit within 15 s of the kill')
+    if (!r) return
+    const all = r.stdout + r.stderr
+    t.log(`exit ${r.code} after ${r.exitedAt - killedAt} ms; stderr: ${r.stderr.trim()}`)
+    t.is(r.code, 1, all)
+    t.not(r.code, 134)
+    t.not(r.code, 139)
+    t.is(r.signal, null)
+    t.true(r.exitedAt - killedAt < 5000, `exited ${r.exitedAt - killedAt} ms after the kill`)
+    t.regex(r.stderr, /^tebench: (FAILED|TIMEOUT|CANCELED|INVALID)\b.* over \S+ to \S+ — /m)
+    t.is(r.stderr.trim().split('\n').length, 1, r.stderr)
+    t.notRegex(all, /panicked|terminate|Aborted/)
+  })
+}
+
+test('--local --op_type=mix --check_consistency exits 0', async (t) => {
+  t.timeout(60_000)
+  const r = await runTebench([
+    '--local',
+    '--op_type=mix',
+    '--check_consistency',
+    '--duration=1',
+    '--max_block_size=1048576',
+    '--start_block_size=1048576',
+  ]).done
+  t.is(r.code, 0, r.stderr)
+  t.regex(r.stdout, /WRITE/)
+  t.regex(r.stdout, /READ/)
+  t.is((r.stdout.match(/^\s+1048576 \|/gm) ?? []).length, 2, r.stdout)
+})
