@@ -134,6 +134,47 @@ for (const xport of ['tcp', 'shm'] as const) {
   })
 }
 
+for (const xport of ['tcp', 'shm'] as const) {
+  test(`target SIGSTOPped (a hung peer) over ${xport}: initiator exits 1 within peerTimeoutMs + 2 s`, async (t) => {
+    t.timeout(60_000)
+    const peerTimeoutMs = 1500
+    const target = await startTarget()
+    const init = spawnNode(TEBENCH, {}, [
+      `--target_seg_name=${target.segment}`,
+      '--op_type=write',
+      '--start_block_size=1048576',
+      '--max_block_size=1048576',
+      '--start_num_threads=8',
+      '--max_num_threads=8',
+      '--total_buffer_size=64M',
+      `--xport_type=${xport}`,
+      `--peer_timeout_ms=${peerTimeoutMs}`,
+      '--duration=10',
+    ])
+    const w = watch(init)
+    const started = Date.now()
+    while (!w.out().includes('BlkSize') && Date.now() - started < 15_000) await delay(20)
+    t.true(w.out().includes('BlkSize'), `initiator did not start: ${w.err()}`)
+    await delay(1500)
+    process.kill(target.proc.pid!, 'SIGSTOP')
+    const stoppedAt = Date.now()
+    try {
+      const r = await Promise.race([w.done, delay(15_000).then(() => undefined)])
+      t.truthy(r, 'initiator did not exit within 15 s of the stop')
+      if (!r) return
+      const all = r.stdout + r.stderr
+      t.log(`exit ${r.code} after ${r.exitedAt - stoppedAt} ms; stderr: ${r.stderr.trim()}`)
+      t.is(r.code, 1, all)
+      t.is(r.signal, null)
+      t.true(r.exitedAt - stoppedAt <= peerTimeoutMs + 2000, `exited ${r.exitedAt - stoppedAt} ms after SIGSTOP`)
+      t.regex(r.stderr, /^tebench: FAILED \(ERR_FERRY_PEER_LOST\)/m)
+      t.notRegex(all, /panicked|terminate|Aborted/)
+    } finally {
+      process.kill(target.proc.pid!, 'SIGCONT')
+    }
+  })
+}
+
 test('--local --op_type=mix --check_consistency exits 0', async (t) => {
   t.timeout(60_000)
   const r = await runTebench([

@@ -49,6 +49,7 @@ export const OPTIONS = {
   metadata_url_list: { type: 'string', default: '', help: 'metadata servers (unused with p2p)' },
   rpc_server_port: { type: 'string', default: '0', help: 'target listen port on 127.0.0.1; 0 = any' },
   xport_type: { type: 'string', default: '', help: 'pin one transport: rdma, shm, tcp (empty = engine default)' },
+  peer_timeout_ms: { type: 'string', default: '3000', help: 'Ferry: a silent peer is declared lost (FAILED) after this many ms' },
   local: { type: 'boolean', default: false, help: 'start a target child on 127.0.0.1 and bench against it' },
   json: { type: 'boolean', default: false, help: 'one JSON object per case per line instead of a table' },
   help: { type: 'boolean', default: false, help: 'show this help' },
@@ -76,6 +77,7 @@ export interface Config {
   metadataUrlList: string
   rpcServerPort: number
   xportType?: TransportName
+  peerTimeoutMs: number
   local: boolean
   json: boolean
   help: boolean
@@ -173,6 +175,7 @@ export function parseConfig(argv: string[]): Config {
     metadataUrlList: s('metadata_url_list'),
     rpcServerPort: parseInteger('rpc_server_port', s('rpc_server_port'), 0, 65535),
     xportType: xport === '' ? undefined : (xport as TransportName),
+    peerTimeoutMs: parseInteger('peer_timeout_ms', s('peer_timeout_ms'), 10, 3_600_000),
     local: b('local'),
     json: b('json'),
     help: b('help'),
@@ -374,7 +377,7 @@ interface InitiatorResult {
 
 async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> {
   const segName = cfg.targetSegNames[0]
-  const engine = await Engine.create({ transports: engineTransports(cfg.xportType) })
+  const engine = await Engine.create({ transports: engineTransports(cfg.xportType), peerTimeoutMs: cfg.peerTimeoutMs })
   let bench: Bench | undefined
   const stopBench = () => bench?.stop()
   interrupt.onStop.add(stopBench)
