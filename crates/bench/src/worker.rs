@@ -163,6 +163,10 @@ impl Backoff {
     pub const SPINS: u32 = 6;
     /// Polls that yield, after the spins.
     pub const YIELDS: u32 = 16;
+    /// Keep yielding (instead of sleeping) until the operation has waited this long: a
+    /// sleep costs at least the OS timer slack (50 µs on Linux), longer than a whole
+    /// small transfer, while a yield still hands the CPU to any thread that needs it.
+    pub const YIELD_BUDGET: Duration = Duration::from_micros(200);
     /// First sleep.
     pub const MIN_SLEEP: Duration = Duration::from_micros(8);
     /// Longest sleep.
@@ -182,10 +186,10 @@ impl Backoff {
         if step < Self::SPINS {
             return Pause::Spin(1 << (step + 2));
         }
-        if step < Self::SPINS + Self::YIELDS {
+        if step < Self::SPINS + Self::YIELDS || waited < Self::YIELD_BUDGET {
             return Pause::Yield;
         }
-        let doublings = (step - Self::SPINS - Self::YIELDS).min(16);
+        let doublings = step.saturating_sub(Self::SPINS + Self::YIELDS).min(16);
         let doubled = Self::MIN_SLEEP
             .saturating_mul(1 << doublings)
             .min(Self::MAX_SLEEP);
@@ -619,9 +623,11 @@ mod tests {
             b.next_pause(Duration::from_micros(400)),
             Pause::Sleep(Duration::from_micros(50))
         );
+        // Within the yield budget it yields instead of paying the timer slack of a sleep.
+        assert_eq!(b.next_pause(Duration::from_micros(10)), Pause::Yield);
         assert_eq!(
-            b.next_pause(Duration::from_micros(10)),
-            Pause::Sleep(Backoff::MIN_SLEEP)
+            b.next_pause(Duration::from_micros(240)),
+            Pause::Sleep(Duration::from_micros(30))
         );
         assert_eq!(
             b.next_pause(Duration::from_secs(10)),
