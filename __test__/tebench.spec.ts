@@ -175,6 +175,25 @@ for (const xport of ['tcp', 'shm'] as const) {
   })
 }
 
+test('Ctrl-C: the first stops cleanly with partial results and exit 130', async (t) => {
+  t.timeout(60_000)
+  const init = spawnNode(TEBENCH, {}, ['--local', '--op_type=write', '--xport_type=tcp', '--total_buffer_size=64M', '--start_block_size=65536', '--max_block_size=65536', '--duration=20'])
+  const w = watch(init)
+  const started = Date.now()
+  while (!w.out().includes('BlkSize') && Date.now() - started < 20_000) await delay(20)
+  t.true(w.out().includes('BlkSize'), `did not start: ${w.err()}`)
+  await delay(2000) // past the 1 s warm-up: measured results exist
+  process.kill(init.pid!, 'SIGINT')
+  const interruptedAt = Date.now()
+  const r = await Promise.race([w.done, delay(15_000).then(() => undefined)])
+  t.truthy(r, 'tebench did not exit within 15 s of Ctrl-C')
+  if (!r) return
+  t.log(`exit ${r.code} after ${r.exitedAt - interruptedAt} ms`)
+  t.is(r.code, 130, r.stdout + r.stderr)
+  t.regex(r.stdout, /^ +65536 \|/m, 'the partial row is printed')
+  t.notRegex(r.stdout + r.stderr, /panicked|terminate|Aborted/)
+})
+
 test('--local --op_type=mix --check_consistency exits 0', async (t) => {
   t.timeout(60_000)
   const r = await runTebench([
