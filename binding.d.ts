@@ -98,6 +98,8 @@ export interface BenchCase {
   stripeBase: number
   /** Bytes per worker stripe. */
   stripeLen: number
+  /** Further targets (tebench's comma list): worker i uses target i % (1 + n). */
+  extraTargets?: Array<BenchTarget>
   /** Pin every request to this transport. */
   transport?: string
   /** Measured time in ms. */
@@ -161,6 +163,16 @@ export interface BenchRow {
   p99TxUs: number
   /** P999 Tx (µs). */
   p999TxUs: number
+}
+
+/** A further target segment of a case. */
+export interface BenchTarget {
+  /** Segment handle. */
+  segment: number
+  /** Segment name. */
+  peer: string
+  /** Remote buffer id. */
+  remoteBuffer: number
 }
 
 /** An engine event. */

@@ -334,6 +334,8 @@ export interface BenchCase {
   /** Worker i works on [stripeBase + i·stripeLen, … + stripeLen) of both buffers. */
   stripeBase: number
   stripeLen: number
+  /** Further targets: worker i works against target i % (1 + extraTargets.length). */
+  extraTargets?: Array<{ remote: Segment; remoteBuffer: number }>
   transport?: TransportName
   durationMs: number
   warmupMs: number
@@ -360,9 +362,15 @@ export class Bench {
 
   /** Runs one case on every worker; a failure stops the gate (later cases return it). */
   runCase(c: BenchCase): Promise<BenchResult> {
-    const { local, remote, ...rest } = c
+    const { local, remote, extraTargets, ...rest } = c
     return call(() =>
-      this.#native.runCase({ ...rest, local: local.id, segment: remote.handle, peer: remote.name }),
+      this.#native.runCase({
+        ...rest,
+        local: local.id,
+        segment: remote.handle,
+        peer: remote.name,
+        extraTargets: extraTargets?.map((t) => ({ segment: t.remote.handle, peer: t.remote.name, remoteBuffer: t.remoteBuffer })),
+      }),
     )
   }
 

@@ -194,6 +194,39 @@ test('Ctrl-C: the first stops cleanly with partial results and exit 130', async 
   t.notRegex(r.stdout + r.stderr, /panicked|terminate|Aborted/)
 })
 
+test('a comma list of targets: workers spread over them, data verified, and a dead second target names itself', async (t) => {
+  t.timeout(90_000)
+  const a = await startTarget()
+  const b = await startTarget()
+  const common = [
+    `--target_seg_name=${a.segment},${b.segment}`,
+    '--start_num_threads=2',
+    '--max_num_threads=2',
+    '--start_block_size=1048576',
+    '--max_block_size=1048576',
+    '--total_buffer_size=64M',
+    '--xport_type=tcp',
+  ]
+  // 1. mix + check_consistency: worker 0 uses a, worker 1 uses b; every stripe reads back.
+  const mix = runTebench([...common, '--op_type=mix', '--check_consistency', '--duration=1'])
+  const m = await Promise.race([mix.done, delay(60_000).then(() => undefined)])
+  t.truthy(m, 'mix run did not finish')
+  if (!m) return
+  t.is(m.code, 0, m.stdout + m.stderr)
+  // 2. killing only the second target fails the run with its name: worker 1 was using it.
+  const run = spawnNode(TEBENCH, {}, [...common, '--op_type=write', '--duration=10'])
+  const w = watch(run)
+  const started = Date.now()
+  while (!w.out().includes('BlkSize') && Date.now() - started < 15_000) await delay(20)
+  await delay(1500)
+  process.kill(b.proc.pid!, 'SIGKILL')
+  const r = await Promise.race([w.done, delay(15_000).then(() => undefined)])
+  t.truthy(r, 'initiator did not exit after the second target died')
+  if (!r) return
+  t.is(r.code, 1, r.stdout + r.stderr)
+  t.true(r.stderr.includes(`to ${b.segment}`), r.stderr)
+})
+
 test('--local --op_type=mix --check_consistency exits 0', async (t) => {
   t.timeout(60_000)
   const r = await runTebench([

@@ -31,7 +31,7 @@ export const OPTIONS = {
   target_seg_name: {
     type: 'string',
     default: '',
-    help: 'target segment(s), comma list (only the first is used for now); empty = target mode',
+    help: 'target segment(s), comma list: worker i works against target i % count; empty = target mode',
   },
   seg_type: { type: 'string', default: 'DRAM', help: 'memory kind (DRAM only)' },
   op_type: { type: 'string', default: 'read', help: 'read, write or mix (a write case, then a read case)' },
@@ -376,31 +376,39 @@ interface InitiatorResult {
 }
 
 async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> {
-  const segName = cfg.targetSegNames[0]
   const engine = await Engine.create({ transports: engineTransports(cfg.xportType), peerTimeoutMs: cfg.peerTimeoutMs })
   let bench: Bench | undefined
   const stopBench = () => bench?.stop()
   interrupt.onStop.add(stopBench)
   try {
-    let segment: Segment
-    try {
-      segment = await engine.openSegment(segName)
-    } catch (err) {
-      const e = err as { code?: string; message?: string }
-      process.stderr.write(`tebench: cannot open segment ${segName}: ${e.code ?? 'error'}: ${e.message}\n`)
-      return { code: 1 }
+    // Every target of the comma list; worker i works against target i % targets.
+    const targets: Array<{ remote: Segment; remoteBuffer: number }> = []
+    for (const segName of cfg.targetSegNames) {
+      let segment: Segment
+      try {
+        segment = await engine.openSegment(segName)
+      } catch (err) {
+        const e = err as { code?: string; message?: string }
+        process.stderr.write(`tebench: cannot open segment ${segName}: ${e.code ?? 'error'}: ${e.message}\n`)
+        return { code: 1 }
+      }
+      const remote = segment.buffers[0]
+      if (!remote) {
+        process.stderr.write(`tebench: segment ${segName} exposes no buffer\n`)
+        return { code: 1 }
+      }
+      if (remote.length < cfg.totalBufferSize) {
+        process.stderr.write(
+          `tebench: segment ${segName} exposes ${remote.length} B, less than --total_buffer_size=${cfg.totalBufferSize}\n`,
+        )
+        return { code: 2 }
+      }
+      targets.push({ remote: segment, remoteBuffer: remote.id })
     }
-    const remote = segment.buffers[0]
-    if (!remote) {
-      process.stderr.write(`tebench: segment ${segName} exposes no buffer\n`)
-      return { code: 1 }
-    }
-    if (remote.length < cfg.totalBufferSize) {
-      process.stderr.write(
-        `tebench: segment ${segName} exposes ${remote.length} B, less than --total_buffer_size=${cfg.totalBufferSize}\n`,
-      )
-      return { code: 2 }
-    }
+    const [first, ...extraTargets] = targets
+    const segName = cfg.targetSegNames.join(',')
+    const segment = first.remote
+    const remote = { id: first.remoteBuffer }
     const local = engine.allocate(cfg.totalBufferSize)
     let readBack: Region | undefined
     if (cfg.checkConsistency) {
@@ -431,6 +439,7 @@ async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> 
                 local: target,
                 remote: segment,
                 remoteBuffer: remote.id,
+                extraTargets,
                 stripeBase: 0,
                 stripeLen,
                 transport: cfg.xportType,

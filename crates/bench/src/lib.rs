@@ -17,7 +17,7 @@
 //! let gate = bench_gate(initiator.clone(), 2, GateHooks::default())?;
 //! let spec = BenchSpec {
 //!     opcode: Opcode::Write, block_size: 64 << 10, batch_size: 1, local: local.id(),
-//!     segment: seg.handle, peer: seg.name, remote_buffer: remote.id(),
+//!     segment: seg.handle, peer: seg.name, remote_buffer: remote.id(), extra_targets: vec![],
 //!     stripe: Stripe { base: 0, len: 4 << 20 }, transport: None,
 //!     duration: Duration::from_secs(1), warmup: Duration::from_millis(100),
 //!     request_interval_us: 0, stall_timeout: ferry_bench::DEFAULT_STALL_TIMEOUT,

@@ -27,6 +27,17 @@ pub struct Stripe {
     pub len: u64,
 }
 
+/// A further target segment (tebench's comma list of `--target_seg_name`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Segment handle.
+    pub segment: u64,
+    /// Segment name, for failure reports.
+    pub peer: String,
+    /// Buffer id in that segment.
+    pub remote_buffer: u64,
+}
+
 /// One benchmark case, handed to every worker of a gate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BenchSpec {
@@ -44,6 +55,9 @@ pub struct BenchSpec {
     pub peer: String,
     /// Buffer id inside the target segment.
     pub remote_buffer: u64,
+    /// Further targets: worker `i` works against target `i % (1 + extra_targets.len())`,
+    /// target 0 being `segment`/`peer`/`remote_buffer`.
+    pub extra_targets: Vec<Target>,
     /// Per-worker stripes of both buffers.
     pub stripe: Stripe,
     /// Pin every request to this transport (tebench's `--xport_type`).
@@ -63,6 +77,17 @@ pub struct BenchSpec {
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl BenchSpec {
+    /// The target of worker `slot`: (segment, peer, remote buffer).
+    pub fn target(&self, slot: usize) -> (u64, &str, u64) {
+        match slot % (1 + self.extra_targets.len()) {
+            0 => (self.segment, &self.peer, self.remote_buffer),
+            i => {
+                let t = &self.extra_targets[i - 1];
+                (t.segment, &t.peer, t.remote_buffer)
+            }
+        }
+    }
+
     /// Bytes one operation moves.
     pub fn op_bytes(&self) -> u64 {
         self.block_size.saturating_mul(self.batch_size as u64)
@@ -365,12 +390,13 @@ struct Operation<'a> {
 
 impl<'a> Operation<'a> {
     fn new(engine: &'a Engine, slot: usize, spec: &'a BenchSpec) -> Self {
+        let (segment, _, remote_buffer) = spec.target(slot);
         let template = Request {
             opcode: spec.opcode,
             local: spec.local,
             local_offset: 0,
-            segment: spec.segment,
-            remote_buffer: spec.remote_buffer,
+            segment,
+            remote_buffer,
             remote_offset: 0,
             length: spec.block_size,
             transport: spec.transport,
@@ -450,7 +476,12 @@ impl<'a> Operation<'a> {
         let task = task.map(|t| format!("task {t}: ")).unwrap_or_default();
         format!(
             "{task}{op} {} B, local region {} @ {}, {} buffer {} @ {}",
-            r.length, r.local, r.local_offset, self.spec.peer, r.remote_buffer, r.remote_offset
+            r.length,
+            r.local,
+            r.local_offset,
+            self.spec.target(self.slot).1,
+            r.remote_buffer,
+            r.remote_offset
         )
     }
 
@@ -471,7 +502,7 @@ impl<'a> Operation<'a> {
             status,
             code: Some(code.to_string()),
             transport: self.spec.transport,
-            peer: self.spec.peer.clone(),
+            peer: self.spec.target(self.slot).1.to_string(),
             request: match request {
                 Some(r) => format!(
                     "{call} of {} request(s), first: {}",
@@ -518,7 +549,7 @@ impl<'a> Operation<'a> {
                 .and_then(|s| s.error.as_ref())
                 .map(|e| e.code().to_string()),
             transport: snap.and_then(|s| s.transport).or(self.spec.transport),
-            peer: self.spec.peer.clone(),
+            peer: self.spec.target(self.slot).1.to_string(),
             request,
             reason,
         }
@@ -538,6 +569,7 @@ mod tests {
             segment: 1,
             peer: "127.0.0.1:1".into(),
             remote_buffer: 0,
+            extra_targets: Vec::new(),
             stripe,
             transport: None,
             duration: Duration::from_secs(1),

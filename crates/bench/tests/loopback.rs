@@ -59,6 +59,7 @@ fn rig(stripes: u64, stripe_len: u64, block: u64, batch: usize, duration: Durati
         segment: seg.handle,
         peer: seg.name,
         remote_buffer: remote.id(),
+        extra_targets: Vec::new(),
         stripe: Stripe {
             base: 0,
             len: stripe_len,

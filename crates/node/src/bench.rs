@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ferry_bench::gate::{Failure, GateHooks, RunError};
 use ferry_bench::report::ReportRow;
-use ferry_bench::worker::{bench_gate, BenchGate, BenchSpec, Stripe};
+use ferry_bench::worker::{bench_gate, BenchGate, BenchSpec, Stripe, Target};
 use ferry_core::{Opcode, TransportKind};
 use napi::bindgen_prelude::Object;
 use napi::Env;
@@ -37,6 +37,8 @@ pub struct BenchCase {
     pub stripe_base: f64,
     /// Bytes per worker stripe.
     pub stripe_len: f64,
+    /// Further targets (tebench's comma list): worker i uses target i % (1 + n).
+    pub extra_targets: Option<Vec<BenchTarget>>,
     /// Pin every request to this transport.
     pub transport: Option<String>,
     /// Measured time in ms.
@@ -45,6 +47,17 @@ pub struct BenchCase {
     pub warmup_ms: u32,
     /// Pacing before each batch, in µs.
     pub request_interval_us: u32,
+}
+
+/// A further target segment of a case.
+#[napi(object)]
+pub struct BenchTarget {
+    /// Segment handle.
+    pub segment: f64,
+    /// Segment name.
+    pub peer: String,
+    /// Remote buffer id.
+    pub remote_buffer: f64,
 }
 
 /// tebench's columns for one case.
@@ -146,6 +159,18 @@ fn spec(c: &BenchCase) -> Result<BenchSpec, ferry_core::Error> {
         segment: to_u64(c.segment, "segment")?,
         peer: c.peer.clone(),
         remote_buffer: to_u64(c.remote_buffer, "remoteBuffer")?,
+        extra_targets: c
+            .extra_targets
+            .iter()
+            .flatten()
+            .map(|t| {
+                Ok(Target {
+                    segment: to_u64(t.segment, "segment")?,
+                    peer: t.peer.clone(),
+                    remote_buffer: to_u64(t.remote_buffer, "remoteBuffer")?,
+                })
+            })
+            .collect::<Result<_, ferry_core::Error>>()?,
         stripe: Stripe {
             base: to_u64(c.stripe_base, "stripeBase")?,
             len: to_u64(c.stripe_len, "stripeLen")?,
