@@ -77,6 +77,7 @@ class UsageError extends Error {}
 interface Cli {
   suites: string[]
   options: SuiteOptions
+  help?: boolean
 }
 
 function parseArgs(argv: string[]): Cli {
@@ -128,8 +129,7 @@ function parseArgs(argv: string[]): Cli {
       return v
     }
     if (flag === '-h' || flag === '--help') {
-      process.stderr.write(USAGE + '\n')
-      process.exit(0)
+      return { suites: [], options, help: true }
     } else if (flag === '--json') {
       // the default; accepted for explicitness
     } else if (flag === '--no-cold') {
@@ -172,7 +172,13 @@ async function main(): Promise<number> {
     }
     throw err
   }
-  installCleanup()
+  if (cli.help) {
+    process.stderr.write(USAGE + '\n')
+    return 0
+  }
+  // This CLI's main decides how the process ends: after a signal or a crash, the cleanup
+  // kills every child by pid and hands the exit code back here.
+  installCleanup((code) => process.exit(code))
   log(`options ${JSON.stringify(cli.options)}`)
   let failed = false
   for (const name of cli.suites) {

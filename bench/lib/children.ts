@@ -76,8 +76,11 @@ export function killAll(reason: string): void {
 
 let installed = false
 
-/** Kills the children on exit, on uncaught errors and on SIGINT/SIGTERM/SIGHUP. */
-export function installCleanup(): void {
+/**
+ * Kills the children on exit, on uncaught errors and on SIGINT/SIGTERM/SIGHUP; after a
+ * signal or a crash it calls `exit` with the code, which the CLI main supplies.
+ */
+export function installCleanup(exit: (code: number) => void): void {
   if (installed) return
   installed = true
   process.on('exit', () => killAll('exit'))
@@ -89,18 +92,18 @@ export function installCleanup(): void {
     process.on(sig, () => {
       log(`received ${sig}`)
       killAll(sig)
-      process.exit(code)
+      exit(code)
     })
   }
   process.on('uncaughtException', (err) => {
     log(`uncaught: ${err?.stack ?? String(err)}`)
     killAll('uncaughtException')
-    process.exit(1)
+    exit(1)
   })
   process.on('unhandledRejection', (err) => {
     log(`unhandled rejection: ${(err as Error)?.stack ?? String(err)}`)
     killAll('unhandledRejection')
-    process.exit(1)
+    exit(1)
   })
 }
 
