@@ -54,6 +54,31 @@ async function startTarget(extra: string[] = []) {
   return { proc, segment, ...w }
 }
 
+/** An initiator writing 1 MiB blocks from 8 threads to `segment`, for the peer-death tests. */
+function startWriter(segment: string, xport: string, extra: string[] = []) {
+  return watch(
+    spawnNode(TEBENCH, {}, [
+      `--target_seg_name=${segment}`,
+      '--op_type=write',
+      '--start_block_size=1048576',
+      '--max_block_size=1048576',
+      '--start_num_threads=8',
+      '--max_num_threads=8',
+      '--total_buffer_size=64M',
+      `--xport_type=${xport}`,
+      ...extra,
+      '--duration=10',
+    ]),
+  )
+}
+
+/** Waits (bounded) for the table header, printed right before the first case starts. */
+async function waitForTable(w: ReturnType<typeof watch>, limitMs = 15_000): Promise<boolean> {
+  const started = Date.now()
+  while (!w.out().includes('BlkSize') && Date.now() - started < limitMs) await delay(20)
+  return w.out().includes('BlkSize')
+}
+
 test.after.always(() => killAll())
 
 test('--local --json: one JSON object per case with the columns, exit 0', async (t) => {
@@ -99,22 +124,9 @@ for (const xport of ['tcp', 'shm'] as const) {
   test(`target SIGKILLed mid-case over ${xport}: initiator exits 1 promptly with a FAILED line`, async (t) => {
     t.timeout(60_000)
     const target = await startTarget()
-    const init = spawnNode(TEBENCH, {}, [
-      `--target_seg_name=${target.segment}`,
-      '--op_type=write',
-      '--start_block_size=1048576',
-      '--max_block_size=1048576',
-      '--start_num_threads=8',
-      '--max_num_threads=8',
-      '--total_buffer_size=64M',
-      `--xport_type=${xport}`,
-      '--duration=10',
-    ])
-    const w = watch(init)
+    const w = startWriter(target.segment, xport)
     // The table header comes right before the first case starts (1 s warm-up, then measured).
-    const started = Date.now()
-    while (!w.out().includes('BlkSize') && Date.now() - started < 15_000) await delay(20)
-    t.true(w.out().includes('BlkSize'), `initiator did not start: ${w.err()}`)
+    t.true(await waitForTable(w), `initiator did not start: ${w.err()}`)
     await delay(1500)
     process.kill(target.proc.pid!, 'SIGKILL')
     const killedAt = Date.now()
@@ -139,22 +151,8 @@ for (const xport of ['tcp', 'shm'] as const) {
     t.timeout(60_000)
     const peerTimeoutMs = 1500
     const target = await startTarget()
-    const init = spawnNode(TEBENCH, {}, [
-      `--target_seg_name=${target.segment}`,
-      '--op_type=write',
-      '--start_block_size=1048576',
-      '--max_block_size=1048576',
-      '--start_num_threads=8',
-      '--max_num_threads=8',
-      '--total_buffer_size=64M',
-      `--xport_type=${xport}`,
-      `--peer_timeout_ms=${peerTimeoutMs}`,
-      '--duration=10',
-    ])
-    const w = watch(init)
-    const started = Date.now()
-    while (!w.out().includes('BlkSize') && Date.now() - started < 15_000) await delay(20)
-    t.true(w.out().includes('BlkSize'), `initiator did not start: ${w.err()}`)
+    const w = startWriter(target.segment, xport, [`--peer_timeout_ms=${peerTimeoutMs}`])
+    t.true(await waitForTable(w), `initiator did not start: ${w.err()}`)
     await delay(1500)
     process.kill(target.proc.pid!, 'SIGSTOP')
     const stoppedAt = Date.now()
@@ -179,9 +177,7 @@ test('Ctrl-C: the first stops cleanly with partial results and exit 130', async 
   t.timeout(60_000)
   const init = spawnNode(TEBENCH, {}, ['--local', '--op_type=write', '--xport_type=tcp', '--total_buffer_size=64M', '--start_block_size=65536', '--max_block_size=65536', '--duration=20'])
   const w = watch(init)
-  const started = Date.now()
-  while (!w.out().includes('BlkSize') && Date.now() - started < 20_000) await delay(20)
-  t.true(w.out().includes('BlkSize'), `did not start: ${w.err()}`)
+  t.true(await waitForTable(w, 20_000), `did not start: ${w.err()}`)
   await delay(2000) // past the 1 s warm-up: measured results exist
   process.kill(init.pid!, 'SIGINT')
   const interruptedAt = Date.now()
@@ -216,8 +212,7 @@ test('a comma list of targets: workers spread over them, data verified, and a de
   // 2. killing only the second target fails the run with its name: worker 1 was using it.
   const run = spawnNode(TEBENCH, {}, [...common, '--op_type=write', '--duration=10'])
   const w = watch(run)
-  const started = Date.now()
-  while (!w.out().includes('BlkSize') && Date.now() - started < 15_000) await delay(20)
+  await waitForTable(w)
   await delay(1500)
   process.kill(b.proc.pid!, 'SIGKILL')
   const r = await Promise.race([w.done, delay(15_000).then(() => undefined)])
