@@ -9,23 +9,10 @@ use std::time::{Duration, Instant};
 use ferry_bench::{Failure, Gate, GateHooks, RunError, StopSignal};
 use ferry_core::TransferStatus;
 
-const BOUND: Duration = Duration::from_secs(10);
+mod common;
+use common::within;
 
-/// Runs `f` on its own thread and fails the test if it does not return within `limit`.
-fn within<R: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> R + Send + 'static,
-) -> R {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(r) => r,
-        Err(_) => panic!("{what} did not return within {limit:?}"),
-    }
-}
+const BOUND: Duration = Duration::from_secs(10);
 
 fn failure(slot: usize) -> Failure {
     Failure {

@@ -10,22 +10,10 @@ use ferry_bench::{
 };
 use ferry_core::{Engine, EngineConfig, Opcode, Request, TransferStatus, TransportKind};
 
-const BOUND: Duration = Duration::from_secs(20);
+mod common;
+use common::within;
 
-fn within<R: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> R + Send + 'static,
-) -> R {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(r) => r,
-        Err(_) => panic!("{what} did not return within {limit:?}"),
-    }
-}
+const BOUND: Duration = Duration::from_secs(20);
 
 fn tcp(io_threads: usize) -> EngineConfig {
     EngineConfig {
