@@ -60,6 +60,55 @@ pub(crate) async fn fetch_descriptor(
     Ok(desc)
 }
 
+/// Sends one transport control request (`TransportReq`, e.g. an RDMA endpoint handshake) to
+/// the engine at `addr` and returns its answer.
+pub async fn transport_request(
+    addr: &str,
+    local_engine_id: u64,
+    kind: crate::transport::TransportKind,
+    payload: &[u8],
+    timeout: Duration,
+) -> Result<Vec<u8>> {
+    let exchange = async {
+        let (mut stream, _) = connect(addr, ConnKind::Control, local_engine_id, timeout).await?;
+        let mut req = Header::new(Op::TransportReq);
+        req.request_id = 1;
+        req.buffer_id = kind as u64;
+        req.length = payload.len() as u64;
+        write_frame(&mut stream, &req, payload).await?;
+        loop {
+            match read_frame(&mut stream).await? {
+                Some((h, body)) if h.op == Op::TransportResp => {
+                    let _ = stream.shutdown().await;
+                    return Ok(body);
+                }
+                Some((h, body)) if h.op == Op::Error => {
+                    return Err(Error::Protocol(format!(
+                        "{} refused the {} request: {}",
+                        addr,
+                        kind.name(),
+                        String::from_utf8_lossy(&body)
+                    )));
+                }
+                Some((h, _)) if h.op == Op::Pong => continue,
+                Some((h, _)) => {
+                    return Err(Error::Protocol(format!(
+                        "expected TransportResp, got {:?}",
+                        h.op
+                    )))
+                }
+                None => return Err(Error::Protocol("closed before answering".into())),
+            }
+        }
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| Error::Connect {
+            peer: addr.to_string(),
+            reason: format!("{} control request timed out", kind.name()),
+        })?
+}
+
 /// What the link reports to the engine.
 pub(crate) trait LinkEvents: Send + Sync + 'static {
     /// The peer fell silent or its connection broke.

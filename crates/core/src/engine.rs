@@ -26,7 +26,9 @@ use crate::select::rank;
 use crate::server::{accept_loop, LocalSegment};
 use crate::status::{aggregate, TransferStatus};
 use crate::task::{Counters, Driver, Group, Observer, Task, TaskSnapshot};
-use crate::transport::{Attempt, Transport, TransportKind};
+use crate::transport::{
+    Attempt, LostHook, Transport, TransportContext, TransportFactory, TransportKind,
+};
 use crate::transports::fault::{FaultSpec, FaultTransport};
 #[cfg(target_os = "linux")]
 use crate::transports::shm::ShmTransport;
@@ -52,6 +54,9 @@ pub struct EngineConfig {
     pub faults: Vec<(TransportKind, FaultSpec)>,
     /// Overrides the machine identity used for same-host detection (tests).
     pub machine_id: Option<String>,
+    /// Transports built outside this crate (e.g. RDMA from `ferry-verbs`); each is used
+    /// when its kind is in `transports`.
+    pub extra_transports: Vec<Arc<dyn TransportFactory>>,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +70,7 @@ impl Default for EngineConfig {
             failover: FailoverPolicy::default(),
             faults: Vec::new(),
             machine_id: None,
+            extra_transports: Vec::new(),
         }
     }
 }
@@ -166,6 +172,8 @@ struct Inner {
     batches: BatchTable,
     transports: HashMap<TransportKind, Arc<dyn Transport>>,
     enabled: Vec<TransportKind>,
+    /// Why each requested transport that is not enabled could not be used.
+    disabled: HashMap<TransportKind, String>,
     #[cfg(target_os = "linux")]
     shm: Option<Arc<ShmTransport>>,
     deadlines: Deadlines,
@@ -314,6 +322,36 @@ impl Engine {
         } else {
             None
         };
+        let mut disabled: HashMap<TransportKind, String> = HashMap::new();
+        let lost_slot = slot.clone();
+        let lost: LostHook = Arc::new(move |peer, reason| {
+            if let Some(inner) = lost_slot.get().and_then(Weak::upgrade) {
+                inner.declare_lost(peer, reason);
+            }
+        });
+        for factory in &config.extra_transports {
+            let kind = factory.kind();
+            if !config.transports.contains(&kind) || transports.contains_key(&kind) {
+                continue;
+            }
+            let context = TransportContext {
+                engine_id,
+                machine_id: machine_id.clone(),
+                handle: handle.clone(),
+                shutdown: shutdown.child_token(),
+                regions: regions.clone(),
+                lost: lost.clone(),
+            };
+            match factory.build(context) {
+                Ok(t) => {
+                    transports.insert(kind, t);
+                }
+                Err(e) => {
+                    tracing::info!(transport = kind.name(), reason = %e, "transport disabled");
+                    disabled.insert(kind, e.to_string());
+                }
+            }
+        }
         for (kind, spec) in &config.faults {
             if let Some(inner) = transports.remove(kind) {
                 let wrapped = FaultTransport::new(inner, spec.clone(), handle.clone());
@@ -325,12 +363,17 @@ impl Engine {
             match transports.get(kind).map(|t| t.install()) {
                 Some(Ok(())) => enabled.push(*kind),
                 Some(Err(e)) => {
-                    tracing::warn!(transport = kind.name(), error = %e, "transport not installed")
+                    tracing::warn!(transport = kind.name(), error = %e, "transport not installed");
+                    disabled.insert(*kind, format!("install failed: {e}"));
                 }
-                None => tracing::info!(
-                    transport = kind.name(),
-                    "transport not available in this build"
-                ),
+                None if disabled.contains_key(kind) => {}
+                None => {
+                    tracing::info!(
+                        transport = kind.name(),
+                        "transport not available in this build"
+                    );
+                    disabled.insert(*kind, "not available in this build".into());
+                }
             }
         }
         #[cfg(target_os = "linux")]
@@ -355,7 +398,11 @@ impl Engine {
             machine_id,
             token,
             regions: regions.clone(),
-            transports: enabled.clone(),
+            transports: [TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp]
+                .into_iter()
+                .filter(|k| enabled.contains(k))
+                .filter_map(|k| Some((k, transports.get(&k)?.clone())))
+                .collect(),
             shm_socket,
         });
         handle.spawn(accept_loop(listener, local.clone(), shutdown.clone()));
@@ -378,6 +425,7 @@ impl Engine {
             batches: BatchTable::default(),
             transports,
             enabled,
+            disabled,
             #[cfg(target_os = "linux")]
             shm,
             deadlines: Deadlines::new(std::time::Instant::now(), tick),
@@ -460,7 +508,9 @@ impl Engine {
     /// Allocates an engine-owned, page-aligned, zero-filled region.
     pub fn allocate(&self, len: u64) -> Result<Arc<Region>> {
         self.check_open()?;
-        self.inner.regions.allocate(len)
+        let region = self.inner.regions.allocate(len)?;
+        self.inner.region_added(&region);
+        Ok(region)
     }
 
     /// Registers user memory.
@@ -477,13 +527,21 @@ impl Engine {
     ) -> Result<Arc<Region>> {
         self.check_open()?;
         // SAFETY: forwarded from this function's contract.
-        unsafe { self.inner.regions.register(ptr, len, access, keep_alive) }
+        let region = unsafe { self.inner.regions.register(ptr, len, access, keep_alive) }?;
+        self.inner.region_added(&region);
+        Ok(region)
     }
 
     /// Releases a region (allocated or registered). In-flight transfers finish first.
     pub fn release(&self, id: RegionId) -> Result<()> {
         self.check_open()?;
-        self.inner.regions.release(id)
+        self.inner.regions.release(id)?;
+        for kind in &self.inner.enabled {
+            if let Some(t) = self.inner.transports.get(kind) {
+                t.region_released(id);
+            }
+        }
+        Ok(())
     }
 
     /// Looks a local region up.
@@ -921,7 +979,10 @@ impl Inner {
     /// Whether `kind` can reach `peer` from here; the reason when it cannot.
     fn reachable(&self, kind: TransportKind, _peer: &Peer) -> std::result::Result<(), String> {
         if !self.enabled.contains(&kind) {
-            return Err(format!("{} is not enabled on this engine", kind.name()));
+            return Err(match self.disabled.get(&kind) {
+                Some(why) => format!("{} is disabled on this engine: {why}", kind.name()),
+                None => format!("{} is not enabled on this engine", kind.name()),
+            });
         }
         match kind {
             TransportKind::Tcp => Ok(()),
@@ -930,7 +991,10 @@ impl Inner {
                 Some(shm) => shm.reachable(_peer),
                 None => Err("shm is not enabled on this engine".into()),
             },
-            other => Err(format!("{} is not available in this build", other.name())),
+            other => match self.transports.get(&other) {
+                Some(t) => t.reachable(_peer),
+                None => Err(format!("{} is not available in this build", other.name())),
+            },
         }
     }
 
@@ -1076,8 +1140,27 @@ impl Inner {
                 tracing::info!(peer = peer.name(), error = %e, "shared memory unavailable; using the network");
             }
         }
-        #[cfg(not(target_os = "linux"))]
-        let _ = peer;
+        let pending: Vec<_> = self
+            .enabled
+            .iter()
+            .filter_map(|k| Some((*k, self.transports.get(k)?.attach(peer)?)))
+            .collect();
+        for (kind, fut) in pending {
+            if let Err(e) = fut.await {
+                tracing::info!(peer = peer.name(), transport = kind.name(), error = %e, "transport cannot reach this peer");
+            }
+        }
+    }
+
+    /// Tells every enabled transport about a new local region.
+    fn region_added(&self, region: &Arc<Region>) {
+        for kind in &self.enabled {
+            if let Some(t) = self.transports.get(kind) {
+                if let Err(e) = t.region_added(region) {
+                    tracing::warn!(transport = kind.name(), region = region.id(), error = %e, "region not served by this transport");
+                }
+            }
+        }
     }
 
     fn note_success(&self, task: &Task) {

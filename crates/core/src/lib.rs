@@ -28,7 +28,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod batch;
-mod control;
+pub mod control;
 pub mod engine;
 pub mod error;
 pub mod failover;

@@ -181,14 +181,17 @@ mod tests {
                     length: 8192,
                     access: Access::ReadWrite,
                     transports: vec![TransportKind::Tcp],
+                    transport_info: Default::default(),
                 },
                 BufferDescriptor {
                     id: 1,
                     length: 100,
                     access: Access::ReadOnly,
                     transports: vec![TransportKind::Tcp],
+                    transport_info: Default::default(),
                 },
             ],
+            transport_info: Default::default(),
         };
         let (peer, _) = segments.insert_with("127.0.0.1:1", |h| {
             Peer::new(h, "127.0.0.1:1".into(), desc.clone(), Default::default())

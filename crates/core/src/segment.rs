@@ -1,7 +1,7 @@
 //! Remote segments: the descriptor a peer publishes, and the local record of an opened
 //! peer (its cached descriptor and liveness).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -33,6 +33,9 @@ pub struct SegmentDescriptor {
     pub shm_socket: Option<String>,
     /// Exposed buffers.
     pub buffers: Vec<BufferDescriptor>,
+    /// What transports publish about the engine (e.g. `"rdma"`: device GIDs).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub transport_info: BTreeMap<String, serde_json::Value>,
 }
 
 /// One exposed buffer.
@@ -46,6 +49,9 @@ pub struct BufferDescriptor {
     pub access: Access,
     /// Transports the buffer is registered with.
     pub transports: Vec<TransportKind>,
+    /// What transports publish about the buffer (e.g. `"rdma"`: address and rkey).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub transport_info: BTreeMap<String, serde_json::Value>,
 }
 
 impl SegmentDescriptor {

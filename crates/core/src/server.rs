@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::memory::{check_range, Access, Region, RegionTable};
 use crate::net::{read_frame, read_header, tune_accepted, write_all_pair, write_frame};
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
-use crate::transport::TransportKind;
+use crate::transport::{Transport, TransportKind};
 use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
 
 /// How long a new connection may take to say hello.
@@ -32,7 +32,8 @@ pub(crate) struct LocalSegment {
     pub machine_id: String,
     pub token: Token,
     pub regions: Arc<RegionTable>,
-    pub transports: Vec<TransportKind>,
+    /// Installed transports, in the order peers should prefer them.
+    pub transports: Vec<(TransportKind, Arc<dyn Transport>)>,
     pub shm_socket: Option<String>,
 }
 
@@ -51,21 +52,53 @@ impl LocalSegment {
                 .regions
                 .snapshot()
                 .iter()
-                .map(|r| BufferDescriptor {
-                    id: r.id(),
-                    length: r.len() as u64,
-                    access: r.access(),
-                    // Only engine-owned (memfd) regions can be shared; user Buffers are
-                    // served over the network transports.
-                    transports: self
-                        .transports
-                        .iter()
-                        .copied()
-                        .filter(|k| *k != TransportKind::Shm || r.mapping().is_some())
-                        .collect(),
+                .map(|r| {
+                    let serving = self.transports.iter().filter(|(_, t)| t.serves(r));
+                    BufferDescriptor {
+                        id: r.id(),
+                        length: r.len() as u64,
+                        access: r.access(),
+                        transports: serving.clone().map(|(k, _)| *k).collect(),
+                        transport_info: serving
+                            .filter_map(|(k, t)| {
+                                Some((k.name().to_string(), t.describe_buffer(r)?))
+                            })
+                            .collect(),
+                    }
                 })
                 .collect(),
+            transport_info: self
+                .transports
+                .iter()
+                .filter_map(|(k, t)| Some((k.name().to_string(), t.describe()?)))
+                .collect(),
         }
+    }
+
+    /// Answers a `TransportReq` frame.
+    fn transport_control(&self, header: &Header, payload: &[u8]) -> (Header, Vec<u8>) {
+        let handler = TransportKind::from_raw(header.buffer_id.min(255) as u8)
+            .and_then(|kind| self.transports.iter().find(|(k, _)| *k == kind));
+        let answer = match handler {
+            Some((_, t)) => t.control(payload),
+            None => Err(Error::Protocol(format!(
+                "no transport {} here",
+                header.buffer_id
+            ))),
+        };
+        let (mut reply, body) = match answer {
+            Ok(body) => (Header::new(Op::TransportResp), body),
+            Err(e) => {
+                let mut h = Header::new(Op::Error);
+                h.flags = RejectCode::BadRequest as u16;
+                let mut text = e.to_string();
+                text.truncate(crate::wire::MAX_ERROR_PAYLOAD as usize - 8);
+                (h, text.into_bytes())
+            }
+        };
+        reply.request_id = header.request_id;
+        reply.length = body.len() as u64;
+        (reply, body)
     }
 }
 
@@ -134,8 +167,15 @@ async fn serve(mut stream: TcpStream, local: Arc<LocalSegment>) -> Result<()> {
 }
 
 async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()> {
-    while let Some((header, _payload)) = read_frame(&mut stream).await? {
+    while let Some((header, payload)) = read_frame(&mut stream).await? {
         match header.op {
+            Op::TransportReq => {
+                // Handshakes may call into a device (e.g. create queue pairs): keep them
+                // off the I/O threads' async path.
+                let (reply, body) =
+                    tokio::task::block_in_place(|| local.transport_control(&header, &payload));
+                write_frame(&mut stream, &reply, &body).await?;
+            }
             Op::Ping => {
                 let mut pong = Header::new(Op::Pong);
                 pong.request_id = header.request_id;

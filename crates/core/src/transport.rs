@@ -2,11 +2,20 @@
 //! bookkeeping and failover happen above; a transport only moves slices and writes each
 //! task's outcome into the task's shared state.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::memory::{Region, RegionId, RegionTable};
 use crate::segment::Peer;
 use crate::task::Task;
+
+/// A boxed future, for the trait's async hooks.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Reports a peer found dead by a transport (the engine declares it lost).
+pub type LostHook = Arc<dyn Fn(&Arc<Peer>, String) + Send + Sync>;
 
 /// Which transport served (or is serving) a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -85,4 +94,73 @@ pub trait Transport: Send + Sync {
 
     /// Stops every thread and connection. Idempotent.
     fn shutdown(&self);
+
+    /// Whether this transport can reach `peer` from here; the reason when it cannot.
+    fn reachable(&self, _peer: &Peer) -> std::result::Result<(), String> {
+        Ok(())
+    }
+
+    /// Sets up what the transport needs towards a newly opened (or recovered) peer, such
+    /// as mappings or connected endpoints. A failure only leaves the peer unreachable by
+    /// this transport.
+    fn attach(&self, _peer: &Arc<Peer>) -> Option<BoxFuture<Result<()>>> {
+        None
+    }
+
+    /// A local region was allocated or registered (e.g. register it with a NIC). An error
+    /// leaves the region unserved by this transport, not unusable.
+    fn region_added(&self, _region: &Arc<Region>) -> Result<()> {
+        Ok(())
+    }
+
+    /// A local region was released.
+    fn region_released(&self, _id: RegionId) {}
+
+    /// Whether peers may reach `region` through this transport.
+    fn serves(&self, _region: &Region) -> bool {
+        true
+    }
+
+    /// Engine-wide information for the segment descriptor (e.g. device GIDs).
+    fn describe(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Per-buffer information for the segment descriptor (e.g. an rkey).
+    fn describe_buffer(&self, _region: &Region) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Answers a peer's `TransportReq` (e.g. an RDMA endpoint handshake).
+    fn control(&self, _request: &[u8]) -> Result<Vec<u8>> {
+        Err(crate::Error::Protocol(format!(
+            "{} takes no control requests",
+            self.kind().name()
+        )))
+    }
+}
+
+/// What a transport built outside `ferry-core` gets from the engine.
+#[derive(Clone)]
+pub struct TransportContext {
+    /// The engine's id.
+    pub engine_id: u64,
+    /// The engine's machine identity.
+    pub machine_id: String,
+    /// The engine's I/O runtime.
+    pub handle: tokio::runtime::Handle,
+    /// Fires when the engine closes.
+    pub shutdown: tokio_util::sync::CancellationToken,
+    /// The engine's local regions.
+    pub regions: Arc<RegionTable>,
+    /// Declares a peer lost.
+    pub lost: LostHook,
+}
+
+/// Builds a transport for an engine (how crates such as `ferry-verbs` plug in).
+pub trait TransportFactory: Send + Sync + std::fmt::Debug {
+    /// Which transport it builds.
+    fn kind(&self) -> TransportKind;
+    /// Builds it; an error leaves the transport disabled with that reason.
+    fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>>;
 }

@@ -70,6 +70,11 @@ pub enum Op {
     GetDescriptor = 10,
     /// The segment descriptor as JSON payload.
     Descriptor = 11,
+    /// A transport's own control request (e.g. an RDMA endpoint handshake):
+    /// `buffer_id` = transport kind, payload = the transport's message.
+    TransportReq = 12,
+    /// The reply to `TransportReq`, payload = the transport's answer.
+    TransportResp = 13,
 }
 
 impl Op {
@@ -86,6 +91,8 @@ impl Op {
             9 => Self::Pong,
             10 => Self::GetDescriptor,
             11 => Self::Descriptor,
+            12 => Self::TransportReq,
+            13 => Self::TransportResp,
             _ => return None,
         })
     }
@@ -94,7 +101,7 @@ impl Op {
     fn payload_cap(self) -> u64 {
         match self {
             Self::WriteReq | Self::ReadResp => MAX_DATA_PAYLOAD,
-            Self::Descriptor => MAX_CONTROL_PAYLOAD,
+            Self::Descriptor | Self::TransportReq | Self::TransportResp => MAX_CONTROL_PAYLOAD,
             Self::Error => MAX_ERROR_PAYLOAD,
             Self::ReadReq => MAX_DATA_PAYLOAD, // requested length, not payload
             _ => 0,
@@ -105,7 +112,12 @@ impl Op {
     fn has_payload(self) -> bool {
         matches!(
             self,
-            Self::WriteReq | Self::ReadResp | Self::Error | Self::Descriptor
+            Self::WriteReq
+                | Self::ReadResp
+                | Self::Error
+                | Self::Descriptor
+                | Self::TransportReq
+                | Self::TransportResp
         )
     }
 }

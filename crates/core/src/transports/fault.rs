@@ -10,8 +10,9 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::error::{Error, Result};
+use crate::memory::{Region, RegionId};
 use crate::segment::Peer;
-use crate::transport::{Attempt, Transport, TransportKind};
+use crate::transport::{Attempt, BoxFuture, Transport, TransportKind};
 
 /// What to inject. `Default` injects nothing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -151,6 +152,38 @@ impl Transport for FaultTransport {
 
     fn shutdown(&self) {
         self.inner.shutdown()
+    }
+
+    fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
+        self.inner.reachable(peer)
+    }
+
+    fn attach(&self, peer: &Arc<Peer>) -> Option<BoxFuture<Result<()>>> {
+        self.inner.attach(peer)
+    }
+
+    fn region_added(&self, region: &Arc<Region>) -> Result<()> {
+        self.inner.region_added(region)
+    }
+
+    fn region_released(&self, id: RegionId) {
+        self.inner.region_released(id)
+    }
+
+    fn serves(&self, region: &Region) -> bool {
+        self.inner.serves(region)
+    }
+
+    fn describe(&self) -> Option<serde_json::Value> {
+        self.inner.describe()
+    }
+
+    fn describe_buffer(&self, region: &Region) -> Option<serde_json::Value> {
+        self.inner.describe_buffer(region)
+    }
+
+    fn control(&self, request: &[u8]) -> Result<Vec<u8>> {
+        self.inner.control(request)
     }
 }
 

@@ -486,6 +486,12 @@ impl Transport for ShmTransport {
         TransportKind::Shm
     }
 
+    fn serves(&self, region: &crate::memory::Region) -> bool {
+        // Only engine-owned (memfd) regions can be shared; user Buffers are served over
+        // the network transports.
+        region.mapping().is_some()
+    }
+
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
         attempts.iter().map(|a| self.submit_one(a)).collect()
     }
