@@ -7,4 +7,6 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+#[cfg(target_os = "linux")]
+pub mod emulated;
 pub mod provider;
