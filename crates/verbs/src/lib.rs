@@ -9,4 +9,6 @@
 
 #[cfg(target_os = "linux")]
 pub mod emulated;
+#[cfg(target_os = "linux")]
+pub mod ibverbs;
 pub mod provider;
