@@ -38,10 +38,15 @@ pub(crate) fn process_gid() -> Gid {
     })
 }
 
+/// The responder's abstract socket name for a GID (without the leading NUL).
+pub(crate) fn responder_name(gid: &Gid) -> String {
+    let hex: String = gid.iter().map(|b| format!("{b:02x}")).collect();
+    format!("ferry-emu-verbs-{hex}")
+}
+
 /// The responder's abstract socket address for a GID.
 pub(crate) fn responder_addr(gid: &Gid) -> std::io::Result<SocketAddr> {
-    let hex: String = gid.iter().map(|b| format!("{b:02x}")).collect();
-    SocketAddr::from_abstract_name(format!("ferry-emu-verbs-{hex}").as_bytes())
+    SocketAddr::from_abstract_name(responder_name(gid).as_bytes())
 }
 
 /// A registered memory region as the device sees it.

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::device::{lock, responder_addr, Registry};
+use super::device::{lock, responder_name, Registry};
 use super::faults::{Fault, FaultState};
 use super::wire::{self, Op, Request, Response, Status};
 use super::CqShared;
@@ -18,6 +18,9 @@ use crate::provider::{
     access, mtu, Gid, PostSendError, QpAttr, QpAttrMask, QpCaps, QpState, SendWr, Sge, VerbsError,
     VerbsResult, WcStatus, WorkCompletion, WrOpcode,
 };
+
+/// How long connecting to a responder may take (a stopped peer's full backlog).
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How long a blocked socket write waits before the worker checks timeouts again.
 const WRITE_SLICE: Duration = Duration::from_millis(20);
@@ -490,7 +493,11 @@ impl QpShared {
             self.settle(&mut g, now);
             if g.state == QpState::Rts {
                 if let Some(idx) = g.sq.iter().position(|e| matches!(e.phase, Phase::Queued)) {
-                    g = self.send_one(g, idx, now);
+                    g = if g.conn.is_none() && !g.conn_broken {
+                        self.open_connection(g)
+                    } else {
+                        self.send_one(g, idx, now)
+                    };
                     continue;
                 }
             }
@@ -537,7 +544,7 @@ impl QpShared {
         };
         let deadline = g.attrs.transport_timeout().map(|t| now + t);
         g.sq[idx].phase = Phase::Sent { deadline };
-        let Some((stream, gen)) = self.connection(&mut g) else {
+        let Some((stream, gen)) = self.connection(&g) else {
             // Unreachable responder: the entry times out like an unanswered packet.
             return g;
         };
@@ -623,31 +630,44 @@ impl QpShared {
         WcStatus::Success
     }
 
-    /// The connection to the destination's responder, opened on first use.
-    fn connection(self: &Arc<Self>, g: &mut Inner) -> Option<(Arc<UnixStream>, u64)> {
+    /// The open connection to the destination's responder (`None` when it broke).
+    fn connection(&self, g: &Inner) -> Option<(Arc<UnixStream>, u64)> {
         if g.conn_broken {
             return None;
         }
-        if let Some(c) = &g.conn {
-            return Some((c.stream.clone(), c.gen));
-        }
-        let dgid = g.attrs.dgid?;
-        let opened = responder_addr(&dgid)
-            .and_then(|addr| UnixStream::connect_addr(&addr))
+        g.conn.as_ref().map(|c| (c.stream.clone(), c.gen))
+    }
+
+    /// Connects to the destination's responder without holding the lock (the connect is
+    /// bounded by `CONNECT_TIMEOUT`) and installs the connection unless the QP moved on
+    /// meanwhile; a failure marks the connection broken, so work requests time out.
+    fn open_connection<'a>(self: &'a Arc<Self>, g: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+        let gen = g.gen;
+        let dgid = g.attrs.dgid;
+        drop(g);
+        let opened = dgid
+            .ok_or_else(|| std::io::Error::from(ErrorKind::AddrNotAvailable))
+            .and_then(|dgid| connect_bounded(&dgid, CONNECT_TIMEOUT))
             .and_then(|s| {
                 s.set_write_timeout(Some(WRITE_SLICE))?;
                 let r = s.try_clone()?;
                 Ok((s, r))
             });
+        let mut g = lock(&self.inner);
+        if g.gen != gen || g.stop || g.conn.is_some() || g.conn_broken {
+            if let Ok((s, _)) = opened {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            return g;
+        }
         let (stream, reader) = match opened {
             Ok(pair) => pair,
             Err(e) => {
                 tracing::debug!(qpn = self.qpn, error = %e, "emulated verbs: responder unreachable");
                 g.conn_broken = true;
-                return None;
+                return g;
             }
         };
-        let gen = g.gen;
         let qp = self.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("emuqp{:06x}r", self.qpn))
@@ -656,19 +676,17 @@ impl QpShared {
             Ok(h) => {
                 g.receivers.retain(|h| !h.is_finished());
                 g.receivers.push(h);
+                g.conn = Some(Conn {
+                    stream: Arc::new(stream),
+                    gen,
+                });
             }
             Err(e) => {
                 tracing::warn!(qpn = self.qpn, error = %e, "emulated verbs: no receiver thread");
                 g.conn_broken = true;
-                return None;
             }
         }
-        let stream = Arc::new(stream);
-        g.conn = Some(Conn {
-            stream: stream.clone(),
-            gen,
-        });
-        Some((stream, gen))
+        g
     }
 
     /// Writes a frame; gives up when the connection is replaced or the QP stops. Blocked
@@ -813,4 +831,58 @@ fn close_conn(g: &mut Inner) {
         let _ = c.stream.shutdown(std::net::Shutdown::Both);
     }
     g.gen += 1;
+}
+
+/// Connects to the responder of `gid`, giving up after `timeout` (a blocking unix connect
+/// otherwise waits forever when the listener's backlog is full, e.g. a stopped peer).
+fn connect_bounded(gid: &Gid, timeout: Duration) -> std::io::Result<UnixStream> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let name = responder_name(gid);
+    // SAFETY: sockaddr_un is plain data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    if name.len() + 1 > addr.sun_path.len() {
+        return Err(ErrorKind::InvalidInput.into());
+    }
+    // Abstract name: a leading NUL, then the name (no terminator).
+    for (slot, &b) in addr.sun_path[1..].iter_mut().zip(name.as_bytes()) {
+        *slot = b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    // SAFETY: plain socket(2) call.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket that nothing else owns.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: libc::suseconds_t::from(timeout.subsec_micros() as i32),
+    };
+    // SAFETY: `tv` is a valid timeval of the size passed; a unix connect honours SO_SNDTIMEO.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `addr` is an initialized sockaddr_un and `len` does not exceed its size.
+    let rc = unsafe {
+        libc::connect(
+            fd,
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(UnixStream::from(owned))
 }

@@ -715,6 +715,40 @@ fn unanswered_wr_ends_retry_exceeded_after_the_modeled_timeout() {
 }
 
 #[test]
+fn unreachable_responder_ends_retry_exceeded() {
+    within(BOUND, "unreachable", || {
+        let p = EmulatedProvider::default();
+        let a = end(&p);
+        let nowhere: Gid = [
+            0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 1,
+        ];
+        bring_up(&*a.qp, ALL, 0x1234, nowhere, 12).expect("up");
+        let mut src = vec![1u8; 64];
+        let smr = reg(&a.pd, &mut src, ALL);
+        let sg = [sge(&smr, 0, 64)];
+        let t = modeled_timeout(12, 7);
+        let start = Instant::now();
+        a.qp.post_send(&[SendWr {
+            wr_id: 7,
+            opcode: WrOpcode::RdmaWrite,
+            sg_list: &sg,
+            signaled: true,
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        }])
+        .expect("post");
+        let wcs = wait_wcs(&a.cq, 1, BOUND);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (7, WcStatus::RetryExcErr));
+        assert!(
+            start.elapsed() >= t.mul_f64(0.8),
+            "{:?} vs {t:?}",
+            start.elapsed()
+        );
+        drop(smr);
+    });
+}
+
+#[test]
 fn modeled_timeout_values() {
     let t = modeled_timeout(14, 7);
     assert!(
@@ -775,10 +809,21 @@ fn fault_silent_loss_is_seeded() {
                 .map(|id| wr(id, WrOpcode::RdmaWrite, &sg, &dmr, 0))
                 .collect();
             a.qp.post_send(&wrs).expect("post");
-            let ids: Vec<u64> = collect_for(&a.cq, Duration::from_millis(300))
-                .iter()
-                .map(|w| w.wr_id)
-                .collect();
+            // A marker posted without faults completes after every surviving WR (RC order).
+            p.set_faults(EmulatedFaults::default());
+            a.qp.post_send(&[wr(999, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+                .expect("marker");
+            let mut ids = Vec::new();
+            let deadline = Instant::now() + BOUND;
+            while ids.last() != Some(&999) {
+                assert!(Instant::now() < deadline, "marker never completed: {ids:?}");
+                ids.extend(
+                    collect_for(&a.cq, Duration::from_millis(10))
+                        .iter()
+                        .map(|w| w.wr_id),
+                );
+            }
+            ids.pop();
             drop((smr, dmr));
             ids
         };
