@@ -948,6 +948,94 @@ fn responder_drops_a_malformed_connection_and_keeps_serving() {
     });
 }
 
+const LEAK_ENV: &str = "FERRY_EMU_VERBS_LEAK_CHILD";
+const LEAK_TEST: &str = "emulated::tests::dropping_the_last_context_stops_the_responder";
+
+fn emu_threads() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_to_string(e.path().join("comm")).ok())
+                .map(|c| c.trim_end().to_owned())
+                .filter(|c| c.starts_with("emuqp") || c.starts_with("emu-verbs"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn responder_listening(gid: &Gid) -> bool {
+    let name = format!("@{}", device::responder_name(gid));
+    std::fs::read_to_string("/proc/net/unix")
+        .map(|t| {
+            t.lines()
+                .any(|l| l.split_whitespace().last() == Some(name.as_str()))
+        })
+        .unwrap_or(false)
+}
+
+/// Runs alone in a child process, so no other test's device or threads interfere.
+fn leak_check_child() {
+    let gid = EmulatedProvider::gid();
+    assert!(emu_threads().is_empty(), "{:?}", emu_threads());
+    for round in 0..2 {
+        let p = EmulatedProvider::default();
+        let (a, b) = (end(&p), end(&p));
+        connect(&a, &b, ALL, 14);
+        let mut src = vec![1u8; 64];
+        let mut dst = vec![0u8; 64];
+        let smr = reg(&a.pd, &mut src, ALL);
+        let dmr = reg(&b.pd, &mut dst, ALL);
+        let sg = [sge(&smr, 0, 64)];
+        a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+            .expect("post");
+        assert_eq!(wait_wcs(&a.cq, 1, BOUND)[0].status, WcStatus::Success);
+        assert!(
+            responder_listening(&gid),
+            "round {round}: responder not listening"
+        );
+        assert!(!emu_threads().is_empty());
+        drop((smr, dmr, a, b, p));
+        // The QPs joined their threads; the device joins the responder's when the last
+        // context goes, but a responder connection thread may still be finishing.
+        let deadline = Instant::now() + BOUND;
+        while !emu_threads().is_empty() || responder_listening(&gid) {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: left behind {:?}, listening {}",
+                emu_threads(),
+                responder_listening(&gid)
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    println!("EMU-LEAK-CHECK passed");
+}
+
+#[test]
+fn dropping_the_last_context_stops_the_responder() {
+    if std::env::var_os(LEAK_ENV).is_some() {
+        leak_check_child();
+        return;
+    }
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let out = within(BOUND * 2, "leak child", || {
+        let exe = std::env::current_exe().expect("exe");
+        Command::new(exe)
+            .args(["--exact", LEAK_TEST, "--nocapture", "--test-threads=1"])
+            .env(LEAK_ENV, "1")
+            .output()
+            .expect("run child")
+    });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("EMU-LEAK-CHECK passed"),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 const CHILD_ENV: &str = "FERRY_EMU_VERBS_TARGET";
 const CHILD_TEST: &str = "emulated::tests::cross_process_write_read_then_target_killed";
 const CHILD_LEN: usize = 1 << 20;
@@ -1042,6 +1130,9 @@ fn wait_stopped(pid: u32) {
 fn cross_process_write_read_then_target_killed() {
     if std::env::var_os(CHILD_ENV).is_some() {
         run_target_child();
+        return;
+    }
+    if std::env::var_os(LEAK_ENV).is_some() {
         return;
     }
     within(Duration::from_secs(60), "cross process", || {
