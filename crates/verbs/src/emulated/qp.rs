@@ -501,13 +501,19 @@ impl QpShared {
                     continue;
                 }
             }
+            // Deadlines of everything on the wire, and the head's delivery time: completions
+            // behind the head wait for it whatever their own time.
+            let head_due = match g.sq.front().map(|e| e.phase) {
+                Some(Phase::Done { not_before, .. }) => Some(not_before),
+                _ => None,
+            };
             let wake =
                 g.sq.iter()
                     .filter_map(|e| match e.phase {
                         Phase::Sent { deadline } => deadline,
-                        Phase::Done { not_before, .. } => Some(not_before),
-                        Phase::Queued => None,
+                        _ => None,
                     })
+                    .chain(head_due)
                     .min();
             g = match wake {
                 Some(at) => {
