@@ -219,8 +219,13 @@ export interface EngineOptions {
   peerTimeoutMs?: number
   /** I/O threads [2]. */
   ioThreads?: number
-  /** Enabled transports, of "tcp", "shm", "rdma" [["shm", "tcp"]]. */
+  /**
+   * Enabled transports, of "tcp", "shm", "rdma" [["shm", "rdma", "tcp"]]; rdma is
+   * disabled with one log line where no RDMA device (or no libibverbs) is present.
+   */
   transports?: Array<string>
+  /** RDMA settings [see RdmaOptions]. */
+  rdma?: RdmaOptions
   /** Overrides the machine identity used for same-host detection (tests) [auto]. */
   machineId?: string
   /** TCP data connections per peer [2]. */
@@ -265,6 +270,34 @@ export interface OpenResult {
   code?: string
   /** Error message otherwise. */
   message?: string
+}
+
+/** RDMA transport settings. Every field is optional; defaults in brackets. */
+export interface RdmaOptions {
+  /**
+   * "ibverbs" (real NICs) or "emulated" (the software device for tests)
+   * [FERRY_RDMA_PROVIDER, else "ibverbs"].
+   */
+  provider?: string
+  /** Devices that may be used [every device with an active port]. */
+  devices?: Array<string>
+  /** GID index [chosen automatically: RoCE v2 with an IPv4 address first]. */
+  gidIndex?: number
+  /** Port number [1]. */
+  port?: number
+  /** Queue pairs per peer [2]. */
+  qpsPerPeer?: number
+  /** Bytes per work request [65536]. */
+  sliceSize?: number
+  /** Work requests outstanding per queue pair [64]. */
+  maxOutstanding?: number
+  /** A slice not completed within this resets its endpoint and fails over [5000]. */
+  sliceTimeoutMs?: number
+  /**
+   * Fault spec of the emulated device, e.g. "silent_loss=0.1,seed=7"
+   * [FERRY_RDMA_EMULATED_FAULTS, else none].
+   */
+  emulatedFaults?: string
 }
 
 /** A buffer of a remote segment. */

@@ -146,8 +146,13 @@ export interface EngineOptions {
   peerTimeoutMs?: number
   /** I/O threads. Default 2. */
   ioThreads?: number
-  /** Enabled transports. Default `['shm', 'tcp']` (rdma is not in this build yet). */
+  /**
+   * Enabled transports. Default `['shm', 'rdma', 'tcp']`: rdma is disabled (one log line
+   * with `FERRY_LOG=info`) where libibverbs or an RDMA device is missing.
+   */
   transports?: TransportName[]
+  /** RDMA settings. */
+  rdma?: RdmaOptions
   /** Overrides the machine identity used to detect same-host peers (tests). */
   machineId?: string
   /** TCP data connections per peer. Default 2. */
@@ -166,6 +171,35 @@ export interface EngineOptions {
   attemptTimeoutMs?: number
   /** Fault injection (tests, benchmarks): per transport. */
   faults?: FaultOptions[]
+}
+
+/** RDMA transport settings. Every field is optional. */
+export interface RdmaOptions {
+  /**
+   * `'ibverbs'` (real NICs, libibverbs loaded at run time) or `'emulated'` (a software
+   * verbs device for tests on machines without NICs). Default: `FERRY_RDMA_PROVIDER`, else
+   * `'ibverbs'`. The emulated device is never chosen silently.
+   */
+  provider?: 'ibverbs' | 'emulated'
+  /** Devices that may be used (e.g. `['mlx5_0']`). Default: every device with an active port. */
+  devices?: string[]
+  /** GID index. Default: chosen automatically (RoCE v2 with an IPv4 address first). */
+  gidIndex?: number
+  /** Port number. Default 1. */
+  port?: number
+  /** Queue pairs per peer; slices are spread over them (and over devices). Default 2. */
+  qpsPerPeer?: number
+  /** Bytes per RDMA work request. Default 65536. */
+  sliceSize?: number
+  /** Work requests outstanding per queue pair. Default 64. */
+  maxOutstanding?: number
+  /** A slice not completed within this resets its endpoint and fails over. Default 5000. */
+  sliceTimeoutMs?: number
+  /**
+   * Faults of the emulated device, e.g. `'silent_loss=0.1,retry_exceeded=0.05,remote_access=0,delay_ms=5,seed=7'`.
+   * Default: `FERRY_RDMA_EMULATED_FAULTS`, else none.
+   */
+  emulatedFaults?: string
 }
 
 /** Fault injection on one transport (seeded, reproducible). */

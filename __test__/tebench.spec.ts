@@ -35,9 +35,13 @@ function runTebench(args: string[]) {
   return watch(spawnNode(TEBENCH, {}, args))
 }
 
+/** rdma runs on the emulated verbs device here (no NIC): both ends select it by env. */
+const EMULATED = { FERRY_RDMA_PROVIDER: 'emulated' }
+const envFor = (xport: string): Record<string, string> => (xport === 'rdma' ? EMULATED : {})
+
 /** Starts a target-mode tebench and returns its segment name. */
-async function startTarget(extra: string[] = []) {
-  const proc = spawnNode(TEBENCH, {}, ['--rpc_server_port=0', '--total_buffer_size=64M', ...extra])
+async function startTarget(extra: string[] = [], env: Record<string, string> = {}) {
+  const proc = spawnNode(TEBENCH, env, ['--rpc_server_port=0', '--total_buffer_size=64M', ...extra])
   const w = watch(proc)
   const segment = await new Promise<string>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`target did not start: ${w.err()}`)), 20_000)
@@ -57,7 +61,7 @@ async function startTarget(extra: string[] = []) {
 /** An initiator writing 1 MiB blocks from 8 threads to `segment`, for the peer-death tests. */
 function startWriter(segment: string, xport: string, extra: string[] = []) {
   return watch(
-    spawnNode(TEBENCH, {}, [
+    spawnNode(TEBENCH, envFor(xport), [
       `--target_seg_name=${segment}`,
       '--op_type=write',
       '--start_block_size=1048576',
@@ -107,6 +111,33 @@ test('--local --json: one JSON object per case with the columns, exit 0', async 
   }
 })
 
+test('--local --xport_type=rdma on the emulated verbs device: every case over rdma, data checked, exit 0', async (t) => {
+  t.timeout(60_000)
+  const r = await watch(
+    spawnNode(TEBENCH, EMULATED, [
+      '--local',
+      '--xport_type=rdma',
+      '--op_type=mix',
+      '--check_consistency',
+      '--duration=1',
+      '--start_block_size=65536',
+      '--max_block_size=1048576',
+      '--total_buffer_size=64M',
+      '--json',
+    ]),
+  ).done
+  t.is(r.code, 0, r.stderr)
+  const rows = r.stdout
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+  t.is(rows.length, 10, 'write and read for each of 5 block sizes')
+  for (const row of rows) {
+    t.true((row.ops as number) > 0, JSON.stringify(row))
+    t.is(row.transport, 'rdma', JSON.stringify(row))
+  }
+})
+
 test('bad usage exits 2 with one message on stderr', async (t) => {
   t.timeout(30_000)
   for (const args of [['--no_such_flag'], ['--op_type=erase'], ['--metadata_type=etcd'], ['--duration']]) {
@@ -120,10 +151,10 @@ test('bad usage exits 2 with one message on stderr', async (t) => {
   t.regex(etcd.stderr, /not supported yet/)
 })
 
-for (const xport of ['tcp', 'shm'] as const) {
+for (const xport of ['tcp', 'shm', 'rdma'] as const) {
   test(`target SIGKILLed mid-case over ${xport}: initiator exits 1 promptly with a FAILED line`, async (t) => {
     t.timeout(60_000)
-    const target = await startTarget()
+    const target = await startTarget([], envFor(xport))
     const w = startWriter(target.segment, xport)
     // The table header comes right before the first case starts (1 s warm-up, then measured).
     t.true(await waitForTable(w), `initiator did not start: ${w.err()}`)

@@ -50,6 +50,8 @@ pub struct EngineConfig {
     pub tcp: TcpConfig,
     /// Failover budget, poll behaviour and attempt deadline.
     pub failover: FailoverPolicy,
+    /// When a (peer, transport) path that keeps failing is ranked last, and for how long.
+    pub rail: RailPolicy,
     /// Fault injection per transport (tests and benchmarks).
     pub faults: Vec<(TransportKind, FaultSpec)>,
     /// Overrides the machine identity used for same-host detection (tests).
@@ -68,6 +70,7 @@ impl Default for EngineConfig {
             transports: vec![TransportKind::Shm, TransportKind::Tcp],
             tcp: TcpConfig::default(),
             failover: FailoverPolicy::default(),
+            rail: RailPolicy::default(),
             faults: Vec::new(),
             machine_id: None,
             extra_transports: Vec::new(),
@@ -347,8 +350,12 @@ impl Engine {
                     transports.insert(kind, t);
                 }
                 Err(e) => {
-                    tracing::info!(transport = kind.name(), reason = %e, "transport disabled");
-                    disabled.insert(kind, e.to_string());
+                    let why = match e {
+                        Error::TransportUnavailable(why) => why,
+                        other => other.to_string(),
+                    };
+                    tracing::info!(transport = kind.name(), reason = %why, "transport disabled");
+                    disabled.insert(kind, why);
                 }
             }
         }
@@ -411,6 +418,7 @@ impl Engine {
             .attempt_timeout
             .map(|t| (t / 10).clamp(Duration::from_millis(5), Duration::from_millis(100)))
             .unwrap_or(Duration::from_millis(100));
+        let rail = config.rail;
         let inner = Arc::new(Inner {
             state: AtomicU8::new(OPEN),
             engine_id,
@@ -429,7 +437,7 @@ impl Engine {
             #[cfg(target_os = "linux")]
             shm,
             deadlines: Deadlines::new(std::time::Instant::now(), tick),
-            health: HealthTable::new(RailPolicy::default()),
+            health: HealthTable::new(rail),
             health_dirty: AtomicBool::new(false),
             failovers: AtomicU64::new(0),
             attempt_timeouts: AtomicU64::new(0),
@@ -612,6 +620,18 @@ impl Engine {
         rx.recv().unwrap_or(Err(Error::Closed))
     }
 
+    /// Whether `kind` can currently carry requests to the segment `handle`; the reason
+    /// when it cannot (e.g. "rdma is disabled on this engine: no RDMA device").
+    pub fn transport_reachable(
+        &self,
+        handle: u64,
+        kind: TransportKind,
+    ) -> Result<std::result::Result<(), String>> {
+        self.check_open()?;
+        let peer = self.inner.segments.get(handle)?;
+        Ok(self.inner.reachable(kind, &peer))
+    }
+
     /// Closes a segment: its link stops and its in-flight work fails.
     pub fn close_segment(&self, handle: u64) -> Result<()> {
         self.check_open()?;
@@ -635,6 +655,16 @@ impl Engine {
             .iter()
             .enumerate()
             .map(|(i, r)| {
+                // A required transport this engine cannot use: say why here first (the
+                // target not offering it either is the lesser news).
+                if let (true, Some(kind)) = (r.require_transport, r.transport) {
+                    if let Some(why) = self.inner.not_enabled(kind) {
+                        return Err(Error::TransportUnavailable(format!(
+                            "request {i}: {} required: {why}",
+                            kind.name()
+                        )));
+                    }
+                }
                 let v = validate(
                     r,
                     |id| self.inner.regions.get(id),
@@ -978,11 +1008,8 @@ impl Inner {
 
     /// Whether `kind` can reach `peer` from here; the reason when it cannot.
     fn reachable(&self, kind: TransportKind, _peer: &Peer) -> std::result::Result<(), String> {
-        if !self.enabled.contains(&kind) {
-            return Err(match self.disabled.get(&kind) {
-                Some(why) => format!("{} is disabled on this engine: {why}", kind.name()),
-                None => format!("{} is not enabled on this engine", kind.name()),
-            });
+        if let Some(why) = self.not_enabled(kind) {
+            return Err(why);
         }
         match kind {
             TransportKind::Tcp => Ok(()),
@@ -996,6 +1023,17 @@ impl Inner {
                 None => Err(format!("{} is not available in this build", other.name())),
             },
         }
+    }
+
+    /// Why `kind` is not enabled here (`None` when it is).
+    fn not_enabled(&self, kind: TransportKind) -> Option<String> {
+        if self.enabled.contains(&kind) {
+            return None;
+        }
+        Some(match self.disabled.get(&kind) {
+            Some(why) => format!("{} is disabled on this engine: {why}", kind.name()),
+            None => format!("{} is not enabled on this engine", kind.name()),
+        })
     }
 
     /// Starts a new attempt of `task` on `kind`.

@@ -1,10 +1,13 @@
 //! Conversions between JS values and core types. No decisions live here.
 
+use std::sync::Arc;
+
 use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{
     EngineConfig, EngineEvent, Error, Metrics, Opcode, Request, SegmentInfo, TaskSnapshot,
     TransportKind,
 };
+use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory};
 use napi_derive::napi;
 
 /// A JS error carrying the core's stable code (`err.code`).
@@ -34,8 +37,11 @@ pub struct EngineOptions {
     pub peer_timeout_ms: Option<u32>,
     /// I/O threads [2].
     pub io_threads: Option<u32>,
-    /// Enabled transports, of "tcp", "shm", "rdma" [["shm", "tcp"]].
+    /// Enabled transports, of "tcp", "shm", "rdma" [["shm", "rdma", "tcp"]]; rdma is
+    /// disabled with one log line where no RDMA device (or no libibverbs) is present.
     pub transports: Option<Vec<String>>,
+    /// RDMA settings [see RdmaOptions].
+    pub rdma: Option<RdmaOptions>,
     /// Overrides the machine identity used for same-host detection (tests) [auto].
     pub machine_id: Option<String>,
     /// TCP data connections per peer [2].
@@ -52,6 +58,69 @@ pub struct EngineOptions {
     pub attempt_timeout_ms: Option<u32>,
     /// Fault injection per transport, for tests and benchmarks [none].
     pub faults: Option<Vec<FaultOptions>>,
+}
+
+/// RDMA transport settings. Every field is optional; defaults in brackets.
+#[napi(object)]
+#[derive(Default)]
+pub struct RdmaOptions {
+    /// "ibverbs" (real NICs) or "emulated" (the software device for tests)
+    /// [FERRY_RDMA_PROVIDER, else "ibverbs"].
+    pub provider: Option<String>,
+    /// Devices that may be used [every device with an active port].
+    pub devices: Option<Vec<String>>,
+    /// GID index [chosen automatically: RoCE v2 with an IPv4 address first].
+    pub gid_index: Option<u32>,
+    /// Port number [1].
+    pub port: Option<u32>,
+    /// Queue pairs per peer [2].
+    pub qps_per_peer: Option<u32>,
+    /// Bytes per work request [65536].
+    pub slice_size: Option<u32>,
+    /// Work requests outstanding per queue pair [64].
+    pub max_outstanding: Option<u32>,
+    /// A slice not completed within this resets its endpoint and fails over [5000].
+    pub slice_timeout_ms: Option<u32>,
+    /// Fault spec of the emulated device, e.g. "silent_loss=0.1,seed=7"
+    /// [FERRY_RDMA_EMULATED_FAULTS, else none].
+    pub emulated_faults: Option<String>,
+}
+
+impl TryFrom<RdmaOptions> for RdmaConfig {
+    type Error = Error;
+    fn try_from(o: RdmaOptions) -> Result<Self, Error> {
+        let mut c = RdmaConfig::default();
+        if let Some(p) = o.provider {
+            c.provider = ProviderChoice::parse(&p).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "rdma.provider must be 'ibverbs' or 'emulated', got {p:?}"
+                ))
+            })?;
+        }
+        if let Some(d) = o.devices {
+            c.devices = d;
+        }
+        c.gid_index = o.gid_index;
+        if let Some(p) = o.port {
+            c.port = u8::try_from(p)
+                .map_err(|_| Error::InvalidArgument("rdma.port must be <= 255".into()))?;
+        }
+        if let Some(v) = o.qps_per_peer {
+            c.qps_per_peer = v as usize;
+        }
+        if let Some(v) = o.slice_size {
+            c.slice_size = v as usize;
+        }
+        if let Some(v) = o.max_outstanding {
+            c.max_outstanding = v;
+        }
+        if let Some(v) = o.slice_timeout_ms {
+            c.slice_timeout = std::time::Duration::from_millis(u64::from(v));
+        }
+        c.emulated_faults = o.emulated_faults;
+        c.validate().map_err(Error::InvalidArgument)?;
+        Ok(c)
+    }
 }
 
 /// Fault injection on one transport.
@@ -123,29 +192,25 @@ impl TryFrom<EngineOptions> for EngineConfig {
             }
             c.io_threads = v as usize;
         }
+        c.transports = vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp];
         if let Some(list) = o.transports {
             let mut kinds = Vec::new();
             for name in list {
                 let kind = TransportKind::parse(&name)
                     .ok_or_else(|| Error::InvalidArgument(format!("unknown transport {name:?}")))?;
-                if kind == TransportKind::Rdma {
-                    tracing::info!(
-                        transport = name,
-                        "transport not built in this version; ignored"
-                    );
-                    continue;
-                }
                 if !kinds.contains(&kind) {
                     kinds.push(kind);
                 }
             }
             if kinds.is_empty() {
                 return Err(Error::InvalidArgument(
-                    "transports must include one this build supports (shm, tcp)".into(),
+                    "transports must name at least one of shm, rdma, tcp".into(),
                 ));
             }
             c.transports = kinds;
         }
+        let rdma = RdmaConfig::try_from(o.rdma.unwrap_or_default())?;
+        c.extra_transports = vec![Arc::new(RdmaFactory { config: rdma })];
         if let Some(v) = o.connections_per_peer {
             if v == 0 || v > 64 {
                 return Err(Error::InvalidArgument(

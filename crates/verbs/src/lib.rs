@@ -45,3 +45,6 @@ pub mod emulated;
 #[cfg(target_os = "linux")]
 pub mod ibverbs;
 pub mod provider;
+pub mod transport;
+
+pub use transport::{ProviderChoice, RdmaConfig, RdmaFactory, RdmaTransport};

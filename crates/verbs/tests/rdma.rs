@@ -1,0 +1,429 @@
+//! The RDMA transport end to end on the emulated verbs device: two engines, bytes
+//! verified, and the failure paths (stale rkey, silent loss, a closed peer, the rail
+//! monitor, no device at all).
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_core::failover::FailoverPolicy;
+use ferry_core::health::RailPolicy;
+use ferry_core::{
+    Engine, EngineConfig, EngineEvent, Opcode, Region, Request, TaskSnapshot, TransferStatus,
+    TransportKind,
+};
+use ferry_verbs::emulated::{EmulatedFaults, EmulatedProvider};
+use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory};
+
+/// Runs `f` on its own thread and fails the test if it does not return within `limit`.
+fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(r) => r,
+        Err(_) => panic!("test body did not return within {limit:?}"),
+    }
+}
+
+fn provider(faults: EmulatedFaults) -> Arc<EmulatedProvider> {
+    Arc::new(EmulatedProvider::new(faults))
+}
+
+fn engine_with(
+    provider: Arc<EmulatedProvider>,
+    tweak: impl FnOnce(&mut EngineConfig, &mut RdmaConfig),
+) -> Engine {
+    let mut rdma = RdmaConfig {
+        provider_instance: Some(provider),
+        ..RdmaConfig::default()
+    };
+    let mut cfg = EngineConfig {
+        transports: vec![TransportKind::Rdma, TransportKind::Tcp],
+        peer_timeout: Duration::from_millis(1000),
+        ..EngineConfig::default()
+    };
+    tweak(&mut cfg, &mut rdma);
+    cfg.extra_transports = vec![Arc::new(RdmaFactory { config: rdma })];
+    Engine::new(cfg).expect("engine")
+}
+
+struct Rig {
+    target: Engine,
+    initiator: Engine,
+    remote: Arc<Region>,
+    local: Arc<Region>,
+    seg: u64,
+    events: Arc<Mutex<Vec<EngineEvent>>>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.initiator.close();
+        self.target.close();
+    }
+}
+
+/// A copy of a region's bytes.
+fn bytes_of(r: &Region) -> Vec<u8> {
+    let p = r.range_ptr(0, r.len() as u64).expect("range");
+    // SAFETY: the region is valid for its length; tests read it only between transfers.
+    unsafe { std::slice::from_raw_parts(p, r.len()) }.to_vec()
+}
+
+/// Fills a region with a pattern derived from `seed` (0 = zeros).
+fn fill(r: &Region, seed: u8) {
+    let p = r.range_ptr(0, r.len() as u64).expect("range");
+    // SAFETY: the region is valid for its length; tests write it only between transfers.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(p, r.len()) };
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = if seed == 0 {
+            0
+        } else {
+            (i as u64 * 131 + u64::from(seed)).wrapping_rem(251) as u8
+        };
+    }
+}
+
+fn rig_with(len: u64, initiator: Engine) -> Rig {
+    let target = engine_with(provider(EmulatedFaults::default()), |_, _| {});
+    let remote = target.allocate(len).expect("remote");
+    let local = initiator.allocate(len).expect("local");
+    fill(&local, 1);
+    fill(&remote, 2);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open")
+        .handle;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    initiator.set_event_sink(Some(Arc::new(move |e| {
+        sink.lock().expect("events").push(e);
+    })));
+    Rig {
+        target,
+        initiator,
+        remote,
+        local,
+        seg,
+        events,
+    }
+}
+
+fn request(r: &Rig, op: Opcode, offset: u64, length: u64, require: bool) -> Request {
+    Request {
+        opcode: op,
+        local: r.local.id(),
+        local_offset: offset,
+        segment: r.seg,
+        remote_buffer: r.remote.id(),
+        remote_offset: offset,
+        length,
+        transport: Some(TransportKind::Rdma),
+        require_transport: require,
+    }
+}
+
+/// Waits (bounded) until an rdma endpoint to the target is up again after a reset.
+fn wait_reachable(r: &Rig) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match r.initiator.transport_reachable(r.seg, TransportKind::Rdma) {
+            Ok(Ok(())) => return,
+            other if Instant::now() > deadline => panic!("rdma never came back: {other:?}"),
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+fn one(snaps: Vec<TaskSnapshot>) -> TaskSnapshot {
+    snaps.into_iter().next().expect("one task")
+}
+
+#[test]
+fn write_and_read_256_mib_move_the_right_bytes() {
+    within(Duration::from_secs(120), || {
+        const LEN: u64 = 256 << 20;
+        let initiator = engine_with(provider(EmulatedFaults::default()), |_, _| {});
+        let r = rig_with(LEN, initiator);
+        // WRITE everything in 4 MiB requests, all in flight at once.
+        let reqs: Vec<Request> = (0..LEN / (4 << 20))
+            .map(|i| request(&r, Opcode::Write, i * (4 << 20), 4 << 20, true))
+            .collect();
+        let snaps = r.initiator.transfer_blocking(&reqs).expect("write");
+        for s in &snaps {
+            assert_eq!(s.status, TransferStatus::Completed, "{s:?}");
+            assert_eq!(s.transport, Some(TransportKind::Rdma));
+        }
+        assert!(
+            bytes_of(&r.local) == bytes_of(&r.remote),
+            "written bytes differ"
+        );
+        // READ it back into a zeroed local region.
+        fill(&r.local, 0);
+        fill(&r.remote, 9);
+        let reqs: Vec<Request> = (0..LEN / (4 << 20))
+            .map(|i| request(&r, Opcode::Read, i * (4 << 20), 4 << 20, true))
+            .collect();
+        let snaps = r.initiator.transfer_blocking(&reqs).expect("read");
+        assert!(snaps.iter().all(|s| s.status == TransferStatus::Completed));
+        assert!(
+            bytes_of(&r.local) == bytes_of(&r.remote),
+            "read bytes differ"
+        );
+        // Unaligned small pieces too.
+        let s = one(r
+            .initiator
+            .transfer_blocking(&[request(&r, Opcode::Write, 12_345, 77_777, true)])
+            .expect("small"));
+        assert_eq!(s.status, TransferStatus::Completed);
+        assert_eq!(s.transferred, 77_777);
+    });
+}
+
+#[test]
+fn a_stale_rkey_fails_with_a_remote_access_error_and_touches_nothing() {
+    within(Duration::from_secs(60), || {
+        let initiator = engine_with(provider(EmulatedFaults::default()), |c, _| {
+            c.transports = vec![TransportKind::Rdma];
+        });
+        let r = rig_with(1 << 20, initiator);
+        // A second buffer that must stay untouched, then the target drops the first one:
+        // the initiator's descriptor still names its (now invalid) rkey.
+        let other = r.target.allocate(1 << 20).expect("other");
+        fill(&other, 5);
+        let before = bytes_of(&other);
+        r.target.release(r.remote.id()).expect("release");
+        let s = one(r
+            .initiator
+            .transfer_blocking(&[request(&r, Opcode::Write, 0, 1 << 20, true)])
+            .expect("submit"));
+        assert_eq!(s.status, TransferStatus::Failed, "{s:?}");
+        let e = s.error.expect("error");
+        assert_eq!(e.code(), "ERR_FERRY_REMOTE_REJECTED", "{e}");
+        assert!(e.to_string().contains("IBV_WC_REM_ACCESS_ERR"), "{e}");
+        assert!(
+            bytes_of(&other) == before.as_slice(),
+            "another buffer was touched"
+        );
+        // The endpoint resets and reconnects; the other buffer is then written over rdma.
+        let seg = r
+            .initiator
+            .open_segment_blocking(r.target.segment_name())
+            .expect("reopen")
+            .handle;
+        wait_reachable(&r);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let req = Request {
+                remote_buffer: other.id(),
+                segment: seg,
+                ..request(&r, Opcode::Write, 0, 1 << 20, true)
+            };
+            match r.initiator.transfer_blocking(&[req]) {
+                Ok(s) if s[0].status == TransferStatus::Completed => break,
+                _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                other => panic!("rdma did not recover: {other:?}"),
+            }
+        }
+        assert!(bytes_of(&other) == bytes_of(&r.local));
+    });
+}
+
+#[test]
+fn silent_loss_hits_the_slice_deadline_and_fails_over_to_tcp() {
+    within(Duration::from_secs(60), || {
+        let lossy = provider(EmulatedFaults {
+            silent_loss: 1.0,
+            ..EmulatedFaults::default()
+        });
+        let initiator = engine_with(lossy, |_, rdma| {
+            rdma.slice_timeout = Duration::from_millis(300);
+        });
+        let r = rig_with(8 << 20, initiator);
+        let started = Instant::now();
+        let s = one(r
+            .initiator
+            .transfer_blocking(&[request(&r, Opcode::Write, 0, 8 << 20, false)])
+            .expect("write"));
+        let took = started.elapsed();
+        assert_eq!(s.status, TransferStatus::Completed, "{s:?}");
+        assert_eq!(s.transport, Some(TransportKind::Tcp), "{s:?}");
+        assert!(s.attempts >= 2, "{s:?}");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        assert!(bytes_of(&r.local) == bytes_of(&r.remote));
+        let events = r.events.lock().expect("events").clone();
+        assert!(
+            events.iter().any(|e| matches!(
+                e,
+                EngineEvent::Failover {
+                    from: TransportKind::Rdma,
+                    to: TransportKind::Tcp,
+                    ..
+                }
+            )),
+            "{events:?}"
+        );
+    });
+}
+
+#[test]
+fn a_closed_peer_fails_rdma_work_within_the_peer_timeout() {
+    within(Duration::from_secs(60), || {
+        // Completions are delayed so that work is in flight when the target goes away.
+        let slow = provider(EmulatedFaults {
+            delay: Duration::from_millis(200),
+            ..EmulatedFaults::default()
+        });
+        let initiator = engine_with(slow, |c, _| {
+            c.transports = vec![TransportKind::Rdma];
+        });
+        let r = rig_with(16 << 20, initiator);
+        let (tx, rx) = mpsc::channel();
+        let reqs: Vec<Request> = (0..16)
+            .map(|i| request(&r, Opcode::Write, i << 20, 1 << 20, true))
+            .collect();
+        r.initiator
+            .transfer(&reqs, move |snaps| {
+                let _ = tx.send((Instant::now(), snaps));
+            })
+            .expect("submit");
+        let closed_at = Instant::now();
+        r.target.close();
+        let (done_at, snaps) = rx.recv_timeout(Duration::from_secs(10)).expect("outcome");
+        let took = done_at.saturating_duration_since(closed_at);
+        assert!(took < Duration::from_millis(2500), "took {took:?}");
+        assert!(
+            snaps.iter().any(|s| s.status == TransferStatus::Failed),
+            "{snaps:?}"
+        );
+        assert!(snaps
+            .iter()
+            .all(|s| matches!(s.status, TransferStatus::Failed | TransferStatus::Completed)));
+    });
+}
+
+#[test]
+fn a_failing_path_is_paused_by_the_rail_monitor_and_recovers() {
+    within(Duration::from_secs(60), || {
+        let flaky = provider(EmulatedFaults {
+            remote_access: 1.0,
+            ..EmulatedFaults::default()
+        });
+        let control = flaky.clone();
+        let initiator = engine_with(flaky, |c, _| {
+            c.rail = RailPolicy {
+                error_threshold: 3,
+                window: Duration::from_secs(10),
+                base_cooldown: Duration::from_millis(600),
+                max_cooldown: Duration::from_secs(5),
+            };
+            c.failover = FailoverPolicy {
+                max_failover_attempts: 3,
+                ..FailoverPolicy::default()
+            };
+        });
+        let r = rig_with(1 << 20, initiator);
+        // Three rdma failures (each failing over to tcp) pause the path.
+        for _ in 0..3 {
+            wait_reachable(&r);
+            let mut req = request(&r, Opcode::Write, 0, 64 << 10, false);
+            req.transport = None;
+            let s = one(r.initiator.transfer_blocking(&[req]).expect("write"));
+            assert_eq!(s.status, TransferStatus::Completed, "{s:?}");
+            assert_eq!(s.transport, Some(TransportKind::Tcp), "{s:?}");
+            assert_eq!(s.attempts, 2, "rdma first, then tcp: {s:?}");
+        }
+        // Paused: tcp is tried first, without touching rdma.
+        control.set_faults(EmulatedFaults::default());
+        let mut req = request(&r, Opcode::Write, 0, 64 << 10, false);
+        req.transport = None;
+        let s = one(r
+            .initiator
+            .transfer_blocking(&[req.clone()])
+            .expect("paused"));
+        assert_eq!(
+            (s.transport, s.attempts),
+            (Some(TransportKind::Tcp), 1),
+            "{s:?}"
+        );
+        // After the cooldown rdma is first again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            wait_reachable(&r);
+            let s = one(r
+                .initiator
+                .transfer_blocking(&[req.clone()])
+                .expect("after"));
+            if s.transport == Some(TransportKind::Rdma) && s.attempts == 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "rdma never recovered: {s:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+}
+
+#[test]
+fn without_a_device_rdma_is_disabled_with_the_reason() {
+    within(Duration::from_secs(30), || {
+        let cfg = EngineConfig {
+            transports: vec![TransportKind::Rdma, TransportKind::Tcp],
+            extra_transports: vec![Arc::new(RdmaFactory {
+                config: RdmaConfig {
+                    provider: ProviderChoice::Ibverbs,
+                    ..RdmaConfig::default()
+                },
+            })],
+            ..EngineConfig::default()
+        };
+        if !Path::new("/sys/class/infiniband")
+            .read_dir()
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(true)
+        {
+            eprintln!("skipped: this machine has RDMA devices");
+            return;
+        }
+        let target = Engine::new(EngineConfig::default()).expect("target");
+        let remote = target.allocate(4096).expect("remote");
+        let initiator = Engine::new(cfg).expect("the engine starts without rdma");
+        let local = initiator.allocate(4096).expect("local");
+        let seg = initiator
+            .open_segment_blocking(target.segment_name())
+            .expect("open")
+            .handle;
+        let mut req = Request {
+            opcode: Opcode::Write,
+            local: local.id(),
+            local_offset: 0,
+            segment: seg,
+            remote_buffer: remote.id(),
+            remote_offset: 0,
+            length: 4096,
+            transport: Some(TransportKind::Rdma),
+            require_transport: true,
+        };
+        let e = initiator
+            .transfer_blocking(&[req.clone()])
+            .expect_err("rdma required");
+        assert_eq!(e.code(), "ERR_FERRY_TRANSPORT_UNAVAILABLE", "{e}");
+        let text = e.to_string();
+        assert!(text.contains("rdma is disabled"), "{text}");
+        assert!(
+            text.contains("no RDMA device") || text.contains("libibverbs"),
+            "{text}"
+        );
+        // The engine runs on the others.
+        req.require_transport = false;
+        req.transport = None;
+        let s = one(initiator.transfer_blocking(&[req]).expect("tcp"));
+        assert_eq!(s.status, TransferStatus::Completed);
+        assert_eq!(s.transport, Some(TransportKind::Tcp));
+        initiator.close();
+        target.close();
+    });
+}
+
+use std::path::Path;
