@@ -453,3 +453,95 @@ fn a_restarted_peer_is_refetched_and_served_again() {
     initiator.close();
     second.close();
 }
+
+#[test]
+fn lost_peer_fails_tasks_without_failover_and_events_report_it() {
+    let (target, initiator) = pair();
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = events.clone();
+    initiator.set_event_sink(Some(Arc::new(move |e| sink.lock().unwrap().push(e))));
+    let remote = target.allocate(16 << 20).expect("remote");
+    let local = initiator.allocate(16 << 20).expect("local");
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let batch = initiator.allocate_batch(256).expect("batch");
+    let reqs: Vec<_> = (0..16)
+        .map(|i| req(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
+        .collect();
+    initiator.submit_transfer(batch, &reqs).expect("submit");
+    target.close();
+    initiator.submit_transfer(batch, &reqs).expect("submit");
+    let killed = Instant::now();
+    while !initiator
+        .batch_status(batch)
+        .expect("status")
+        .status
+        .is_terminal()
+    {
+        assert!(killed.elapsed() < Duration::from_secs(3), "not terminal");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let m = initiator.metrics();
+    assert_eq!(m.peers_lost, 1);
+    // Nothing was retried into the dead peer, and no path was blamed for its death.
+    assert_eq!(m.failovers, 0, "{m:?}");
+    assert_eq!(m.transports_disabled, 0, "{m:?}");
+    assert_eq!(m.inflight, 0, "{m:?}");
+    let by = |s: TransferStatus| {
+        m.transfers_by_status
+            .iter()
+            .find(|(x, _)| *x == s)
+            .map(|(_, n)| *n)
+    };
+    assert_eq!(
+        by(TransferStatus::Completed).unwrap() + by(TransferStatus::Failed).unwrap(),
+        32
+    );
+    let events = events.lock().unwrap().clone();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ferry_core::EngineEvent::PeerLost { .. })),
+        "{events:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ferry_core::EngineEvent::Failover { .. })),
+        "{events:?}"
+    );
+    initiator.close();
+}
+
+#[test]
+fn start_time_install_failure_reaches_a_late_sink() {
+    let cfg = EngineConfig {
+        faults: vec![(
+            ferry_core::TransportKind::Shm,
+            ferry_core::transports::fault::FaultSpec {
+                fail_install: true,
+                ..Default::default()
+            },
+        )],
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(cfg).expect("engine");
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = events.clone();
+    engine.set_event_sink(Some(Arc::new(move |e| sink.lock().unwrap().push(e))));
+    let events = events.lock().unwrap().clone();
+    assert!(
+        matches!(
+            events.as_slice(),
+            [ferry_core::EngineEvent::TransportDisabled {
+                transport: ferry_core::TransportKind::Shm,
+                segment: None,
+                until_ms: None,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+    engine.close();
+}
