@@ -108,11 +108,20 @@ export function createNetwork(): Network {
   }
 }
 
-/** Namespaces whose name says a run of this process made them (for a last-resort sweep). */
-export function leftovers(): string[] {
-  const list = ip(['netns', 'list'])
-  return list
-    .split('\n')
-    .map((l) => l.split(' ')[0])
-    .filter((n) => n.startsWith(`ferry-b-${process.pid % 100_000}`))
+/** Removes every namespace this process made and did not remove (a last-resort sweep). */
+export function sweep(): void {
+  let list = ''
+  try {
+    list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8', timeout: 10_000 })
+  } catch {
+    return
+  }
+  for (const name of list.split('\n').map((l) => l.split(' ')[0])) {
+    if (!new RegExp(`^ferry-b-${process.pid % 100_000}[a-z]$`).test(name)) continue
+    try {
+      execFileSync('ip', ['netns', 'del', name], { stdio: 'ignore', timeout: 10_000 })
+    } catch {
+      // gone already
+    }
+  }
 }
