@@ -60,6 +60,8 @@ export declare class NativeEngine {
   setEventHandler(callback: (arg: EngineEventJs) => void): void
   /** Engine counters. */
   metrics(): EngineMetrics
+  /** Engine counters in the Prometheus text exposition format. */
+  metricsText(): string
   /** Closes the engine: pending work is canceled, threads stop, memory is released. */
   close(): void
   /** Whether the engine is closed. */
@@ -175,13 +177,23 @@ export interface BenchTarget {
   remoteBuffer: number
 }
 
+/** Bytes of completed transfers over one transport for one operation. */
+export interface BytesByTransport {
+  /** "tcp", "shm" or "rdma". */
+  transport: string
+  /** "read" or "write". */
+  op: string
+  /** Bytes. */
+  bytes: number
+}
+
 /** An engine event. */
 export interface EngineEventJs {
-  /** "peerLost", "peerBack" or "failover". */
+  /** "peerLost", "peerRecovered", "failover" or "transportDisabled". */
   kind: string
-  /** Segment name. */
-  segment: string
-  /** Reason, for peerLost and failover. */
+  /** Segment name (absent for a transport that failed to install). */
+  segment?: string
+  /** Reason, for peerLost, failover and transportDisabled. */
   reason?: string
   /** Failover: transport of the failed attempt. */
   from?: string
@@ -189,6 +201,10 @@ export interface EngineEventJs {
   to?: string
   /** Failover: switches made by the task, this one included. */
   attempt?: number
+  /** transportDisabled: the transport. */
+  transport?: string
+  /** transportDisabled: end of the pause, ms since the Unix epoch. */
+  untilMs?: number
 }
 
 /** Engine counters. */
@@ -201,12 +217,27 @@ export interface EngineMetrics {
   tasksFailed: number
   /** Bytes moved by completed tasks. */
   bytesTransferred: number
+  /** Bytes of completed tasks by transport and op. */
+  bytes: Array<BytesByTransport>
+  /**
+   * Tasks that ended, by final status name in lower case (completed, failed, timeout,
+   * canceled, invalid).
+   */
+  transfers: Record<string, number>
+  /** Tasks submitted and not yet ended. */
+  inflight: number
   /** Times a peer was declared lost. */
   peersLost: number
+  /** Times a lost peer answered again. */
+  peersRecovered: number
   /** Attempts that failed over. */
   failovers: number
   /** Attempts that passed their deadline. */
   attemptTimeouts: number
+  /** Times the rail monitor paused a (peer, transport) path. */
+  transportsDisabled: number
+  /** Remote segments open. */
+  segmentsOpen: number
   /** Registered regions. */
   regions: number
 }

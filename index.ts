@@ -307,29 +307,110 @@ export interface TransferResult {
   tasks: TaskStatus[]
 }
 
-/** Engine counters. */
+/** Bytes of completed transfers over one transport for one operation. */
+export interface BytesByTransport {
+  transport: TransportName
+  op: 'read' | 'write'
+  bytes: number
+}
+
+/** Engine counters (see README, "Metrics"). Counted in the core with atomics. */
 export interface EngineMetrics {
   tasksSubmitted: number
   tasksCompleted: number
   tasksFailed: number
   bytesTransferred: number
+  /** Bytes of completed transfers, by transport and op (every combination, zeros too). */
+  bytes: BytesByTransport[]
+  /** Transfers that ended, by final status: completed, failed, timeout, canceled, invalid. */
+  transfers: Record<'completed' | 'failed' | 'timeout' | 'canceled' | 'invalid', number>
+  /** Transfers submitted and not yet ended. */
+  inflight: number
   peersLost: number
+  peersRecovered: number
   failovers: number
   attemptTimeouts: number
+  /** Times the rail monitor took a (peer, transport) path out of use. */
+  transportsDisabled: number
+  segmentsOpen: number
   regions: number
 }
 
-/**
- * Events: `peerLost` ({segment, reason}), `peerBack` ({segment}) and `failover`
- * ({segment, from, to, attempt, reason}).
- */
-export interface EngineEvent {
-  kind: 'peerLost' | 'peerBack' | 'failover'
+/** A peer was declared lost (reset, EOF, or `peerTimeoutMs` of silence); its in-flight work failed. */
+export interface PeerLostEvent {
+  kind: 'peerLost'
   segment: string
-  reason?: string
-  from?: TransportName
-  to?: TransportName
-  attempt?: number
+  reason: string
+}
+
+/** A lost peer answers again; new transfers to it may succeed. */
+export interface PeerRecoveredEvent {
+  kind: 'peerRecovered'
+  segment: string
+}
+
+/** A task's attempt failed and it moved to another attempt. */
+export interface FailoverEvent {
+  kind: 'failover'
+  segment: string
+  from: TransportName
+  to: TransportName
+  /** Switches this task has made, this one included. */
+  attempt: number
+  reason: string
+}
+
+/**
+ * A transport was taken out of use: towards one peer by the rail monitor (`segment` and
+ * `untilMs` set: the pause ends at that time, ms since the epoch), or on this engine at
+ * start because it failed to install (no `segment`).
+ */
+export interface TransportDisabledEvent {
+  kind: 'transportDisabled'
+  transport: TransportName
+  segment?: string
+  reason: string
+  untilMs?: number
+}
+
+/** Event name → payload. */
+export interface EngineEvents {
+  peerLost: PeerLostEvent
+  peerRecovered: PeerRecoveredEvent
+  failover: FailoverEvent
+  transportDisabled: TransportDisabledEvent
+}
+
+/** Any engine event. */
+export type EngineEvent = EngineEvents[keyof EngineEvents]
+
+function toEvent(e: Native.EngineEventJs): EngineEvent | undefined {
+  const segment = e.segment ?? undefined
+  switch (e.kind) {
+    case 'peerLost':
+      return { kind: 'peerLost', segment: segment ?? '', reason: e.reason ?? '' }
+    case 'peerRecovered':
+      return { kind: 'peerRecovered', segment: segment ?? '' }
+    case 'failover':
+      return {
+        kind: 'failover',
+        segment: segment ?? '',
+        from: e.from as TransportName,
+        to: e.to as TransportName,
+        attempt: e.attempt ?? 0,
+        reason: e.reason ?? '',
+      }
+    case 'transportDisabled':
+      return {
+        kind: 'transportDisabled',
+        transport: e.transport as TransportName,
+        segment,
+        reason: e.reason ?? '',
+        untilMs: e.untilMs ?? undefined,
+      }
+    default:
+      return undefined
+  }
 }
 
 function toNativeRequest(r: TransferRequest): Native.TransferRequest {
@@ -414,24 +495,45 @@ export class Bench {
   }
 }
 
-/** A Ferry engine: owns memory, opens peers' segments, moves bytes. */
+/** Typed `on`/`once`/`off`/`emit` for the engine's events (see `EngineEvents`). */
+export interface Engine {
+  on<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  once<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  off<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  addListener<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  removeListener<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  emit<K extends keyof EngineEvents>(event: K, payload: EngineEvents[K]): boolean
+}
+
+/**
+ * A Ferry engine: owns memory, opens peers' segments, moves bytes. An EventEmitter of
+ * `peerLost`, `peerRecovered`, `failover` and `transportDisabled` (typed by `EngineEvents`).
+ * `transportDisabled` events that arrive while nobody listens to them (those of a transport
+ * that failed to install at start, typically) are kept and delivered to the first listener.
+ */
 export class Engine extends EventEmitter {
   readonly #native: Native.NativeEngine
   #closing?: Promise<void>
+  #unheard: TransportDisabledEvent[] = []
 
   private constructor(n: Native.NativeEngine) {
     super()
     this.#native = n
-    n.setEventHandler((e: Native.EngineEventJs) => {
-      const event: EngineEvent = {
-        kind: e.kind as EngineEvent['kind'],
-        segment: e.segment,
-        reason: e.reason ?? undefined,
-        from: (e.from ?? undefined) as TransportName | undefined,
-        to: (e.to ?? undefined) as TransportName | undefined,
-        attempt: e.attempt ?? undefined,
+    super.on('newListener', (name: string | symbol) => {
+      if (name !== 'transportDisabled' || this.#unheard.length === 0) return
+      // After the listener is in place (newListener runs before it is added).
+      process.nextTick(() => {
+        for (const e of this.#unheard.splice(0)) super.emit('transportDisabled', e)
+      })
+    })
+    n.setEventHandler((raw: Native.EngineEventJs) => {
+      const event = toEvent(raw)
+      if (!event) return
+      if (event.kind === 'transportDisabled' && this.listenerCount('transportDisabled') === 0) {
+        if (this.#unheard.length < 64) this.#unheard.push(event)
+        return
       }
-      this.emit(event.kind, event)
+      super.emit(event.kind, event)
     })
   }
 
@@ -586,9 +688,19 @@ export class Engine extends EventEmitter {
     return new Bench(call(() => new native.NativeBench(this.#native, threads)))
   }
 
-  /** Engine counters. */
+  /** Engine counters (see README, "Metrics"). */
   metrics(): EngineMetrics {
-    return this.native((n) => n.metrics())
+    const m = this.native((n) => n.metrics())
+    return {
+      ...m,
+      bytes: m.bytes.map((b) => ({ transport: b.transport as TransportName, op: b.op as 'read' | 'write', bytes: b.bytes })),
+      transfers: { completed: 0, failed: 0, timeout: 0, canceled: 0, invalid: 0, ...m.transfers },
+    }
+  }
+
+  /** Engine counters in the Prometheus text exposition format (for a `/metrics` endpoint). */
+  metricsText(): string {
+    return this.native((n) => n.metricsText())
   }
 
   /**

@@ -30,9 +30,13 @@ export function killAll(): void {
   live.clear()
 }
 
-/** Starts tsx-run `script` with the repo's loader; resolves with its first JSON line. */
-export function spawnNode(script: string, env: Record<string, string> = {}, args: string[] = []) {
-  const proc = spawn(process.execPath, ['--import=tsx', script, ...args], {
+/**
+ * Starts tsx-run `script` with the repo's loader. `prefix` runs it through another command
+ * that execs it (e.g. `ip netns exec NS`), so the pid is still the Node process's.
+ */
+export function spawnNode(script: string, env: Record<string, string> = {}, args: string[] = [], prefix: string[] = []) {
+  const argv = [...prefix, process.execPath, '--import=tsx', script, ...args]
+  const proc = spawn(argv[0], argv.slice(1), {
     cwd: path.join(__dirname, '..'),
     env: { ...process.env, ...env },
     stdio: ['pipe', 'pipe', 'pipe'],
@@ -42,8 +46,9 @@ export function spawnNode(script: string, env: Record<string, string> = {}, args
   return proc
 }
 
-export async function startTarget(env: Record<string, string> = {}, timeoutMs = 20_000): Promise<TargetProcess> {
-  const proc = spawnNode(path.join(__dirname, 'fixtures', 'target.ts'), env)
+/** Starts __test__/fixtures/target.ts (through `prefix`, if given) and waits for its hello. */
+export async function startTarget(env: Record<string, string> = {}, timeoutMs = 20_000, prefix: string[] = []): Promise<TargetProcess> {
+  const proc = spawnNode(path.join(__dirname, 'fixtures', 'target.ts'), env, [], prefix)
   let stderr = ''
   proc.stderr?.on('data', (d) => (stderr += d))
   const lines = readline.createInterface({ input: proc.stdout! })

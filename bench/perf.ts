@@ -22,6 +22,7 @@
 import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
 import { failoverSuite } from './suites/failover'
+import { livenessSuite } from './suites/liveness'
 import { shmSuite } from './suites/shm'
 import { tcpSuite } from './suites/tcp'
 import type { Suite, SuiteOptions } from './suites/types'
@@ -30,6 +31,7 @@ const suites: Record<string, Suite> = {
   tcp: tcpSuite,
   shm: shmSuite,
   failover: failoverSuite,
+  liveness: livenessSuite,
 }
 
 const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]
@@ -41,6 +43,10 @@ const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>
                                   write-4KiB-p50 (no baseline), batches of 64 x 4 KiB (ops/s)
                         failover  1 MiB WRITEs over shm with a share of shm completions failing
                                   over to tcp, vs the same without faults (ratio = faulty / clean)
+                        liveness  time to FAILED when the target of a 1 MiB write stream is
+                                  SIGKILLed (sigkill) or its network link goes silent in a
+                                  network namespace (silent-loss; needs root): median and max
+                                  over --trials trials
   --repeat N          rounds per case, engine and baseline interleaved; medians reported (default 3)
   --duration S        measured seconds per throughput run and baseline run (iperf3, memcpy)
                       (default 5)
@@ -69,6 +75,8 @@ const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>
   --fault-rate R      failover: share of shm completions reported FAILED (corruptCompletionRate),
                       0..1 (default 0.1)
   --fault-seed N      failover: seed of the fault injection (default 7)
+  --trials N          liveness: trials per case (default 20)
+  --peer-timeout-ms N liveness: peerTimeoutMs in the silent-loss case (default 3000)
   --json              JSON lines on stdout (the default and only format)
   -h, --help          this text`
 
@@ -98,6 +106,8 @@ function parseArgs(argv: string[]): Cli {
     faultSeed: 7,
     repeat: 3,
     budgetSeconds: 300,
+    trials: 20,
+    peerTimeoutMs: 3000,
   }
   let names = ['tcp']
   const numeric: Record<string, { set: (v: number) => void; min: number; max?: number; integer: boolean }> = {
@@ -116,6 +126,8 @@ function parseArgs(argv: string[]): Cli {
     '--fault-seed': { set: (v) => (options.faultSeed = v), min: 0, max: 2 ** 32 - 1, integer: true },
     '--repeat': { set: (v) => (options.repeat = v), min: 1, max: 1000, integer: true },
     '--budget': { set: (v) => (options.budgetSeconds = v), min: 1, integer: false },
+    '--trials': { set: (v) => (options.trials = v), min: 1, max: 1000, integer: true },
+    '--peer-timeout-ms': { set: (v) => (options.peerTimeoutMs = v), min: 100, max: 600_000, integer: true },
   }
   for (let i = 0; i < argv.length; i++) {
     const raw = argv[i]
@@ -187,7 +199,7 @@ async function main(): Promise<number> {
     const records = await suites[name](cli.options)
     for (const r of records) {
       emit(r)
-      if (r.error !== undefined || r.value === null) failed = true
+      if (r.error !== undefined || r.value === null || r.median_ms === null) failed = true
     }
     log(`suite ${name}: done in ${((Date.now() - started) / 1000).toFixed(1)} s`)
   }

@@ -16,6 +16,7 @@ async function main(): Promise<void> {
   const bytes = Number(process.env.FERRY_BENCH_BYTES ?? 256 << 20)
   const engine = await Engine.create({
     listen: process.env.FERRY_BENCH_LISTEN ?? '127.0.0.1:0',
+    machineId: process.env.FERRY_BENCH_MACHINE_ID || undefined,
     ioThreads: process.env.FERRY_BENCH_IO_THREADS ? Number(process.env.FERRY_BENCH_IO_THREADS) : undefined,
   })
   const region = engine.allocate(bytes)

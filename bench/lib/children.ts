@@ -30,11 +30,24 @@ export function startChild(label: string, command: string, args: string[], optio
   return proc
 }
 
-/** Starts a TypeScript file with this Node and the tsx loader (as `npm run perf` does). */
-export function startTsx(label: string, script: string, args: string[] = [], env: Record<string, string> = {}): ChildProcess {
-  return startChild(label, process.execPath, ['--import=tsx', script, ...args], {
+/**
+ * Starts a TypeScript file with this Node and the tsx loader (as `npm run perf` does).
+ * `prefix` runs it through a command that execs it (`ip netns exec NS`), so the pid stays
+ * the Node process's.
+ */
+export function startTsx(label: string, script: string, args: string[] = [], env: Record<string, string> = {}, prefix: string[] = []): ChildProcess {
+  const argv = [...prefix, process.execPath, '--import=tsx', script, ...args]
+  return startChild(label, argv[0], argv.slice(1), {
     env: { ...process.env, ...env },
   })
+}
+
+const undo = new Set<() => void>()
+
+/** Registers a synchronous clean-up (e.g. removing a network namespace) that `killAll` runs; returns its remover. */
+export function atCleanup(fn: () => void): () => void {
+  undo.add(fn)
+  return () => undo.delete(fn)
 }
 
 /** Whether the process has not exited yet. */
@@ -72,6 +85,14 @@ export function killAll(reason: string): void {
     }
   }
   live.clear()
+  for (const fn of undo) {
+    try {
+      fn()
+    } catch (err) {
+      log(`cleanup (${reason}): ${(err as Error).message}`)
+    }
+  }
+  undo.clear()
 }
 
 let installed = false

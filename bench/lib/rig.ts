@@ -67,13 +67,26 @@ export interface Target {
   stop(): Promise<void>
   segment: string
   buffer: number
+  /** The target's process id (signals go to it, by pid). */
+  pid: number
 }
 
-export async function startTarget(bytes: number): Promise<Target> {
+/** Where and how the target runs (defaults: loopback, this host's identity, no prefix). */
+export interface TargetPlacement {
+  /** Listen address (`FERRY_BENCH_LISTEN`). */
+  listen?: string
+  /** Machine identity, so that shm is never chosen towards a "different host". */
+  machineId?: string
+  /** A command that execs the target, e.g. `ip netns exec NS`. */
+  prefix?: string[]
+}
+
+export async function startTarget(bytes: number, placement: TargetPlacement = {}): Promise<Target> {
   // 30 s for the hello covers tsx start-up and pre-touching a large region.
-  const proc = startTsx('target engine', path.join(__dirname, '..', 'target.ts'), [], {
-    FERRY_BENCH_BYTES: String(bytes),
-  })
+  const env: Record<string, string> = { FERRY_BENCH_BYTES: String(bytes) }
+  if (placement.listen) env.FERRY_BENCH_LISTEN = placement.listen
+  if (placement.machineId) env.FERRY_BENCH_MACHINE_ID = placement.machineId
+  const proc = startTsx('target engine', path.join(__dirname, '..', 'target.ts'), [], env, placement.prefix)
   const stderr = tailStderr(proc)
   const lines = jsonLines(proc, () => stderr())
   try {
@@ -93,6 +106,7 @@ export async function startTarget(bytes: number): Promise<Target> {
       ask,
       segment: String(hello.segment),
       buffer: Number(hello.buffer),
+      pid: proc.pid!,
       async stop() {
         lines.close()
         proc.stdin?.end()

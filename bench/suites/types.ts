@@ -49,6 +49,10 @@ export interface SuiteOptions {
    * that did better in round 1.
    */
   budgetSeconds: number
+  /** `liveness` suite: trials per case. */
+  trials: number
+  /** `liveness` suite: peerTimeoutMs of the initiator in the silent-loss case. */
+  peerTimeoutMs: number
 }
 
 /** One result line. Extra fields (per-method figures, CPU use, notes) may follow. */
@@ -68,5 +72,17 @@ export interface CaseRecord {
   [extra: string]: unknown
 }
 
+/** One result line of a timing suite (`liveness`): statistics over trials, in ms. */
+export interface TimingRecord {
+  suite: string
+  case: string
+  median_ms: number | null
+  max_ms: number | null
+  /** Trials measured. */
+  trials: number
+  error?: string
+  [extra: string]: unknown
+}
+
 /** A suite: runs its cases and returns one record per case. */
-export type Suite = (options: SuiteOptions) => Promise<CaseRecord[]>
+export type Suite = (options: SuiteOptions) => Promise<Array<CaseRecord | TimingRecord>>

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::failover::{decide, Deadlines, Decision, FailoverPolicy};
 use crate::health::{HealthTable, RailPolicy};
 use crate::memory::{Access, KeepAlive, Region, RegionId, RegionTable};
+pub use crate::metrics::Metrics;
 use crate::request::{validate, Request, ValidatedRequest};
 use crate::segment::{BufferDescriptor, Peer, SegmentTable};
 use crate::select::rank;
@@ -80,6 +81,7 @@ impl Default for EngineConfig {
 
 /// Something that happened to the engine, for the event stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EngineEvent {
     /// A peer was declared lost; its in-flight work failed.
     PeerLost {
@@ -89,9 +91,21 @@ pub enum EngineEvent {
         reason: String,
     },
     /// A lost peer answers again.
-    PeerBack {
+    PeerRecovered {
         /// Segment name.
         segment: String,
+    },
+    /// A transport was taken out of use: towards one peer by the rail monitor (`segment`
+    /// and `until_ms` set), or on this engine because it failed to install at start.
+    TransportDisabled {
+        /// The transport.
+        transport: TransportKind,
+        /// The peer it is paused towards; `None` for an install failure.
+        segment: Option<String>,
+        /// Why.
+        reason: String,
+        /// End of the pause, in ms since the Unix epoch; `None` for an install failure.
+        until_ms: Option<u64>,
     },
     /// A task's attempt failed and it moved to another attempt.
     Failover {
@@ -132,29 +146,6 @@ pub struct BatchSnapshot {
     pub tasks: usize,
 }
 
-/// Counters for `metrics()`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Metrics {
-    /// Tasks submitted.
-    pub tasks_submitted: u64,
-    /// Tasks completed.
-    pub tasks_completed: u64,
-    /// Tasks that ended otherwise.
-    pub tasks_failed: u64,
-    /// Bytes moved by completed tasks.
-    pub bytes_transferred: u64,
-    /// Times a peer was declared lost.
-    pub peers_lost: u64,
-    /// Attempts that failed over to another attempt.
-    pub failovers: u64,
-    /// Attempts that ran past their deadline.
-    pub attempt_timeouts: u64,
-    /// Segments open.
-    pub segments_open: u64,
-    /// Regions registered.
-    pub regions: u64,
-}
-
 type EventSink = Arc<dyn Fn(EngineEvent) + Send + Sync>;
 
 const OPEN: u8 = 0;
@@ -191,7 +182,11 @@ struct Inner {
     counters: Arc<Counters>,
     submitted: AtomicU64,
     peers_lost: AtomicU64,
+    peers_recovered: AtomicU64,
+    transports_disabled: AtomicU64,
     events: Mutex<Option<EventSink>>,
+    /// Events emitted while no sink was set (start-time ones included), bounded.
+    backlog: Mutex<Vec<EngineEvent>>,
 }
 
 /// A handle that does not keep the engine alive.
@@ -366,6 +361,7 @@ impl Engine {
             }
         }
         let mut enabled = Vec::new();
+        let mut backlog = Vec::new();
         for kind in &config.transports {
             match transports.get(kind).map(|t| t.install()) {
                 Some(Ok(())) => enabled.push(*kind),
@@ -381,6 +377,18 @@ impl Engine {
                     );
                     disabled.insert(*kind, "not available in this build".into());
                 }
+            }
+        }
+        // Every requested transport that cannot be used is reported to the first
+        // subscriber, with the reason.
+        for kind in &config.transports {
+            if let Some(why) = disabled.get(kind) {
+                backlog.push(EngineEvent::TransportDisabled {
+                    transport: *kind,
+                    segment: None,
+                    reason: why.clone(),
+                    until_ms: None,
+                });
             }
         }
         #[cfg(target_os = "linux")]
@@ -446,7 +454,10 @@ impl Engine {
             counters: Arc::new(Counters::default()),
             submitted: AtomicU64::new(0),
             peers_lost: AtomicU64::new(0),
+            peers_recovered: AtomicU64::new(0),
+            transports_disabled: AtomicU64::new(0),
             events: Mutex::new(None),
+            backlog: Mutex::new(backlog),
         });
         let _ = slot.set(Arc::downgrade(&inner));
         if inner.config.failover.attempt_timeout.is_some() {
@@ -506,9 +517,18 @@ impl Engine {
         &self.inner.config
     }
 
-    /// Receives engine events (peer lost/back). Replaces any previous sink.
+    /// Receives engine events. Replaces any previous sink; events emitted while no sink was
+    /// set (such as start-time install failures) are delivered to the new one first.
     pub fn set_event_sink(&self, sink: Option<EventSink>) {
-        *self.inner.events.lock().unwrap_or_else(|p| p.into_inner()) = sink;
+        let mut events = self.inner.events.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(sink) = &sink {
+            let backlog =
+                std::mem::take(&mut *self.inner.backlog.lock().unwrap_or_else(|p| p.into_inner()));
+            for e in backlog {
+                sink(e);
+            }
+        }
+        *events = sink;
     }
 
     // ---- memory -------------------------------------------------------------------
@@ -861,18 +881,22 @@ impl Engine {
 
     /// Engine counters.
     pub fn metrics(&self) -> Metrics {
-        let c = &self.inner.counters;
+        let (i, c) = (&self.inner, &self.inner.counters);
         Metrics {
-            tasks_submitted: self.inner.submitted.load(Ordering::Relaxed),
+            tasks_submitted: i.submitted.load(Ordering::Relaxed),
             tasks_completed: c.completed.load(Ordering::Relaxed),
             tasks_failed: c.failed.load(Ordering::Relaxed),
             bytes_transferred: c.bytes.load(Ordering::Relaxed),
-            peers_lost: self.inner.peers_lost.load(Ordering::Relaxed),
-            failovers: self.inner.failovers.load(Ordering::Relaxed),
-            attempt_timeouts: self.inner.attempt_timeouts.load(Ordering::Relaxed),
-            segments_open: 0,
-            regions: self.inner.regions.snapshot().len() as u64,
+            peers_lost: i.peers_lost.load(Ordering::Relaxed),
+            peers_recovered: i.peers_recovered.load(Ordering::Relaxed),
+            failovers: i.failovers.load(Ordering::Relaxed),
+            attempt_timeouts: i.attempt_timeouts.load(Ordering::Relaxed),
+            transports_disabled: i.transports_disabled.load(Ordering::Relaxed),
+            segments_open: i.segments.len() as u64,
+            regions: i.regions.snapshot().len() as u64,
+            ..Metrics::default()
         }
+        .with_tasks(&c.tasks)
     }
 
     /// Closes the engine. Idempotent; pending work ends CANCELED with `Closed`.
@@ -1068,13 +1092,19 @@ impl Inner {
     }
 
     fn emit(&self, event: EngineEvent) {
-        let sink = self
-            .events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        if let Some(sink) = sink {
-            sink(event);
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        match events.clone() {
+            Some(sink) => {
+                drop(events);
+                sink(event);
+            }
+            // Kept (under the sink's lock, so `set_event_sink` cannot miss it) for the next sink.
+            None => {
+                let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+                if backlog.len() < 256 && self.state.load(Ordering::Acquire) == OPEN {
+                    backlog.push(event);
+                }
+            }
         }
     }
 }
@@ -1091,6 +1121,12 @@ impl Driver for Inner {
             task.fail(error);
             return;
         }
+        // A peer declared lost is out of reach whatever the transport: end the task now
+        // instead of retrying into it, and count nothing against the transport's health.
+        if task.request().peer.is_lost() {
+            task.fail(error);
+            return;
+        }
         let current = task.transport().unwrap_or(TransportKind::Tcp);
         let retryable = matches!(
             error.status(),
@@ -1099,15 +1135,28 @@ impl Driver for Inner {
         let peer = task.request().peer.handle();
         if retryable {
             self.health_dirty.store(true, Ordering::Relaxed);
-            if self
-                .health
-                .record_error(&(peer, current), std::time::Instant::now())
-            {
+            let now = std::time::Instant::now();
+            if self.health.record_error(&(peer, current), now) {
                 tracing::info!(
                     peer = task.request().peer.name(),
                     transport = current.name(),
                     "transport keeps failing towards this peer: ranked last for a cooldown"
                 );
+                self.transports_disabled.fetch_add(1, Ordering::Relaxed);
+                let left = self
+                    .health
+                    .paused_until(&(peer, current))
+                    .map_or(Duration::ZERO, |u| u.saturating_duration_since(now));
+                let until = std::time::SystemTime::now() + left;
+                self.emit(EngineEvent::TransportDisabled {
+                    transport: current,
+                    segment: Some(task.request().peer.name().to_string()),
+                    reason: error.to_string(),
+                    until_ms: until
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .ok()
+                        .map(|d| d.as_millis() as u64),
+                });
             }
         }
         let candidates = task.with_state(|st| st.candidates.clone());
@@ -1160,13 +1209,14 @@ impl Inner {
             return;
         }
         self.peers_lost.fetch_add(1, Ordering::Relaxed);
-        for t in self.transports.values() {
-            t.fail_peer(peer, peer.lost_error());
-        }
+        // The event goes first, so that listeners learn of the loss before the failures.
         self.emit(EngineEvent::PeerLost {
             segment: peer.name().to_string(),
             reason,
         });
+        for t in self.transports.values() {
+            t.fail_peer(peer, peer.lost_error());
+        }
     }
 
     /// Sets up same-host shared memory with `peer` (maps its buffers); a failure only
@@ -1254,7 +1304,8 @@ impl LinkEvents for Events {
             inner
                 .handle
                 .spawn(async move { engine.attach_shm(&p).await });
-            inner.emit(EngineEvent::PeerBack {
+            inner.peers_recovered.fetch_add(1, Ordering::Relaxed);
+            inner.emit(EngineEvent::PeerRecovered {
                 segment: peer.name().to_string(),
             });
         }

@@ -34,6 +34,7 @@ pub mod error;
 pub mod failover;
 pub mod health;
 pub mod memory;
+pub mod metrics;
 mod net;
 pub mod request;
 pub mod segment;
@@ -46,11 +47,10 @@ pub mod transport;
 pub mod transports;
 pub mod wire;
 
-pub use engine::{
-    BatchSnapshot, Engine, EngineConfig, EngineEvent, Metrics, SegmentInfo, WeakEngine,
-};
+pub use engine::{BatchSnapshot, Engine, EngineConfig, EngineEvent, SegmentInfo, WeakEngine};
 pub use error::{Error, Result};
 pub use memory::{Access, Region, RegionId};
+pub use metrics::Metrics;
 pub use request::{Opcode, Request};
 pub use status::TransferStatus;
 pub use task::TaskSnapshot;

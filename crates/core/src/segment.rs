@@ -244,6 +244,18 @@ impl SegmentTable {
         s.by_name.remove(peer.name());
         Ok(peer)
     }
+    /// Segments open.
+    pub fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_handle
+            .len()
+    }
+    /// Whether no segment is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Removes every segment.
     pub fn drain(&self) -> Vec<Arc<Peer>> {
         let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());

@@ -47,6 +47,8 @@ pub struct Counters {
     pub failed: AtomicU64,
     /// Bytes moved by completed tasks.
     pub bytes: AtomicU64,
+    /// Ended tasks by status, and their bytes by transport and op.
+    pub tasks: crate::metrics::TaskCounters,
 }
 
 /// A point-in-time view of a task.
@@ -323,6 +325,12 @@ impl Task {
             st.error = error;
             self.status.store(status.raw(), Ordering::Release);
         }
+        self.counters.tasks.task_ended(
+            status,
+            self.transport(),
+            self.request.opcode,
+            self.request.length,
+        );
         if status == TransferStatus::Completed {
             self.counters.completed.fetch_add(1, Ordering::Relaxed);
             self.counters

@@ -453,3 +453,94 @@ fn a_restarted_peer_is_refetched_and_served_again() {
     initiator.close();
     second.close();
 }
+
+#[test]
+fn work_towards_a_lost_peer_fails_without_failover_and_events_report_it() {
+    let (target, initiator) = pair();
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = events.clone();
+    initiator.set_event_sink(Some(Arc::new(move |e| sink.lock().unwrap().push(e))));
+    let remote = target.allocate(16 << 20).expect("remote");
+    let local = initiator.allocate(16 << 20).expect("local");
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let reqs: Vec<_> = (0..16)
+        .map(|i| req(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
+        .collect();
+    let done = initiator.transfer_blocking(&reqs).expect("transfer");
+    assert!(done.iter().all(|s| s.status == TransferStatus::Completed));
+    target.close();
+    let killed = Instant::now();
+    while initiator.metrics().peers_lost == 0 {
+        assert!(killed.elapsed() < Duration::from_secs(3), "not lost");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let before = initiator.metrics();
+    // Declared lost: every transport is out of reach, so tasks end at once, are not retried
+    // into the dead peer, and do not count against the path's health.
+    let batch = initiator.allocate_batch(64).expect("batch");
+    initiator.submit_transfer(batch, &reqs).expect("submit");
+    let snaps = initiator.transfer_status_list(batch).expect("status");
+    for s in &snaps {
+        assert_eq!(s.status, TransferStatus::Failed);
+        assert_eq!(s.attempts, 1);
+        assert_eq!(
+            s.error.as_ref().map(|e| e.code()),
+            Some("ERR_FERRY_PEER_LOST")
+        );
+    }
+    let m = initiator.metrics();
+    assert_eq!(m.failovers, before.failovers, "{m:?}");
+    assert_eq!(m.transports_disabled, before.transports_disabled, "{m:?}");
+    assert_eq!(m.peers_lost, 1);
+    assert_eq!(m.inflight, 0, "{m:?}");
+    let by = |s: TransferStatus| {
+        m.transfers_by_status
+            .iter()
+            .find(|(x, _)| *x == s)
+            .map(|(_, n)| *n)
+    };
+    assert_eq!(by(TransferStatus::Completed), Some(16));
+    assert_eq!(by(TransferStatus::Failed), Some(16));
+    let events = events.lock().unwrap().clone();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, ferry_core::EngineEvent::PeerLost { .. })),
+        "{events:?}"
+    );
+    initiator.close();
+}
+
+#[test]
+fn start_time_install_failure_reaches_a_late_sink() {
+    let cfg = EngineConfig {
+        faults: vec![(
+            ferry_core::TransportKind::Shm,
+            ferry_core::transports::fault::FaultSpec {
+                fail_install: true,
+                ..Default::default()
+            },
+        )],
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(cfg).expect("engine");
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = events.clone();
+    engine.set_event_sink(Some(Arc::new(move |e| sink.lock().unwrap().push(e))));
+    let events = events.lock().unwrap().clone();
+    assert!(
+        matches!(
+            events.as_slice(),
+            [ferry_core::EngineEvent::TransportDisabled {
+                transport: ferry_core::TransportKind::Shm,
+                segment: None,
+                until_ms: None,
+                ..
+            }]
+        ),
+        "{events:?}"
+    );
+    engine.close();
+}

@@ -423,11 +423,11 @@ pub struct OpenResult {
 /// An engine event.
 #[napi(object)]
 pub struct EngineEventJs {
-    /// "peerLost", "peerBack" or "failover".
+    /// "peerLost", "peerRecovered", "failover" or "transportDisabled".
     pub kind: String,
-    /// Segment name.
-    pub segment: String,
-    /// Reason, for peerLost and failover.
+    /// Segment name (absent for a transport that failed to install).
+    pub segment: Option<String>,
+    /// Reason, for peerLost, failover and transportDisabled.
     pub reason: Option<String>,
     /// Failover: transport of the failed attempt.
     pub from: Option<String>,
@@ -435,27 +435,35 @@ pub struct EngineEventJs {
     pub to: Option<String>,
     /// Failover: switches made by the task, this one included.
     pub attempt: Option<u32>,
+    /// transportDisabled: the transport.
+    pub transport: Option<String>,
+    /// transportDisabled: end of the pause, ms since the Unix epoch.
+    pub until_ms: Option<f64>,
+}
+
+impl EngineEventJs {
+    fn new(kind: &str, segment: Option<String>) -> Self {
+        Self {
+            kind: kind.into(),
+            segment,
+            reason: None,
+            from: None,
+            to: None,
+            attempt: None,
+            transport: None,
+            until_ms: None,
+        }
+    }
 }
 
 impl From<EngineEvent> for EngineEventJs {
     fn from(e: EngineEvent) -> Self {
         match e {
             EngineEvent::PeerLost { segment, reason } => Self {
-                kind: "peerLost".into(),
-                segment,
                 reason: Some(reason),
-                from: None,
-                to: None,
-                attempt: None,
+                ..Self::new("peerLost", Some(segment))
             },
-            EngineEvent::PeerBack { segment } => Self {
-                kind: "peerBack".into(),
-                segment,
-                reason: None,
-                from: None,
-                to: None,
-                attempt: None,
-            },
+            EngineEvent::PeerRecovered { segment } => Self::new("peerRecovered", Some(segment)),
             EngineEvent::Failover {
                 segment,
                 from,
@@ -463,15 +471,37 @@ impl From<EngineEvent> for EngineEventJs {
                 attempt,
                 reason,
             } => Self {
-                kind: "failover".into(),
-                segment,
                 reason: Some(reason),
                 from: Some(from.name().into()),
                 to: Some(to.name().into()),
                 attempt: Some(attempt),
+                ..Self::new("failover", Some(segment))
             },
+            EngineEvent::TransportDisabled {
+                transport,
+                segment,
+                reason,
+                until_ms,
+            } => Self {
+                reason: Some(reason),
+                transport: Some(transport.name().into()),
+                until_ms: until_ms.map(|v| v as f64),
+                ..Self::new("transportDisabled", segment)
+            },
+            _ => Self::new("unknown", None),
         }
     }
+}
+
+/// Bytes of completed transfers over one transport for one operation.
+#[napi(object)]
+pub struct BytesByTransport {
+    /// "tcp", "shm" or "rdma".
+    pub transport: String,
+    /// "read" or "write".
+    pub op: String,
+    /// Bytes.
+    pub bytes: f64,
 }
 
 /// Engine counters.
@@ -485,12 +515,25 @@ pub struct EngineMetrics {
     pub tasks_failed: f64,
     /// Bytes moved by completed tasks.
     pub bytes_transferred: f64,
+    /// Bytes of completed tasks by transport and op.
+    pub bytes: Vec<BytesByTransport>,
+    /// Tasks that ended, by final status name in lower case (completed, failed, timeout,
+    /// canceled, invalid).
+    pub transfers: std::collections::HashMap<String, f64>,
+    /// Tasks submitted and not yet ended.
+    pub inflight: f64,
     /// Times a peer was declared lost.
     pub peers_lost: f64,
+    /// Times a lost peer answered again.
+    pub peers_recovered: f64,
     /// Attempts that failed over.
     pub failovers: f64,
     /// Attempts that passed their deadline.
     pub attempt_timeouts: f64,
+    /// Times the rail monitor paused a (peer, transport) path.
+    pub transports_disabled: f64,
+    /// Remote segments open.
+    pub segments_open: f64,
     /// Registered regions.
     pub regions: f64,
 }
@@ -502,9 +545,30 @@ impl From<Metrics> for EngineMetrics {
             tasks_completed: m.tasks_completed as f64,
             tasks_failed: m.tasks_failed as f64,
             bytes_transferred: m.bytes_transferred as f64,
+            bytes: m
+                .bytes_by
+                .iter()
+                .map(|b| BytesByTransport {
+                    transport: b.transport.name().into(),
+                    op: match b.op {
+                        Opcode::Read => "read".into(),
+                        Opcode::Write => "write".into(),
+                    },
+                    bytes: b.bytes as f64,
+                })
+                .collect(),
+            transfers: m
+                .transfers_by_status
+                .iter()
+                .map(|(s, n)| (s.name().to_ascii_lowercase(), *n as f64))
+                .collect(),
+            inflight: m.inflight as f64,
             peers_lost: m.peers_lost as f64,
+            peers_recovered: m.peers_recovered as f64,
             failovers: m.failovers as f64,
             attempt_timeouts: m.attempt_timeouts as f64,
+            transports_disabled: m.transports_disabled as f64,
+            segments_open: m.segments_open as f64,
             regions: m.regions as f64,
         }
     }

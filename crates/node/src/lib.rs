@@ -294,6 +294,12 @@ impl NativeEngine {
         EngineMetrics::from(self.engine.metrics())
     }
 
+    /// Engine counters in the Prometheus text exposition format.
+    #[napi(catch_unwind)]
+    pub fn metrics_text(&self) -> String {
+        self.engine.metrics().to_prometheus()
+    }
+
     /// Closes the engine: pending work is canceled, threads stop, memory is released.
     #[napi(catch_unwind)]
     pub fn close(&self) {

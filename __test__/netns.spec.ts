@@ -1,0 +1,145 @@
+/**
+ * Two hosts on one machine: this process (the initiator) in the root namespace and a target
+ * process in its own network namespace, joined by a veth pair. Taking the target's end of
+ * the link down is a silent host loss: no reset, no EOF, nothing but silence.
+ */
+import test, { type ExecutionContext } from 'ava'
+import { Engine, FerryError, type PeerLostEvent, type PeerRecoveredEvent } from '../index'
+import { delay, killAll, startTarget, type TargetProcess } from './helpers'
+import { createNetwork, netnsUnavailable, sweep, type Network } from './netns'
+
+test.after.always(killAll)
+test.after.always(sweep)
+
+const MiB = 1 << 20
+const skip = netnsUnavailable()
+
+/** A network and a target inside namespace b; both removed in teardown, also on failure. */
+async function setUp(t: ExecutionContext, peerTimeoutMs: number): Promise<{ net: Network; target: TargetProcess; engine: Engine }> {
+  const net = createNetwork() // throws with a clear message if ip/namespaces fail
+  t.teardown(() => net.destroy())
+  const target = await startTarget(
+    { FERRY_TARGET_BYTES: String(16 * MiB), FERRY_TARGET_LISTEN: `${net.b.address}:0`, FERRY_TARGET_MACHINE_ID: `host-b-${process.pid}` },
+    20_000,
+    net.prefix(net.b),
+  )
+  t.teardown(() => target.kill())
+  const engine = await Engine.create({ peerTimeoutMs, machineId: `host-a-${process.pid}` })
+  t.teardown(() => engine.close())
+  return { net, target, engine }
+}
+
+if (skip) {
+  test.skip(`network namespace tests skipped: ${skip}`, (t) => t.pass())
+} else {
+  test('across namespaces: bytes arrive intact over tcp, and the status says tcp', async (t) => {
+    t.timeout(60_000)
+    const { net, target, engine } = await setUp(t, 3000)
+    t.true(target.segment.startsWith(net.b.address + ':'), target.segment)
+    const seg = await engine.openSegment(target.segment)
+    const local = engine.allocate(4 * MiB)
+    for (let i = 0; i < local.length; i++) local.buffer[i] = (i * 31 + 7) & 0xff
+    const w = await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: 4 * MiB })
+    t.is(w.tasks[0].transport, 'tcp')
+    const back = engine.allocate(4 * MiB)
+    const r = await engine.read({ local: back, remote: seg, remoteBuffer: target.buffer, length: 4 * MiB })
+    t.is(r.tasks[0].transport, 'tcp')
+    t.true(back.buffer.equals(local.buffer), 'read back what was written')
+    const m = engine.metrics()
+    t.is(m.bytes.find((b) => b.transport === 'tcp' && b.op === 'write')?.bytes, 4 * MiB)
+    t.is(m.bytes.find((b) => b.transport === 'tcp' && b.op === 'read')?.bytes, 4 * MiB)
+    t.is(m.bytes.find((b) => b.transport === 'shm' && b.op === 'write')?.bytes, 0)
+  })
+
+  test('link down mid-stream: pending transfers FAIL within peerTimeoutMs + 1 s, peerLost fires; link up: transfers succeed again', async (t) => {
+    t.timeout(90_000)
+    const peerTimeoutMs = 1000
+    const { net, target, engine } = await setUp(t, peerTimeoutMs)
+    const lost: Array<PeerLostEvent & { at: number }> = []
+    const recovered: PeerRecoveredEvent[] = []
+    engine.on('peerLost', (e) => lost.push({ ...e, at: Date.now() }))
+    engine.on('peerRecovered', (e) => recovered.push(e))
+    const seg = await engine.openSegment(target.segment)
+    const local = engine.allocate(16 * MiB)
+
+    // A stream of 1 MiB writes, 8 in flight.
+    let running = true
+    let completed = 0
+    const settled: Array<{ at: number; ok: boolean; code?: string }> = []
+    const pending = new Set<Promise<void>>()
+    let i = 0
+    const launch = () => {
+      if (!running) return
+      const off = (i++ % 16) * MiB
+      const p: Promise<void> = engine
+        .write({ local, localOffset: off, remote: seg, remoteBuffer: target.buffer, remoteOffset: off, length: MiB })
+        .then(
+          () => void (completed++, settled.push({ at: Date.now(), ok: true })),
+          (err: FerryError) => void settled.push({ at: Date.now(), ok: false, code: err.code }),
+        )
+        .finally(() => {
+          pending.delete(p)
+          launch()
+        })
+      pending.add(p)
+    }
+    for (let k = 0; k < 8; k++) launch()
+    const warm = Date.now() + 15_000
+    while (completed < 30 && Date.now() < warm) await delay(5)
+    t.true(completed >= 30, 'the stream was flowing before the link went down')
+
+    net.linkDown()
+    const downAt = Date.now()
+    // Keep launching for a moment: writes issued into the dead link hang (nothing answers,
+    // nothing resets) until the peer is declared lost.
+    await delay(200)
+    running = false
+    const inFlight = [...pending]
+    t.true(inFlight.length > 0, 'writes were in flight')
+    await Promise.race([Promise.all(inFlight), delay(peerTimeoutMs + 5000)])
+    const after = settled.filter((x) => x.at >= downAt)
+    const failures = after.filter((x) => !x.ok)
+    t.true(failures.length > 0, 'pending writes failed')
+    t.is(pending.size, 0, 'every pending write settled')
+    const times = failures.map((f) => f.at - downAt).sort((x, y) => x - y)
+    t.log(`time to FAILED after link down: median ${times[times.length >> 1]} ms, max ${times[times.length - 1]} ms (peerTimeoutMs ${peerTimeoutMs})`)
+    for (const f of failures) t.is(f.code, 'ERR_FERRY_PEER_LOST')
+    // Bound: peerTimeoutMs + 1 s, plus a small margin for scheduling on a loaded machine.
+    t.true(times[times.length >> 1] < peerTimeoutMs + 1000 + 250, `median ${times[times.length >> 1]} ms`)
+    t.true(times[times.length - 1] < peerTimeoutMs + 1000 + 250, `max ${times[times.length - 1]} ms`)
+    while (lost.length === 0 && Date.now() - downAt < peerTimeoutMs + 3000) await delay(5)
+    t.is(lost.length, 1, 'peerLost fired once')
+    t.is(lost[0].segment, seg.name)
+    t.true(lost[0].at - downAt < peerTimeoutMs + 1250, `peerLost ${lost[0].at - downAt} ms after link down`)
+    t.true(engine.metrics().peersLost >= 1)
+    const err = await t.throwsAsync<FerryError>(() => engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: MiB }))
+    t.is(err!.code, 'ERR_FERRY_PEER_LOST', 'while the link is down, new work fails fast')
+
+    net.linkUp()
+    const upAt = Date.now()
+    let ok = false
+    let last = ''
+    while (!ok && Date.now() - upAt < 30_000) {
+      try {
+        const r = await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: MiB })
+        ok = r.tasks[0].transport === 'tcp'
+      } catch (e) {
+        last = (e as FerryError).code
+        await delay(100)
+      }
+    }
+    t.true(ok, `a write succeeded after the link came back (last error ${last})`)
+    t.log(`first successful write ${Date.now() - upAt} ms after link up`)
+    t.deepEqual(
+      recovered.map((e) => e.segment),
+      [seg.name],
+      'peerRecovered fired',
+    )
+    // The bytes are there.
+    for (let k = 0; k < MiB; k++) local.buffer[k] = (k * 7) & 0xff
+    await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: MiB })
+    const back = engine.allocate(MiB)
+    await engine.read({ local: back, remote: seg, remoteBuffer: target.buffer, length: MiB })
+    t.true(back.buffer.equals(local.buffer.subarray(0, MiB)))
+  })
+}
