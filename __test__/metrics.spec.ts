@@ -78,7 +78,7 @@ test('failed transfers, the rail monitor pausing a path: transportDisabled with 
 })
 
 test('a transport that fails to install is reported to a handler attached after create(), even later', async (t) => {
-  const engine = await Engine.create({ faults: [{ transport: 'shm', failInstall: true }] })
+  const engine = await Engine.create({ transports: ['shm', 'tcp'], faults: [{ transport: 'shm', failInstall: true }] })
   t.teardown(() => engine.close())
   await delay(50) // the event has long reached the JS side; nobody listened yet
   const seen = await new Promise<TransportDisabledEvent>((resolve, reject) => {
@@ -93,7 +93,7 @@ test('a transport that fails to install is reported to a handler attached after 
   t.is(seen.untilMs, undefined)
   t.regex(seen.reason, /install/)
 
-  const direct = await Engine.create({ faults: [{ transport: 'shm', failInstall: true }] })
+  const direct = await Engine.create({ transports: ['shm', 'tcp'], faults: [{ transport: 'shm', failInstall: true }] })
   t.teardown(() => direct.close())
   const got: TransportDisabledEvent[] = []
   direct.on('transportDisabled', (e) => got.push(e))

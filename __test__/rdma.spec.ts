@@ -144,6 +144,15 @@ test('where no RDMA device exists, requireTransport rdma fails with the reason a
   const target = await startTarget({ FERRY_TARGET_BYTES: String(MiB) })
   const engine = await Engine.create({ transports: ['rdma', 'tcp'], rdma: { provider: 'ibverbs' } })
   try {
+    const disabled = await new Promise<{ transport: string; reason: string }>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error('no transportDisabled event for rdma')), 2000)
+      engine.once('transportDisabled', (e) => {
+        clearTimeout(timer)
+        resolve(e)
+      })
+    })
+    t.is(disabled.transport, 'rdma')
+    t.regex(disabled.reason, /no RDMA device|libibverbs/)
     const src = engine.allocate(MiB)
     const seg = await engine.openSegment(target.segment)
     const err = await t.throwsAsync(
