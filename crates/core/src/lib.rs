@@ -34,6 +34,7 @@ pub mod error;
 pub mod failover;
 pub mod health;
 pub mod memory;
+pub mod metadata;
 mod net;
 pub mod request;
 pub mod segment;
@@ -51,6 +52,7 @@ pub use engine::{
 };
 pub use error::{Error, Result};
 pub use memory::{Access, Region, RegionId};
+pub use metadata::EtcdConfig;
 pub use request::{Opcode, Request};
 pub use status::TransferStatus;
 pub use task::TaskSnapshot;
