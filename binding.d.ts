@@ -273,6 +273,20 @@ export interface EngineOptions {
   attemptTimeoutMs?: number
   /** Fault injection per transport, for tests and benchmarks [none]. */
   faults?: Array<FaultOptions>
+  /**
+   * Metadata service: "p2p" (segment names are host:port), or
+   * "etcd://host:port[,host:port...]" for cluster mode ["p2p"].
+   */
+  metadata?: string
+  /** With etcd: key prefix of the segment records ["/ferry/segments/"]. */
+  metadataPrefix?: string
+  /** With etcd: the logical name this engine is published under [its host:port]. */
+  segmentName?: string
+  /**
+   * With etcd: lease TTL of this engine's record in ms, whole seconds, >= 1000; bounds
+   * the time until peers see this engine lost when it stops answering [5000].
+   */
+  leaseTtlMs?: number
 }
 
 /** Fault injection on one transport. */

@@ -58,6 +58,7 @@ export type FerryErrorCode =
   | 'ERR_FERRY_IO'
   | 'ERR_FERRY_CANCELED'
   | 'ERR_FERRY_TIMEOUT'
+  | 'ERR_FERRY_METADATA'
   | 'ABORT_ERR'
   | string
 
@@ -161,8 +162,23 @@ export interface EngineOptions {
   sliceSize?: number
   /** Connect timeout in ms. Default 3000. */
   connectTimeoutMs?: number
-  /** Metadata service: `'p2p'` (default, embedded; segment names are `host:port`). */
-  metadata?: 'p2p'
+  /**
+   * Metadata service. `'p2p'` (default, embedded): segment names are `host:port`.
+   * `'etcd://host:port[,host:port]'` (clusters): the engine publishes itself in etcd under
+   * `segmentName`, bound to a lease it keeps alive, and `openSegment` looks names up there;
+   * a peer whose lease expires is reported lost. Creation fails with `ERR_FERRY_METADATA`
+   * when etcd does not answer within `connectTimeoutMs`.
+   */
+  metadata?: 'p2p' | `etcd://${string}`
+  /** With etcd: key prefix of the segment records. Default `'/ferry/segments/'`. */
+  metadataPrefix?: string
+  /** With etcd: the logical name this engine is published under. Default its `host:port`. */
+  segmentName?: string
+  /**
+   * With etcd: lease TTL of this engine's record in ms (whole seconds, >= 1000). Peers see
+   * this engine lost at most about this long after it stops answering. Default 5000.
+   */
+  leaseTtlMs?: number
   /** Transport switches allowed per task; 0 disables failover, 1 allows one. Default 3. */
   maxFailoverAttempts?: number
   /** Whether polled (batch) tasks fail over; the Promise calls always do. Default true. */
@@ -539,11 +555,7 @@ export class Engine extends EventEmitter {
 
   /** Starts an engine. */
   static async create(options: EngineOptions = {}): Promise<Engine> {
-    const { metadata, ...rest } = options
-    if (metadata !== undefined && metadata !== 'p2p') {
-      throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', `metadata ${String(metadata)} is not supported by this build (use 'p2p')`)
-    }
-    return new Engine(call(() => new native.NativeEngine(rest)))
+    return new Engine(call(() => new native.NativeEngine(options)))
   }
 
   /** @internal */
@@ -551,7 +563,7 @@ export class Engine extends EventEmitter {
     return call(() => fn(this.#native))
   }
 
-  /** This engine's segment name (`host:port`), which peers open. */
+  /** This engine's segment name, which peers open: `host:port`, or its name in etcd. */
   get segmentName(): string {
     return this.#native.segmentName
   }

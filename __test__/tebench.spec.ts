@@ -3,6 +3,7 @@ import test from 'ava'
 import type { ChildProcess } from 'node:child_process'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
+import { startEtcd, stopAllEtcd } from './etcd'
 import { delay, killAll, spawnNode } from './helpers'
 
 const TEBENCH = path.join(__dirname, '..', 'bench', 'tebench.ts')
@@ -83,7 +84,10 @@ async function waitForTable(w: ReturnType<typeof watch>, limitMs = 15_000): Prom
   return w.out().includes('BlkSize')
 }
 
-test.after.always(() => killAll())
+test.after.always(() => {
+  killAll()
+  stopAllEtcd()
+})
 
 test('--local --json: one JSON object per case with the columns, exit 0', async (t) => {
   t.timeout(60_000)
@@ -148,7 +152,7 @@ test('bad usage exits 2 with one message on stderr', async (t) => {
     t.is(r.stdout, '')
   }
   const etcd = await runTebench(['--metadata_type=etcd']).done
-  t.regex(etcd.stderr, /not supported yet/)
+  t.regex(etcd.stderr, /needs --metadata_url_list/)
 })
 
 for (const xport of ['tcp', 'shm', 'rdma'] as const) {
@@ -267,4 +271,47 @@ test('--local --op_type=mix --check_consistency exits 0', async (t) => {
   t.regex(r.stdout, /WRITE/)
   t.regex(r.stdout, /READ/)
   t.is((r.stdout.match(/^\s+1048576 \|/gm) ?? []).length, 2, r.stdout)
+})
+
+test('etcd: a target registered under --local_server_name is benchmarked by name, data verified', async (t) => {
+  t.timeout(90_000)
+  const etcd = await startEtcd()
+  const meta = ['--metadata_type=etcd', `--metadata_url_list=${etcd.clientUrl}`]
+  const target = await startTarget([...meta, '--local_server_name=bench-target'])
+  try {
+    t.is(target.segment, 'bench-target', 'the printed command names the logical segment')
+    const run = runTebench([
+      '--target_seg_name=bench-target',
+      ...meta,
+      '--op_type=mix',
+      '--check_consistency',
+      '--duration=1',
+      '--start_block_size=65536',
+      '--max_block_size=65536',
+      '--total_buffer_size=64M',
+      '--xport_type=tcp',
+      '--json',
+    ])
+    const r = await Promise.race([run.done, delay(60_000).then(() => undefined)])
+    t.truthy(r, 'initiator did not finish')
+    if (!r) return
+    t.is(r.code, 0, r.stdout + r.stderr)
+    const rows = r.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, unknown>)
+    t.deepEqual(
+      rows.map((x) => x.op),
+      ['write', 'read'],
+    )
+    for (const row of rows) t.true((row.ops as number) > 0, JSON.stringify(row))
+    // A name nobody registered: exit 1 with the code, not a hang.
+    const missing = await runTebench(['--target_seg_name=nobody', ...meta, '--duration=1']).done
+    t.is(missing.code, 1, missing.stderr)
+    t.regex(missing.stderr, /ERR_FERRY_UNKNOWN_SEGMENT/)
+  } finally {
+    if (target.proc.exitCode === null && target.proc.signalCode === null) process.kill(target.proc.pid!, 'SIGKILL')
+    await Promise.race([target.done, delay(5000)])
+    await etcd.stop()
+  }
 })

@@ -45,8 +45,17 @@ export const OPTIONS = {
   max_num_threads: { type: 'string', default: '1', help: 'last thread count' },
   duration: { type: 'string', default: '5', help: 'measured seconds per case, after a 1 s warm-up' },
   request_interval_us: { type: 'string', default: '0', help: 'per-thread pacing before each batch (µs)' },
-  metadata_type: { type: 'string', default: 'p2p', help: 'p2p (etcd is not supported yet)' },
-  metadata_url_list: { type: 'string', default: '', help: 'metadata servers (unused with p2p)' },
+  metadata_type: {
+    type: 'string',
+    default: 'p2p',
+    help: 'p2p (segment names are host:port) or etcd (names are looked up in --metadata_url_list)',
+  },
+  metadata_url_list: { type: 'string', default: '', help: 'with etcd: the etcd servers, http://host:port[,host:port]' },
+  local_server_name: {
+    type: 'string',
+    default: '',
+    help: 'with etcd: the name a target registers under (Mooncake\'s flag); empty = its host:port',
+  },
   rpc_server_port: { type: 'string', default: '0', help: 'target listen port on 127.0.0.1; 0 = any' },
   xport_type: { type: 'string', default: '', help: 'pin one transport: rdma, shm, tcp (empty = engine default)' },
   peer_timeout_ms: { type: 'string', default: '3000', help: 'Ferry: a silent peer is declared lost (FAILED) after this many ms' },
@@ -73,8 +82,9 @@ export interface Config {
   maxNumThreads: number
   durationS: number
   requestIntervalUs: number
-  metadataType: 'p2p'
+  metadataType: 'p2p' | 'etcd'
   metadataUrlList: string
+  localServerName: string
   rpcServerPort: number
   xportType?: TransportName
   peerTimeoutMs: number
@@ -144,8 +154,20 @@ export function parseConfig(argv: string[]): Config {
     throw new UsageError(`--op_type must be read, write or mix, got "${opType}"`)
   }
   const metadataType = s('metadata_type')
-  if (metadataType === 'etcd') throw new UsageError('--metadata_type=etcd is not supported yet (use p2p)')
-  if (metadataType !== 'p2p') throw new UsageError(`--metadata_type must be p2p or etcd, got "${metadataType}"`)
+  if (metadataType !== 'p2p' && metadataType !== 'etcd') {
+    throw new UsageError(`--metadata_type must be p2p or etcd, got "${metadataType}"`)
+  }
+  const urls = s('metadata_url_list').trim()
+  if (metadataType === 'etcd') {
+    if (urls === '') throw new UsageError('--metadata_type=etcd needs --metadata_url_list=http://host:port[,host:port]')
+    for (const u of urls.split(',')) {
+      if (!/^(http:\/\/)?[A-Za-z0-9.\-_[\]:]+:\d{1,5}\/?$/.test(u.trim())) {
+        throw new UsageError(`--metadata_url_list: expected http://host:port entries, got "${u}"`)
+      }
+    }
+  } else if (s('local_server_name') !== '') {
+    throw new UsageError('--local_server_name needs --metadata_type=etcd')
+  }
   const xport = s('xport_type')
   if (xport !== '' && xport !== 'rdma' && xport !== 'shm' && xport !== 'tcp') {
     throw new UsageError(`--xport_type must be rdma, shm or tcp, got "${xport}"`)
@@ -171,8 +193,9 @@ export function parseConfig(argv: string[]): Config {
     maxNumThreads: parseInteger('max_num_threads', s('max_num_threads'), 1, 1024),
     durationS: duration,
     requestIntervalUs: parseInteger('request_interval_us', s('request_interval_us'), 0),
-    metadataType: 'p2p',
-    metadataUrlList: s('metadata_url_list'),
+    metadataType,
+    metadataUrlList: urls,
+    localServerName: s('local_server_name'),
     rpcServerPort: parseInteger('rpc_server_port', s('rpc_server_port'), 0, 65535),
     xportType: xport === '' ? undefined : (xport as TransportName),
     peerTimeoutMs: parseInteger('peer_timeout_ms', s('peer_timeout_ms'), 10, 3_600_000),
@@ -185,6 +208,7 @@ export function parseConfig(argv: string[]): Config {
   if (cfg.startNumThreads > cfg.maxNumThreads) throw new UsageError('--start_num_threads is larger than --max_num_threads')
   if (cfg.checkConsistency && cfg.opType !== 'mix') throw new UsageError('--check_consistency needs --op_type=mix')
   if (cfg.local && cfg.targetSegNames.length > 0) throw new UsageError('--local and --target_seg_name exclude each other')
+  if (cfg.local && cfg.metadataType === 'etcd') throw new UsageError('--local uses p2p; drop --metadata_type=etcd')
   return cfg
 }
 
@@ -293,15 +317,22 @@ const interrupt = {
 // ---------------------------------------------------------------------------------------
 // Target mode.
 
+/** Engine options of the metadata flags. */
+function metadataOptions(cfg: Config): { metadata?: `etcd://${string}`; segmentName?: string } {
+  if (cfg.metadataType !== 'etcd') return {}
+  return { metadata: `etcd://${cfg.metadataUrlList}`, segmentName: cfg.localServerName || undefined }
+}
+
 function initiatorCommand(cfg: Config, segment: string): string {
   const parts = ['npx tebench', `--target_seg_name=${segment}`]
+  if (cfg.metadataType === 'etcd') parts.push('--metadata_type=etcd', `--metadata_url_list=${cfg.metadataUrlList}`)
   if (cfg.totalBufferSize !== GiB) parts.push(`--total_buffer_size=${cfg.totalBufferSize}`)
   if (cfg.xportType) parts.push(`--xport_type=${cfg.xportType}`)
   return parts.join(' ')
 }
 
 async function runTarget(cfg: Config): Promise<number> {
-  const engine = await Engine.create({ listen: `127.0.0.1:${cfg.rpcServerPort}` })
+  const engine = await Engine.create({ listen: `127.0.0.1:${cfg.rpcServerPort}`, ...metadataOptions(cfg) })
   try {
     const region = engine.allocate(cfg.totalBufferSize)
     void region
@@ -376,7 +407,11 @@ interface InitiatorResult {
 }
 
 async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> {
-  const engine = await Engine.create({ transports: engineTransports(cfg.xportType), peerTimeoutMs: cfg.peerTimeoutMs })
+  const engine = await Engine.create({
+    transports: engineTransports(cfg.xportType),
+    peerTimeoutMs: cfg.peerTimeoutMs,
+    ...metadataOptions(cfg),
+  })
   let bench: Bench | undefined
   const stopBench = () => bench?.stop()
   interrupt.onStop.add(stopBench)

@@ -155,7 +155,7 @@ async fn link_once(
     events: &Arc<dyn LinkEvents>,
     backoff: &mut Duration,
 ) -> String {
-    let addr = peer.name().to_string();
+    let addr = peer.addr();
     let (mut stream, remote_id) = match connect(
         &addr,
         ConnKind::Control,

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::failover::{decide, Deadlines, Decision, FailoverPolicy};
 use crate::health::{HealthTable, RailPolicy};
 use crate::memory::{Access, KeepAlive, Region, RegionId, RegionTable};
+use crate::metadata::{EtcdConfig, Registry};
 pub use crate::metrics::Metrics;
 use crate::request::{validate, Request, ValidatedRequest};
 use crate::segment::{BufferDescriptor, Peer, SegmentTable};
@@ -60,6 +61,8 @@ pub struct EngineConfig {
     /// Transports built outside this crate (e.g. RDMA from `ferry-verbs`); each is used
     /// when its kind is in `transports`.
     pub extra_transports: Vec<Arc<dyn TransportFactory>>,
+    /// Cluster metadata in etcd; `None` (default) is p2p: segments are named `host:port`.
+    pub metadata: Option<EtcdConfig>,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +78,7 @@ impl Default for EngineConfig {
             faults: Vec::new(),
             machine_id: None,
             extra_transports: Vec::new(),
+            metadata: None,
         }
     }
 }
@@ -187,6 +191,7 @@ struct Inner {
     events: Mutex<Option<EventSink>>,
     /// Events emitted while no sink was set (start-time ones included), bounded.
     backlog: Mutex<Vec<EngineEvent>>,
+    metadata: Option<Arc<Registry>>,
 }
 
 /// A handle that does not keep the engine alive.
@@ -420,6 +425,14 @@ impl Engine {
                 .collect(),
             shm_socket,
         });
+        let metadata = match crate::metadata::register(&handle, &config, &local, &shutdown) {
+            Ok(m) => m,
+            Err(e) => {
+                shutdown.cancel();
+                runtime.shutdown_background();
+                return Err(e);
+            }
+        };
         handle.spawn(accept_loop(listener, local.clone(), shutdown.clone()));
         let tick = config
             .failover
@@ -458,6 +471,7 @@ impl Engine {
             transports_disabled: AtomicU64::new(0),
             events: Mutex::new(None),
             backlog: Mutex::new(backlog),
+            metadata,
         });
         let _ = slot.set(Arc::downgrade(&inner));
         if inner.config.failover.attempt_timeout.is_some() {
@@ -497,9 +511,22 @@ impl Engine {
         self.inner.state.load(Ordering::Acquire) != OPEN
     }
 
-    /// This engine's segment name (`host:port`), which peers pass to `open_segment`.
+    /// This engine's segment name, which peers pass to `open_segment`: `host:port`, or the
+    /// logical name published in etcd.
     pub fn segment_name(&self) -> &str {
-        &self.inner.local.name
+        match &self.inner.metadata {
+            Some(m) => m.name(),
+            None => &self.inner.local.name,
+        }
+    }
+
+    /// Test hook: stops (or resumes) this engine's etcd keep-alives without revoking its
+    /// lease, as if the engine had died. No effect without etcd metadata.
+    #[doc(hidden)]
+    pub fn pause_metadata_keepalive(&self, paused: bool) {
+        if let Some(m) = &self.inner.metadata {
+            m.pause_keepalive(paused);
+        }
     }
 
     /// The address actually bound.
@@ -580,24 +607,31 @@ impl Engine {
 
     // ---- segments -----------------------------------------------------------------
 
-    /// Opens (or refreshes) a remote segment by name (`host:port`).
+    /// Opens (or refreshes) a remote segment by name: `host:port`, or with etcd metadata
+    /// a name registered there (`Metadata` error when etcd cannot be asked).
     pub async fn open_segment(&self, name: &str) -> Result<SegmentInfo> {
         self.check_open()?;
-        if name.is_empty() || !name.contains(':') {
-            return Err(Error::InvalidArgument(format!(
-                "segment name must be host:port, got {name:?}"
-            )));
-        }
+        let (addr, revision) = match &self.inner.metadata {
+            Some(m) => self.inner.resolve(m, name).await?,
+            None if name.is_empty() || !name.contains(':') => {
+                return Err(Error::InvalidArgument(format!(
+                    "segment name must be host:port, got {name:?}"
+                )))
+            }
+            None => (name.to_string(), None),
+        };
         let timeout = self.inner.config.tcp.connect_timeout;
-        let desc = fetch_descriptor(name, self.inner.engine_id, timeout).await?;
+        let desc = fetch_descriptor(&addr, self.inner.engine_id, timeout).await?;
         self.check_open()?;
         let (peer, fresh) = self.inner.segments.insert_with(name, |handle| {
-            Peer::new(
+            let peer = Peer::new(
                 handle,
                 name.to_string(),
                 desc.clone(),
                 self.inner.shutdown.child_token(),
-            )
+            );
+            peer.set_addr(&addr);
+            peer
         });
         if fresh {
             let cfg = LinkConfig {
@@ -605,6 +639,10 @@ impl Engine {
                 peer_timeout: self.inner.config.peer_timeout,
             };
             let events: Arc<dyn LinkEvents> = Arc::new(Events(Arc::downgrade(&self.inner)));
+            if let (Some(m), Some(rev)) = (&self.inner.metadata, revision) {
+                let _guard = self.inner.handle.enter();
+                m.watch(peer.clone(), events.clone(), rev, self.inner.engine_id);
+            }
             self.inner.handle.spawn(run_link(peer.clone(), cfg, events));
         } else {
             peer.set_descriptor(desc);
@@ -922,6 +960,9 @@ impl Inner {
         {
             return;
         }
+        if let Some(m) = &self.metadata {
+            crate::metadata::revoke_blocking(&self.handle, m);
+        }
         self.shutdown.cancel();
         // Cancel in-flight work first so every waiter wakes with a terminal status.
         let mut pending: Vec<Arc<Task>> = self
@@ -1203,6 +1244,16 @@ impl Driver for Inner {
 }
 
 impl Inner {
+    /// The control address of segment `name` with etcd metadata, and the revision to watch
+    /// its record from (`None` when the segment is already open and watched).
+    async fn resolve(&self, m: &Registry, name: &str) -> Result<(String, Option<i64>)> {
+        if let Some(peer) = self.segments.by_name(name) {
+            return Ok((peer.addr(), None));
+        }
+        let (record, revision) = m.resolve(name).await?;
+        Ok((record.addr, Some(revision)))
+    }
+
     /// Declares `peer` lost: every transport fails its in-flight work towards it at once.
     fn declare_lost(&self, peer: &Arc<Peer>, reason: String) {
         if !peer.mark_lost(&reason) {

@@ -91,6 +91,9 @@ pub enum Error {
     /// An attempt ran past its deadline.
     #[error("operation timed out")]
     Timeout,
+    /// The metadata service (etcd) is unreachable or answered something unusable.
+    #[error("metadata service: {0}")]
+    Metadata(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -124,6 +127,7 @@ impl Error {
             Self::Canceled => "ERR_FERRY_CANCELED",
             Self::Timeout => "ERR_FERRY_TIMEOUT",
             Self::TransferFailed { .. } => "ERR_FERRY_TRANSFER_FAILED",
+            Self::Metadata(_) => "ERR_FERRY_METADATA",
         }
     }
 
@@ -147,6 +151,7 @@ impl Error {
             | Self::TransportUnavailable(_)
             | Self::Protocol(_)
             | Self::RemoteRejected(_)
+            | Self::Metadata(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }
@@ -170,6 +175,7 @@ mod tests {
                 reason: "r".into(),
             },
             Error::InvalidBatch(1),
+            Error::Metadata("etcd down".into()),
         ];
         let codes: Vec<_> = samples.iter().map(Error::code).collect();
         assert_eq!(
@@ -178,7 +184,8 @@ mod tests {
                 "ERR_FERRY_INVALID_ARGUMENT",
                 "ERR_FERRY_CLOSED",
                 "ERR_FERRY_PEER_LOST",
-                "ERR_FERRY_INVALID_BATCH"
+                "ERR_FERRY_INVALID_BATCH",
+                "ERR_FERRY_METADATA"
             ]
         );
         assert_eq!(Error::Closed.status(), TransferStatus::Canceled);

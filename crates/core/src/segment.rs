@@ -88,6 +88,8 @@ pub fn parse_token(hex: &str) -> Result<Token> {
 pub struct Peer {
     handle: u64,
     name: String,
+    /// Control address (`host:port`); the name itself in p2p mode.
+    addr: RwLock<String>,
     descriptor: RwLock<Arc<SegmentDescriptor>>,
     lost: AtomicBool,
     lost_reason: Mutex<String>,
@@ -115,6 +117,7 @@ impl Peer {
     ) -> Self {
         Self {
             handle,
+            addr: RwLock::new(name.clone()),
             name,
             descriptor: RwLock::new(Arc::new(descriptor)),
             lost: AtomicBool::new(false),
@@ -131,6 +134,13 @@ impl Peer {
     /// Segment name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// Control address of the peer (`host:port`).
+    pub fn addr(&self) -> String {
+        self.addr.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    pub(crate) fn set_addr(&self, addr: &str) {
+        addr.clone_into(&mut self.addr.write().unwrap_or_else(|p| p.into_inner()));
     }
     /// The cached descriptor.
     pub fn descriptor(&self) -> Arc<SegmentDescriptor> {

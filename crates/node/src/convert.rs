@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{
-    EngineConfig, EngineEvent, Error, Metrics, Opcode, Request, SegmentInfo, TaskSnapshot,
-    TransportKind,
+    EngineConfig, EngineEvent, Error, EtcdConfig, Metrics, Opcode, Request, SegmentInfo,
+    TaskSnapshot, TransportKind,
 };
 use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory};
 use napi_derive::napi;
@@ -58,6 +58,16 @@ pub struct EngineOptions {
     pub attempt_timeout_ms: Option<u32>,
     /// Fault injection per transport, for tests and benchmarks [none].
     pub faults: Option<Vec<FaultOptions>>,
+    /// Metadata service: "p2p" (segment names are host:port), or
+    /// "etcd://host:port[,host:port...]" for cluster mode ["p2p"].
+    pub metadata: Option<String>,
+    /// With etcd: key prefix of the segment records ["/ferry/segments/"].
+    pub metadata_prefix: Option<String>,
+    /// With etcd: the logical name this engine is published under [its host:port].
+    pub segment_name: Option<String>,
+    /// With etcd: lease TTL of this engine's record in ms, whole seconds, >= 1000; bounds
+    /// the time until peers see this engine lost when it stops answering [5000].
+    pub lease_ttl_ms: Option<u32>,
 }
 
 /// RDMA transport settings. Every field is optional; defaults in brackets.
@@ -247,8 +257,60 @@ impl TryFrom<EngineOptions> for EngineConfig {
                 .map(<(TransportKind, FaultSpec)>::try_from)
                 .collect::<Result<_, _>>()?;
         }
+        c.metadata = metadata(
+            &o.metadata,
+            o.metadata_prefix,
+            o.segment_name,
+            o.lease_ttl_ms,
+        )?;
+        if let Some(m) = &mut c.metadata {
+            m.connect_timeout = c.tcp.connect_timeout;
+        }
         Ok(c)
     }
+}
+
+/// The etcd settings of the metadata options; `None` for p2p.
+fn metadata(
+    url: &Option<String>,
+    prefix: Option<String>,
+    name: Option<String>,
+    ttl_ms: Option<u32>,
+) -> Result<Option<EtcdConfig>, Error> {
+    let url = url.as_deref().unwrap_or("p2p");
+    if url == "p2p" {
+        if prefix.is_some() || name.is_some() || ttl_ms.is_some() {
+            return Err(Error::InvalidArgument(
+                "metadataPrefix, segmentName and leaseTtlMs need metadata 'etcd://host:port'"
+                    .into(),
+            ));
+        }
+        return Ok(None);
+    }
+    if !url.starts_with("etcd://") {
+        return Err(Error::InvalidArgument(format!(
+            "metadata must be 'p2p' or 'etcd://host:port[,host:port...]', got {url:?}"
+        )));
+    }
+    let mut cfg = EtcdConfig::from_url(url)?;
+    if let Some(p) = prefix {
+        if p.is_empty() {
+            return Err(Error::InvalidArgument(
+                "metadataPrefix must not be empty".into(),
+            ));
+        }
+        cfg.prefix = p;
+    }
+    cfg.segment_name = name;
+    if let Some(ms) = ttl_ms {
+        if ms < 1000 || ms % 1000 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "leaseTtlMs must be whole seconds >= 1000, got {ms}"
+            )));
+        }
+        cfg.lease_ttl = std::time::Duration::from_millis(u64::from(ms));
+    }
+    Ok(Some(cfg))
 }
 
 /// One transfer request.
