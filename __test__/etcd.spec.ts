@@ -53,6 +53,79 @@ test('a target process registered under a logical name is opened through etcd, w
   }
 })
 
+test('SIGKILL in etcd mode: peerLost through the control connection at once, and the lease expires too', async (t) => {
+  t.timeout(60_000)
+  const etcd = await startEtcd()
+  const target = await startTarget({
+    FERRY_TARGET_BYTES: String(MiB),
+    FERRY_TARGET_METADATA: etcd.url,
+    FERRY_TARGET_SEGMENT_NAME: 'decode-1',
+    FERRY_TARGET_LEASE_TTL_MS: '2000',
+  })
+  const engine = await Engine.create({ transports: ['tcp'], metadata: etcd.url })
+  const lost: Array<{ at: number; reason?: string }> = []
+  engine.on('peerLost', (e) => lost.push({ at: Date.now(), reason: e.reason }))
+  try {
+    await engine.openSegment('decode-1')
+    await target.kill('SIGKILL')
+    const killedAt = Date.now()
+    while (lost.length === 0 && Date.now() - killedAt < 5000) await delay(10)
+    t.true(lost.length === 1 && lost[0].at - killedAt < 1000, `peerLost ${lost[0]?.at - killedAt} ms after the kill`)
+    // The dead engine cannot keep its lease: its record goes within the TTL (2 s), so a
+    // fresh engine no longer finds the name.
+    const fresh = await Engine.create({ transports: ['tcp'], metadata: etcd.url })
+    try {
+      let code: string | undefined
+      while (Date.now() - killedAt < 6000) {
+        try {
+          await fresh.openSegment('decode-1')
+        } catch (e) {
+          code = (e as FerryError).code
+          if (code === 'ERR_FERRY_UNKNOWN_SEGMENT') break
+        }
+        await delay(100)
+      }
+      t.is(code, 'ERR_FERRY_UNKNOWN_SEGMENT', 'the record expired with the lease')
+      t.log(`record gone ${Date.now() - killedAt} ms after the kill (lease TTL 2000 ms)`)
+    } finally {
+      await fresh.close()
+    }
+  } finally {
+    await engine.close()
+    await target.kill()
+    await etcd.stop()
+  }
+})
+
+test('a hung target (SIGSTOP) that the control link would not notice for a minute is lost through lease expiry', async (t) => {
+  t.timeout(60_000)
+  const etcd = await startEtcd()
+  const target = await startTarget({
+    FERRY_TARGET_BYTES: String(MiB),
+    FERRY_TARGET_METADATA: etcd.url,
+    FERRY_TARGET_SEGMENT_NAME: 'decode-2',
+    FERRY_TARGET_LEASE_TTL_MS: '2000',
+  })
+  const engine = await Engine.create({ transports: ['tcp'], metadata: etcd.url, peerTimeoutMs: 60_000 })
+  const lost: Array<{ at: number; reason?: string }> = []
+  engine.on('peerLost', (e) => lost.push({ at: Date.now(), reason: e.reason }))
+  try {
+    await engine.openSegment('decode-2')
+    process.kill(target.pid, 'SIGSTOP')
+    const stoppedAt = Date.now()
+    while (lost.length === 0 && Date.now() - stoppedAt < 10_000) await delay(20)
+    t.is(lost.length, 1, 'peerLost through the lease')
+    t.regex(lost[0]?.reason ?? '', /etcd/)
+    t.true(lost[0].at - stoppedAt < 2000 + 3000, `lost ${lost[0]?.at - stoppedAt} ms after SIGSTOP (TTL 2000 ms)`)
+    t.log(`peerLost ${lost[0].at - stoppedAt} ms after SIGSTOP: ${lost[0].reason}`)
+  } finally {
+    process.kill(target.pid, 'SIGCONT')
+    await engine.close()
+    await target.kill()
+    await etcd.stop()
+  }
+})
+
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer()
