@@ -259,6 +259,11 @@ export interface EngineOptions {
   rdma?: RdmaOptions
   /** Overrides the machine identity used for same-host detection (tests) [auto]. */
   machineId?: string
+  /**
+   * The address peers reach this engine at, `host` or `host:port` (needed when listening
+   * on 0.0.0.0, e.g. in cluster mode) [the bound address].
+   */
+  advertise?: string
   /** TCP data connections per peer [2]. */
   connectionsPerPeer?: number
   /** TCP slice size in bytes [1048576]. */

@@ -156,6 +156,12 @@ export interface EngineOptions {
   rdma?: RdmaOptions
   /** Overrides the machine identity used to detect same-host peers (tests). */
   machineId?: string
+  /**
+   * The address peers reach this engine at, `host` or `host:port` (the bound port when
+   * none is given): the segment name in p2p mode and the address published in etcd. Set it
+   * when listening on `0.0.0.0`. Default: the bound address.
+   */
+  advertise?: string
   /** TCP data connections per peer. Default 2. */
   connectionsPerPeer?: number
   /** Requests larger than this are sliced (bytes). Default 1 MiB. */

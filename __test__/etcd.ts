@@ -13,7 +13,7 @@ import { delay } from './helpers'
 export interface EtcdServer {
   /** `etcd://127.0.0.1:port`, for `EngineOptions.metadata`. */
   url: `etcd://${string}`
-  /** `http://127.0.0.1:port`, for tebench's `--metadata_url_list`. */
+  /** `http://host:port`, for tebench's `--metadata_url_list`. */
   clientUrl: string
   pid: number
   /** Kills the server by pid (SIGKILL), waits for it, removes its data directory. */
@@ -57,13 +57,13 @@ async function healthy(clientUrl: string): Promise<boolean> {
   }
 }
 
-export async function startEtcd(timeoutMs = 20_000): Promise<EtcdServer> {
+export async function startEtcd(timeoutMs = 20_000, host = '127.0.0.1'): Promise<EtcdServer> {
   if (spawnSync('etcd', ['--version']).error) {
     throw new Error('`etcd` is not installed: the cluster-mode tests need it (Debian: apt-get install etcd-server)')
   }
   const [clientPort, peerPort] = [await freePort(), await freePort()]
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-etcd-'))
-  const clientUrl = `http://127.0.0.1:${clientPort}`
+  const clientUrl = `http://${host}:${clientPort}`
   const peerUrl = `http://127.0.0.1:${peerPort}`
   const proc = spawn(
     'etcd',
@@ -97,5 +97,5 @@ export async function startEtcd(timeoutMs = 20_000): Promise<EtcdServer> {
     }
     await delay(50)
   }
-  return { url: `etcd://127.0.0.1:${clientPort}`, clientUrl, pid: proc.pid!, stop }
+  return { url: `etcd://${host}:${clientPort}`, clientUrl, pid: proc.pid!, stop }
 }

@@ -7,9 +7,12 @@ import test, { type ExecutionContext } from 'ava'
 import { Engine, FerryError, type PeerLostEvent, type PeerRecoveredEvent } from '../index'
 import { delay, killAll, startTarget, type TargetProcess } from './helpers'
 import { createNetwork, netnsUnavailable, sweep, type Network } from './netns'
+import { startEtcd, stopAllEtcd } from './etcd'
+import { createHash } from 'node:crypto'
 
 test.after.always(killAll)
 test.after.always(sweep)
+test.after.always(stopAllEtcd)
 
 const MiB = 1 << 20
 const skip = netnsUnavailable()
@@ -141,5 +144,80 @@ if (skip) {
     const back = engine.allocate(MiB)
     await engine.read({ local: back, remote: seg, remoteBuffer: target.buffer, length: MiB })
     t.true(back.buffer.equals(local.buffer.subarray(0, MiB)))
+  })
+
+  test('cluster mode across namespaces: found through etcd by name, link down → FAILED and peerLost, link up → recovered', async (t) => {
+    t.timeout(90_000)
+    const net = createNetwork()
+    t.teardown(() => net.destroy())
+    // etcd listens on host a's link address, so the target in b registers over the link.
+    const etcd = await startEtcd(20_000, net.a.address)
+    t.teardown(() => etcd.stop())
+    const target = await startTarget(
+      {
+        FERRY_TARGET_BYTES: String(4 * MiB),
+        FERRY_TARGET_LISTEN: '0.0.0.0:0',
+        FERRY_TARGET_ADVERTISE: net.b.address,
+        FERRY_TARGET_MACHINE_ID: `host-b-${process.pid}`,
+        FERRY_TARGET_METADATA: etcd.url,
+        FERRY_TARGET_SEGMENT_NAME: 'worker-b',
+        FERRY_TARGET_LEASE_TTL_MS: '2000',
+      },
+      20_000,
+      net.prefix(net.b),
+    )
+    t.teardown(() => target.kill())
+    const peerTimeoutMs = 1000
+    const engine = await Engine.create({ peerTimeoutMs, machineId: `host-a-${process.pid}`, metadata: etcd.url })
+    t.teardown(() => engine.close())
+    const lost: Array<PeerLostEvent & { at: number }> = []
+    const recovered: PeerRecoveredEvent[] = []
+    engine.on('peerLost', (e) => lost.push({ ...e, at: Date.now() }))
+    engine.on('peerRecovered', (e) => recovered.push(e))
+
+    const seg = await engine.openSegment('worker-b')
+    const local = engine.allocate(4 * MiB)
+    for (let i = 0; i < local.length; i++) local.buffer[i] = (i * 13 + 5) & 0xff
+    const w = await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: 4 * MiB })
+    t.is(w.tasks[0].transport, 'tcp')
+    t.is((await target.ask('hash')).hash, createHash('sha256').update(local.buffer).digest('hex'))
+
+    // Silent loss of host b while a write is in flight.
+    const inflight = engine
+      .write({ local, remote: seg, remoteBuffer: target.buffer, length: 4 * MiB, transport: 'tcp' })
+      .then(
+        () => ({ ok: true, at: Date.now(), code: undefined as string | undefined }),
+        (e: FerryError) => ({ ok: false, at: Date.now(), code: e.code as string | undefined }),
+      )
+    net.linkDown()
+    const downAt = Date.now()
+    // A write started before the link went down may still have finished; then start one
+    // that cannot.
+    let outcome = await inflight
+    if (outcome.ok && outcome.at - downAt < 50) {
+      outcome = await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: MiB }).then(
+        () => ({ ok: true, at: Date.now(), code: undefined as string | undefined }),
+        (e: FerryError) => ({ ok: false, at: Date.now(), code: e.code as string | undefined }),
+      )
+    }
+    t.false(outcome.ok, 'a write across a dead link does not succeed')
+    t.true(outcome.at - downAt <= peerTimeoutMs + 1000, `FAILED ${outcome.at - downAt} ms after link down`)
+    t.true(lost.length >= 1, 'peerLost fired')
+    t.log(`FAILED (${outcome.code}) ${outcome.at - downAt} ms after link down; peerLost: ${lost[0]?.reason}`)
+
+    // Host b comes back: it re-registers in etcd, the peer recovers, writes work again.
+    net.linkUp()
+    const upAt = Date.now()
+    let ok = false
+    while (!ok && Date.now() - upAt < 20_000) {
+      ok = await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: MiB }).then(
+        () => true,
+        () => false,
+      )
+      if (!ok) await delay(100)
+    }
+    t.true(ok, 'writes succeed again after the link is back')
+    t.true(recovered.length >= 1, 'peerRecovered fired')
+    t.log(`write ok ${Date.now() - upAt} ms after link up`)
   })
 }

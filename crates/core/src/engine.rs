@@ -58,6 +58,11 @@ pub struct EngineConfig {
     pub faults: Vec<(TransportKind, FaultSpec)>,
     /// Overrides the machine identity used for same-host detection (tests).
     pub machine_id: Option<String>,
+    /// The address peers use to reach this engine (`host` or `host:port`; the bound port
+    /// when none is given): the segment name in p2p mode and the published address with
+    /// etcd. Needed when listening on all interfaces (`0.0.0.0:…`). Default: the bound
+    /// address (127.0.0.1 for an unspecified one).
+    pub advertise: Option<String>,
     /// Transports built outside this crate (e.g. RDMA from `ferry-verbs`); each is used
     /// when its kind is in `transports`.
     pub extra_transports: Vec<Arc<dyn TransportFactory>>,
@@ -77,6 +82,7 @@ impl Default for EngineConfig {
             rail: RailPolicy::default(),
             faults: Vec::new(),
             machine_id: None,
+            advertise: None,
             extra_transports: Vec::new(),
             metadata: None,
         }
@@ -275,10 +281,19 @@ impl Engine {
         if !local_addr.ip().is_loopback() {
             tracing::warn!(%local_addr, "listening on a non-loopback address without authentication");
         }
-        let name = if local_addr.ip().is_unspecified() {
-            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local_addr.port()).to_string()
-        } else {
-            local_addr.to_string()
+        let name = match &config.advertise {
+            Some(a) => advertised_name(a, local_addr.port())?,
+            None if local_addr.ip().is_unspecified() => {
+                if config.metadata.is_some() {
+                    tracing::warn!(
+                        %local_addr,
+                        "listening on all interfaces without an advertise address: the segment \
+                         is published as 127.0.0.1, which other hosts cannot reach"
+                    );
+                }
+                SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local_addr.port()).to_string()
+            }
+            None => local_addr.to_string(),
         };
         let listener = {
             let _guard = runtime.enter();
@@ -943,6 +958,42 @@ impl Engine {
     }
 }
 
+/// The segment name for an advertise address: `host:port` as given, or `host` with the
+/// bound port.
+fn advertised_name(advertise: &str, bound_port: u16) -> Result<String> {
+    let bad = |why: &str| Error::InvalidArgument(format!("advertise {advertise:?}: {why}"));
+    let a = advertise.trim();
+    if a.is_empty() || a.contains(char::is_whitespace) || a.contains('/') {
+        return Err(bad("expected host or host:port"));
+    }
+    if let Ok(sa) = a.parse::<SocketAddr>() {
+        if sa.port() == 0 {
+            return Err(bad("port 0 cannot be reached"));
+        }
+        return Ok(sa.to_string());
+    }
+    if let Ok(ip) = a
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse::<std::net::IpAddr>()
+    {
+        if ip.is_unspecified() {
+            return Err(bad("an unspecified address cannot be reached"));
+        }
+        return Ok(SocketAddr::new(ip, bound_port).to_string());
+    }
+    match a.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && !host.contains(':') => {
+            let port: u16 = port.parse().map_err(|_| bad("bad port"))?;
+            if port == 0 {
+                return Err(bad("port 0 cannot be reached"));
+            }
+            Ok(format!("{host}:{port}"))
+        }
+        Some(_) => Err(bad("expected host or host:port")),
+        None => Ok(format!("{a}:{bound_port}")),
+    }
+}
+
 fn annotate(e: Error, index: usize) -> Error {
     match e {
         Error::InvalidArgument(m) => Error::InvalidArgument(format!("request {index}: {m}")),
@@ -1366,4 +1417,47 @@ impl LinkEvents for Events {
 /// Aggregates snapshots (used by the Promise path to pick the outcome).
 pub fn outcome_status(snaps: &[TaskSnapshot]) -> TransferStatus {
     aggregate(snaps.iter().map(|s| s.status))
+}
+
+#[cfg(test)]
+mod advertise_tests {
+    use super::advertised_name;
+
+    #[test]
+    fn advertise_takes_host_or_host_port() {
+        assert_eq!(
+            advertised_name("10.0.0.2", 7000).expect("ip"),
+            "10.0.0.2:7000"
+        );
+        assert_eq!(
+            advertised_name("10.0.0.2:9", 7000).expect("ip:port"),
+            "10.0.0.2:9"
+        );
+        assert_eq!(
+            advertised_name("node-3", 7000).expect("host"),
+            "node-3:7000"
+        );
+        assert_eq!(
+            advertised_name("node-3:81", 7000).expect("host:port"),
+            "node-3:81"
+        );
+        assert_eq!(advertised_name("::1", 7000).expect("v6"), "[::1]:7000");
+        assert_eq!(
+            advertised_name("[::1]:5", 7000).expect("v6 port"),
+            "[::1]:5"
+        );
+        for bad in [
+            "",
+            " ",
+            "0.0.0.0",
+            "a:b",
+            "a:0",
+            "10.0.0.1:0",
+            "h:70000",
+            "http://x",
+        ] {
+            let e = advertised_name(bad, 7000).expect_err(bad);
+            assert_eq!(e.code(), "ERR_FERRY_INVALID_ARGUMENT", "{bad}");
+        }
+    }
 }

@@ -44,6 +44,9 @@ pub struct EngineOptions {
     pub rdma: Option<RdmaOptions>,
     /// Overrides the machine identity used for same-host detection (tests) [auto].
     pub machine_id: Option<String>,
+    /// The address peers reach this engine at, `host` or `host:port` (needed when listening
+    /// on 0.0.0.0, e.g. in cluster mode) [the bound address].
+    pub advertise: Option<String>,
     /// TCP data connections per peer [2].
     pub connections_per_peer: Option<u32>,
     /// TCP slice size in bytes [1048576].
@@ -241,6 +244,7 @@ impl TryFrom<EngineOptions> for EngineConfig {
         if let Some(v) = o.machine_id {
             c.machine_id = Some(v);
         }
+        c.advertise = o.advertise;
         if let Some(v) = o.max_failover_attempts {
             c.failover.max_failover_attempts = v;
         }
