@@ -837,3 +837,4 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.NativeBench = nativeBinding.NativeBench
 module.exports.NativeEngine = nativeBinding.NativeEngine
+module.exports.startEngine = nativeBinding.startEngine

@@ -21,7 +21,10 @@ export declare class NativeBench {
 
 /** The native engine. Use the `Engine` class of the package, which wraps this one. */
 export declare class NativeEngine {
-  /** Starts an engine listening on `options.listen`. */
+  /**
+   * Starts an engine listening on `options.listen` (blocks the calling thread; the
+   * package's `Engine.create` uses `startEngine` instead).
+   */
   constructor(options?: EngineOptions | undefined | null)
   /** This engine's segment name (`host:port`). */
   get segmentName(): string
@@ -373,6 +376,9 @@ export interface SegmentDesc {
   /** Exposed buffers. */
   buffers: Array<RemoteBuffer>
 }
+
+/** Starts an engine on a worker thread; resolves to the native engine. */
+export declare function startEngine(options?: EngineOptions | undefined | null): Promise<NativeEngine>
 
 /** Status of one task. */
 export interface TaskStatus {

@@ -117,6 +117,18 @@ function rethrow(err: unknown): never {
   throw err
 }
 
+/** The start task's errors carry `CODE\u0000message` (a task cannot set `code`). */
+function startError(err: unknown): unknown {
+  const message = (err as { message?: unknown })?.message
+  if (typeof message === 'string') {
+    const cut = message.indexOf('\u0000')
+    if (cut > 0 && message.startsWith('ERR_FERRY_')) {
+      return new FerryError(message.slice(0, cut) as FerryErrorCode, message.slice(cut + 1))
+    }
+  }
+  return err
+}
+
 /** Runs a native call, turning its errors into FerryErrors. */
 function call<T>(fn: () => T): T {
   try {
@@ -559,9 +571,17 @@ export class Engine extends EventEmitter {
     })
   }
 
-  /** Starts an engine. */
+  /**
+   * Starts an engine. Binding, starting threads and registering in etcd happen off the JS
+   * thread, so a slow or unreachable etcd never blocks the event loop.
+   */
   static async create(options: EngineOptions = {}): Promise<Engine> {
-    return new Engine(call(() => new native.NativeEngine(options)))
+    const started = call(() => native.startEngine(options))
+    try {
+      return new Engine(await started)
+    } catch (err) {
+      throw startError(err)
+    }
   }
 
   /** @internal */

@@ -150,8 +150,14 @@ test('metadata options: bad URL and etcd-only options throw INVALID_ARGUMENT; un
   }
   const port = await freePort()
   const started = Date.now()
+  // The wait for etcd happens off the JS thread: timers keep firing meanwhile.
+  let ticks = 0
+  const ticker = setInterval(() => ticks++, 20)
   const err = await t.throwsAsync<FerryError>(Engine.create({ metadata: `etcd://127.0.0.1:${port}`, connectTimeoutMs: 500 }))
+  clearInterval(ticker)
   t.is(err?.code, 'ERR_FERRY_METADATA')
   t.regex(err?.message ?? '', new RegExp(String(port)))
-  t.true(Date.now() - started < 5000)
+  const waited = Date.now() - started
+  t.true(waited < 5000)
+  t.true(ticks >= Math.floor(waited / 20 / 3), `${ticks} timer ticks in ${waited} ms: the event loop was blocked`)
 })

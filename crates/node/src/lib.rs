@@ -12,9 +12,9 @@ mod settle;
 use std::sync::Once;
 
 use ferry_core::{Access, Engine, EngineConfig};
-use napi::bindgen_prelude::{Buffer, Function, Object};
+use napi::bindgen_prelude::{AsyncTask, Buffer, Function, Object};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
-use napi::{Env, Status};
+use napi::{Env, Status, Task};
 use napi_derive::napi;
 
 use crate::buffer::{hold, RegionBuffer};
@@ -53,23 +53,82 @@ impl NativeEngine {
     }
 }
 
+/// Starting an engine off the JS thread: binding, starting threads, and registering in
+/// etcd (which may wait for the connect timeout) must not block the event loop.
+pub struct StartEngine {
+    config: Option<EngineConfig>,
+}
+
+impl Task for StartEngine {
+    type Output = Engine;
+    type JsValue = NativeEngine;
+
+    fn compute(&mut self) -> napi::Result<Engine> {
+        let config = self
+            .config
+            .take()
+            .ok_or_else(|| napi::Error::from_reason("engine already started"))?;
+        // A panic here must not cross into Node: it becomes an error.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Engine::new(config))) {
+            Ok(r) => r.map_err(|e| napi::Error::new(Status::GenericFailure, encode_error(&e))),
+            Err(_) => Err(napi::Error::from_reason("engine start panicked")),
+        }
+    }
+
+    fn resolve(&mut self, env: Env, engine: Engine) -> napi::Result<NativeEngine> {
+        NativeEngine::adopt(&env, engine)
+            .map_err(|e| napi::Error::new(Status::GenericFailure, e.reason.clone()))
+    }
+}
+
+/// Errors from the start task carry their code in the message (`CODE\u0000message`), which
+/// the TS wrapper turns back into a `FerryError`: a task's error status cannot carry it.
+fn encode_error(e: &ferry_core::Error) -> String {
+    format!("{}\u{0}{}", e.code(), e)
+}
+
+impl NativeEngine {
+    /// Wraps a started engine and closes it if the Node environment goes away first.
+    fn adopt(env: &Env, engine: Engine) -> napi::Result<Self, String> {
+        let weak = engine.downgrade();
+        let hooked = env.add_env_cleanup_hook(weak, |w| {
+            if let Some(e) = w.upgrade() {
+                e.close();
+            }
+        });
+        if let Err(e) = hooked {
+            engine.close();
+            return Err(napi::Error::new(
+                "ERR_FERRY_INTERNAL".to_string(),
+                e.to_string(),
+            ));
+        }
+        Ok(Self { engine })
+    }
+}
+
+/// Starts an engine on a worker thread; resolves to the native engine.
+#[napi(catch_unwind, ts_return_type = "Promise<NativeEngine>")]
+pub fn start_engine(
+    options: Option<EngineOptions>,
+) -> napi::Result<AsyncTask<StartEngine>, String> {
+    init_logging();
+    let config = EngineConfig::try_from(options.unwrap_or_default()).map_err(js_error)?;
+    Ok(AsyncTask::new(StartEngine {
+        config: Some(config),
+    }))
+}
+
 #[napi]
 impl NativeEngine {
-    /// Starts an engine listening on `options.listen`.
+    /// Starts an engine listening on `options.listen` (blocks the calling thread; the
+    /// package's `Engine.create` uses `startEngine` instead).
     #[napi(constructor, catch_unwind)]
     pub fn new(env: Env, options: Option<EngineOptions>) -> napi::Result<Self, String> {
         init_logging();
         let config = EngineConfig::try_from(options.unwrap_or_default()).map_err(js_error)?;
         let engine = Engine::new(config).map_err(js_error)?;
-        // Close the engine if the Node environment (or worker thread) goes away first.
-        let weak = engine.downgrade();
-        env.add_env_cleanup_hook(weak, |w| {
-            if let Some(e) = w.upgrade() {
-                e.close();
-            }
-        })
-        .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
-        Ok(Self { engine })
+        Self::adopt(&env, engine)
     }
 
     /// This engine's segment name (`host:port`).
