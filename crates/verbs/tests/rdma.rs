@@ -427,3 +427,82 @@ fn without_a_device_rdma_is_disabled_with_the_reason() {
 }
 
 use std::path::Path;
+
+#[test]
+fn registered_user_memory_is_served_over_rdma_on_both_ends() {
+    within(Duration::from_secs(60), || {
+        const LEN: usize = 3 << 20;
+        let target = engine_with(provider(EmulatedFaults::default()), |_, _| {});
+        let initiator = engine_with(provider(EmulatedFaults::default()), |_, _| {});
+        // User memory on both sides (not engine-owned regions).
+        let mut theirs = vec![0u8; LEN].into_boxed_slice();
+        let mut ours: Box<[u8]> = (0..LEN).map(|i| (i % 253) as u8).collect();
+        let (tp, ip) = (theirs.as_mut_ptr(), ours.as_mut_ptr());
+        // SAFETY: each box is moved into its registration, which keeps it alive (and its
+        // heap memory in place) until the region is released.
+        let remote = unsafe {
+            target.register_memory(tp, LEN, ferry_core::Access::ReadWrite, Box::new(theirs))
+        }
+        .expect("register target memory");
+        // SAFETY: as above.
+        let local = unsafe {
+            initiator.register_memory(ip, LEN, ferry_core::Access::ReadWrite, Box::new(ours))
+        }
+        .expect("register initiator memory");
+        let info = initiator
+            .open_segment_blocking(target.segment_name())
+            .expect("open");
+        let published = info
+            .buffers
+            .iter()
+            .find(|b| b.id == remote.id())
+            .expect("published");
+        assert!(
+            published.transports.contains(&TransportKind::Rdma),
+            "{published:?}"
+        );
+        assert!(
+            published.transport_info.contains_key("rdma"),
+            "{published:?}"
+        );
+        let req = Request {
+            opcode: Opcode::Write,
+            local: local.id(),
+            local_offset: 0,
+            segment: info.handle,
+            remote_buffer: remote.id(),
+            remote_offset: 0,
+            length: LEN as u64,
+            transport: Some(TransportKind::Rdma),
+            require_transport: true,
+        };
+        let s = one(initiator.transfer_blocking(&[req]).expect("write"));
+        assert_eq!(s.status, TransferStatus::Completed, "{s:?}");
+        assert_eq!(s.transport, Some(TransportKind::Rdma));
+        assert!(bytes_of(&remote) == bytes_of(&local), "user memory differs");
+        initiator.close();
+        target.close();
+    });
+}
+
+#[test]
+fn a_device_allowlist_that_matches_nothing_disables_rdma_and_says_so() {
+    within(Duration::from_secs(30), || {
+        let engine = engine_with(provider(EmulatedFaults::default()), |_, rdma| {
+            rdma.devices = vec!["mlx5_9".into()];
+        });
+        let target = Engine::new(EngineConfig::default()).expect("target");
+        let seg = engine
+            .open_segment_blocking(target.segment_name())
+            .expect("open")
+            .handle;
+        let why = engine
+            .transport_reachable(seg, TransportKind::Rdma)
+            .expect("open engine")
+            .expect_err("rdma must be disabled");
+        assert!(why.contains("allowlist"), "{why}");
+        assert!(why.contains("emu0"), "names the devices present: {why}");
+        engine.close();
+        target.close();
+    });
+}
