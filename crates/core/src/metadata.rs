@@ -25,7 +25,10 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -286,21 +289,55 @@ impl Registry {
     }
 
     /// Grants a lease and puts the record under it; returns the lease id.
+    ///
+    /// A name is one engine's: when another engine's record holds it, the put only goes
+    /// ahead if that engine no longer answers at its address (it died and its lease has not
+    /// expired yet, e.g. a worker restarted at once); otherwise this fails with `Metadata`.
     async fn publish(&self) -> Result<i64> {
         let t = self.cfg.connect_timeout;
         let mut c = self.client.clone();
         let grant = bounded("lease grant", t, c.lease_grant(self.ttl_secs(), None)).await?;
         let value = serde_json::to_string(&self.record)
             .map_err(|e| Error::Metadata(format!("cannot encode record: {e}")))?;
+        let key = self.cfg.key(&self.record.name);
         let opts = PutOptions::new().with_lease(grant.id());
-        bounded(
-            "put",
-            t,
-            c.put(self.cfg.key(&self.record.name), value, Some(opts)),
-        )
-        .await?;
+        let create = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), value.clone(), Some(opts.clone()))])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let created = bounded("put", t, c.txn(create)).await?;
+        if !created.succeeded() {
+            let holder = created.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .and_then(|kv| SegmentRecord::parse(kv.value()).ok()),
+                _ => None,
+            });
+            if let Some(h) = holder.filter(|h| h.engine_id != self.record.engine_id) {
+                if self.answers(&h).await {
+                    let _ = bounded("lease revoke", t, c.lease_revoke(grant.id())).await;
+                    return Err(Error::Metadata(format!(
+                        "segment name {:?} is held by another live engine (pid {} at {}); \
+                         names must be unique",
+                        self.record.name, h.pid, h.addr
+                    )));
+                }
+                tracing::info!(name = %self.record.name, previous = %h.addr, "taking over the name of an engine that no longer answers");
+            }
+            bounded("put", t, c.put(key, value, Some(opts))).await?;
+        }
         tracing::debug!(name = %self.record.name, lease = grant.id(), ttl = grant.ttl(), "published in etcd");
         Ok(grant.id())
+    }
+
+    /// Whether the engine of `record` still answers at its address (as that engine).
+    async fn answers(&self, record: &SegmentRecord) -> bool {
+        let t = self.cfg.connect_timeout.min(Duration::from_secs(1));
+        match fetch_descriptor(&record.addr, self.record.engine_id, t).await {
+            Ok(desc) => desc.engine_id == record.engine_id,
+            Err(_) => false,
+        }
     }
 
     /// Keeps the lease alive; re-grants and re-publishes when it expired. Runs until
