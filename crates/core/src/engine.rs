@@ -29,7 +29,7 @@ use crate::server::{accept_loop, LocalSegment};
 use crate::status::{aggregate, TransferStatus};
 use crate::task::{Counters, Driver, Group, Observer, Task, TaskSnapshot};
 use crate::transport::{
-    Attempt, LostHook, Transport, TransportContext, TransportFactory, TransportKind,
+    Attempt, ControlPeers, LostHook, Transport, TransportContext, TransportFactory, TransportKind,
 };
 use crate::transports::fault::{FaultSpec, FaultTransport};
 #[cfg(target_os = "linux")]
@@ -304,6 +304,7 @@ impl Engine {
         token[..8].copy_from_slice(&random_u64().to_le_bytes());
         token[8..].copy_from_slice(&random_u64().to_le_bytes());
         let regions = Arc::new(RegionTable::default());
+        let control_peers: Arc<ControlPeers> = Arc::default();
         let machine_id = config.machine_id.clone().unwrap_or_else(machine_identity);
         let shutdown = CancellationToken::new();
         let handle = runtime.handle().clone();
@@ -359,6 +360,7 @@ impl Engine {
                 shutdown: shutdown.child_token(),
                 regions: regions.clone(),
                 lost: lost.clone(),
+                control_peers: control_peers.clone(),
             };
             match factory.build(context) {
                 Ok(t) => {
@@ -439,6 +441,7 @@ impl Engine {
                 .filter_map(|k| Some((k, transports.get(&k)?.clone())))
                 .collect(),
             shm_socket,
+            control_peers,
         });
         let metadata = match crate::metadata::register(&handle, &config, &local, &shutdown) {
             Ok(m) => m,

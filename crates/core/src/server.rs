@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::memory::{check_range, Access, Region, RegionTable};
 use crate::net::{read_frame, read_header, tune_accepted, write_all_pair, write_frame};
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
-use crate::transport::{Transport, TransportKind};
+use crate::transport::{ControlPeers, Transport, TransportKind};
 use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
 
 /// How long a new connection may take to say hello.
@@ -35,6 +35,8 @@ pub(crate) struct LocalSegment {
     /// Installed transports, in the order peers should prefer them.
     pub transports: Vec<(TransportKind, Arc<dyn Transport>)>,
     pub shm_socket: Option<String>,
+    /// Peer engines with a control connection open.
+    pub control_peers: Arc<ControlPeers>,
 }
 
 impl LocalSegment {
@@ -155,7 +157,10 @@ async fn serve(mut stream: TcpStream, local: Arc<LocalSegment>) -> Result<()> {
     ack.request_id = local.engine_id;
     write_frame(&mut stream, &ack, &[]).await?;
     let result = match kind {
-        ConnKind::Control => serve_control(stream, &local).await,
+        ConnKind::Control => {
+            let _counted = local.control_peers.enter(hello.request_id);
+            serve_control(stream, &local).await
+        }
         ConnKind::Data => serve_data(stream, &local).await,
     };
     if let Err(e) = &result {

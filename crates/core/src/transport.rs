@@ -140,6 +140,56 @@ pub trait Transport: Send + Sync {
     }
 }
 
+/// Which peer engines currently hold a control connection to this engine (every opened
+/// segment keeps one, with heartbeats). Lets a transport release what it set up for a peer
+/// that went away, e.g. the target side of RDMA queue pairs.
+#[derive(Debug, Default)]
+pub struct ControlPeers {
+    open: std::sync::Mutex<std::collections::HashMap<u64, usize>>,
+}
+
+impl ControlPeers {
+    /// Whether engine `engine_id` holds at least one control connection now.
+    pub fn is_connected(&self, engine_id: u64) -> bool {
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&engine_id)
+    }
+
+    /// Records a control connection from `engine_id` until the guard drops.
+    pub(crate) fn enter(self: &Arc<Self>, engine_id: u64) -> ControlGuard {
+        *self
+            .open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(engine_id)
+            .or_insert(0) += 1;
+        ControlGuard {
+            peers: self.clone(),
+            engine_id,
+        }
+    }
+}
+
+/// Keeps a control connection counted.
+pub(crate) struct ControlGuard {
+    peers: Arc<ControlPeers>,
+    engine_id: u64,
+}
+
+impl Drop for ControlGuard {
+    fn drop(&mut self) {
+        let mut open = self.peers.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.engine_id) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.engine_id);
+            }
+        }
+    }
+}
+
 /// What a transport built outside `ferry-core` gets from the engine.
 #[derive(Clone)]
 pub struct TransportContext {
@@ -155,6 +205,8 @@ pub struct TransportContext {
     pub regions: Arc<RegionTable>,
     /// Declares a peer lost.
     pub lost: LostHook,
+    /// Peer engines with a control connection to this one.
+    pub control_peers: Arc<ControlPeers>,
 }
 
 /// Builds a transport for an engine (how crates such as `ferry-verbs` plug in).

@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use ferry_core::failover::FailoverPolicy;
 use ferry_core::health::RailPolicy;
+use ferry_core::transport::{Transport, TransportContext, TransportFactory};
 use ferry_core::{
     Engine, EngineConfig, EngineEvent, Opcode, Region, Request, TaskSnapshot, TransferStatus,
     TransportKind,
 };
 use ferry_verbs::emulated::{EmulatedFaults, EmulatedProvider};
-use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory};
+use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory, RdmaTransport};
 
 /// Runs `f` on its own thread and fails the test if it does not return within `limit`.
 fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
@@ -503,6 +504,80 @@ fn a_device_allowlist_that_matches_nothing_disables_rdma_and_says_so() {
         assert!(why.contains("allowlist"), "{why}");
         assert!(why.contains("emu0"), "names the devices present: {why}");
         engine.close();
+        target.close();
+    });
+}
+
+/// Builds the rdma transport and keeps a handle to it, for tests that look inside.
+struct Recording {
+    config: RdmaConfig,
+    built: Arc<Mutex<Option<Arc<RdmaTransport>>>>,
+}
+
+impl std::fmt::Debug for Recording {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recording").finish()
+    }
+}
+
+impl TransportFactory for Recording {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Rdma
+    }
+    fn build(&self, context: TransportContext) -> ferry_core::Result<Arc<dyn Transport>> {
+        let t = Arc::new(
+            RdmaTransport::open(self.config.clone(), context)
+                .map_err(ferry_core::Error::TransportUnavailable)?,
+        );
+        *self.built.lock().expect("built") = Some(t.clone());
+        Ok(t)
+    }
+}
+
+#[test]
+fn the_target_side_of_a_departed_peer_is_released_and_a_connected_one_is_kept() {
+    within(Duration::from_secs(60), || {
+        let built = Arc::new(Mutex::new(None));
+        let target = Engine::new(EngineConfig {
+            transports: vec![TransportKind::Rdma, TransportKind::Tcp],
+            extra_transports: vec![Arc::new(Recording {
+                config: RdmaConfig {
+                    provider_instance: Some(provider(EmulatedFaults::default())),
+                    passive_grace: Duration::from_millis(300),
+                    ..RdmaConfig::default()
+                },
+                built: built.clone(),
+            })],
+            ..EngineConfig::default()
+        })
+        .expect("target");
+        let rdma = built
+            .lock()
+            .expect("built")
+            .clone()
+            .expect("rdma transport");
+        let initiator = engine_with(provider(EmulatedFaults::default()), |_, _| {});
+        let seg = initiator
+            .open_segment_blocking(target.segment_name())
+            .expect("open")
+            .handle;
+        assert_eq!(rdma.passive_endpoints(), 2, "one per initiator queue pair");
+        // Connected: kept well past the grace period.
+        std::thread::sleep(Duration::from_millis(1800));
+        assert_eq!(
+            rdma.passive_endpoints(),
+            2,
+            "released while the peer is connected"
+        );
+        // The initiator closes the segment: its control connection goes, and after the
+        // grace period (checked every second) the target side is released.
+        initiator.close_segment(seg).expect("close segment");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while rdma.passive_endpoints() > 0 {
+            assert!(Instant::now() < deadline, "never released");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        initiator.close();
         target.close();
     });
 }

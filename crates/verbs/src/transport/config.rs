@@ -67,6 +67,9 @@ pub struct RdmaConfig {
     pub retry_cnt: u8,
     /// Handshake and reconnect timeout.
     pub connect_timeout: Duration,
+    /// The target side of a connection is released once its initiator has held no
+    /// control connection here for this long (it closed the segment or died).
+    pub passive_grace: Duration,
     /// Fault spec for the emulated device (see `EmulatedFaults::parse`); also read from
     /// `FERRY_RDMA_EMULATED_FAULTS`.
     pub emulated_faults: Option<String>,
@@ -88,6 +91,7 @@ impl Default for RdmaConfig {
             ack_timeout: 14,
             retry_cnt: 7,
             connect_timeout: Duration::from_secs(5),
+            passive_grace: Duration::from_secs(10),
             emulated_faults: None,
             provider_instance: None,
         }

@@ -19,13 +19,13 @@ mod poller;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_core::control::transport_request;
 use ferry_core::memory::{Access, Region, RegionId};
 use ferry_core::segment::{Peer, SegmentDescriptor};
 use ferry_core::transport::{
-    Attempt, BoxFuture, Transport, TransportContext, TransportFactory, TransportKind,
+    Attempt, BoxFuture, ControlPeers, Transport, TransportContext, TransportFactory, TransportKind,
 };
 use ferry_core::{Error, Opcode, Result};
 use serde::{Deserialize, Serialize};
@@ -105,6 +105,8 @@ struct RemoteMr {
 struct PassiveQp {
     _qp: Arc<dyn QueuePair>,
     _cq: Arc<dyn CompletionQueue>,
+    /// Since when the initiator engine has held no control connection to this engine.
+    orphaned_since: Option<Instant>,
 }
 
 /// Most passive queue pairs kept (a bound against peers that keep reconnecting).
@@ -176,6 +178,7 @@ struct Shared {
     passive: Mutex<HashMap<(u64, u32), PassiveQp>>,
     /// Bumped whenever endpoints come or go, so the poller refreshes its list.
     generation: AtomicU64,
+    control_peers: Arc<ControlPeers>,
     poller: OnceLock<std::thread::Thread>,
     stopping: AtomicBool,
 }
@@ -317,6 +320,7 @@ impl RdmaTransport {
             peers: RwLock::default(),
             passive: Mutex::default(),
             generation: AtomicU64::new(0),
+            control_peers: context.control_peers,
             poller: OnceLock::new(),
             stopping: AtomicBool::new(false),
         });
@@ -332,6 +336,16 @@ impl RdmaTransport {
         })
     }
 
+    /// Queue pairs held for peers' connections (the target side), for tests.
+    #[doc(hidden)]
+    pub fn passive_endpoints(&self) -> usize {
+        self.shared
+            .passive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
     /// Name of the provider in use (`ibverbs` or `emulated`).
     pub fn provider_name(&self) -> &'static str {
         self.shared.provider.name()
@@ -339,6 +353,28 @@ impl RdmaTransport {
 }
 
 impl Shared {
+    /// Releases the target side of connections whose initiator engine has held no control
+    /// connection here for `passive_grace` (it closed the segment or died).
+    fn release_orphans(&self, now: Instant) {
+        let grace = self.config.passive_grace;
+        let mut passive = self.passive.lock().unwrap_or_else(|p| p.into_inner());
+        let before = passive.len();
+        passive.retain(|(engine, _), p| {
+            if self.control_peers.is_connected(*engine) {
+                p.orphaned_since = None;
+                return true;
+            }
+            let since = *p.orphaned_since.get_or_insert(now);
+            now.duration_since(since) < grace
+        });
+        if passive.len() != before {
+            tracing::debug!(
+                released = before - passive.len(),
+                "rdma: released queue pairs of departed peers"
+            );
+        }
+    }
+
     fn wake_poller(&self) {
         if let Some(t) = self.poller.get() {
             t.unpark();
@@ -761,7 +797,14 @@ impl Shared {
         self.passive
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((req.engine_id, req.slot), PassiveQp { _qp: qp, _cq: cq });
+            .insert(
+                (req.engine_id, req.slot),
+                PassiveQp {
+                    _qp: qp,
+                    _cq: cq,
+                    orphaned_since: None,
+                },
+            );
         serde_json::to_vec(&local).map_err(|e| bad(format!("encode: {e}")))
     }
 }

@@ -21,6 +21,7 @@ const YIELDS: u32 = 64;
 const MAX_SLEEP: Duration = Duration::from_millis(1);
 const IDLE_PARK: Duration = Duration::from_millis(100);
 const SWEEP_EVERY: Duration = Duration::from_millis(10);
+const ORPHANS_EVERY: Duration = Duration::from_secs(1);
 
 pub(crate) fn run(shared: Arc<Shared>) {
     let mut wcs = [WorkCompletion::default(); 32];
@@ -28,6 +29,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let mut seen = u64::MAX;
     let mut idle = 0u32;
     let mut last_sweep = Instant::now();
+    let mut last_orphans = Instant::now();
     while !shared.stopping.load(Ordering::Acquire) {
         let generation = shared.generation.load(Ordering::Acquire);
         if generation != seen {
@@ -61,6 +63,10 @@ pub(crate) fn run(shared: Arc<Shared>) {
         if now.duration_since(last_sweep) >= SWEEP_EVERY {
             last_sweep = now;
             sweep(&shared, &endpoints, now);
+        }
+        if now.duration_since(last_orphans) >= ORPHANS_EVERY {
+            last_orphans = now;
+            shared.release_orphans(now);
         }
         if busy {
             idle = 0;
