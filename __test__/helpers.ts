@@ -2,6 +2,7 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
+import type { Engine, FerryError, Region, Segment } from '../index'
 
 export interface TargetProcess {
   proc: ChildProcess
@@ -94,3 +95,45 @@ export async function startTarget(env: Record<string, string> = {}, timeoutMs = 
 
 /** Resolves after `ms`. */
 export const delay = (ms: number) => new Promise((r) => setTimeout(r, ms))
+
+/** What one writer of `startWriters` saw. */
+export interface WriteOutcome {
+  at: number
+  ok: boolean
+  code?: string
+}
+
+/**
+ * `n` writers looping 1 MiB writes over a 64 MiB stripe until their first failure (peer-death
+ * tests); every outcome is timestamped.
+ */
+export function startWriters(
+  engine: Engine,
+  to: { local: Region; remote: Segment; remoteBuffer: number },
+  n = 8,
+) {
+  const MiB = 1 << 20
+  let running = true
+  let completed = 0
+  const outcomes: WriteOutcome[] = []
+  const pump = async () => {
+    while (running) {
+      const off = (completed % 64) * MiB
+      try {
+        await engine.write({ ...to, localOffset: off, remoteOffset: off, length: MiB })
+        completed++
+        outcomes.push({ at: Date.now(), ok: true })
+      } catch (e) {
+        outcomes.push({ at: Date.now(), ok: false, code: (e as FerryError).code })
+        return
+      }
+    }
+  }
+  const done = Promise.all(Array.from({ length: n }, pump))
+  return {
+    outcomes,
+    completed: () => completed,
+    stop: () => void (running = false),
+    done,
+  }
+}

@@ -8,7 +8,7 @@ import test from 'ava'
 import { createHash } from 'node:crypto'
 import * as fs from 'node:fs'
 import { Engine, FerryError, TransferStatus, type EngineEvent } from '../index'
-import { delay, killAll, startTarget } from './helpers'
+import { delay, killAll, startTarget, startWriters } from './helpers'
 import { pattern } from './fixtures/pattern'
 
 test.after.always(killAll)
@@ -58,24 +58,9 @@ test('SIGKILL of the target during rdma writes: every writer fails within 1 s, t
     const src = engine.allocate(64 * MiB)
     const seg = await engine.openSegment(target.segment)
     const batch = engine.allocateBatch(1 << 16)
-    let running = true
-    let completed = 0
-    const outcomes: Array<{ at: number; ok: boolean; code?: string }> = []
-    const pump = async () => {
-      while (running) {
-        const off = (completed % 64) * MiB
-        try {
-          await engine.write({ local: src, localOffset: off, remote: seg, remoteBuffer: target.buffer, remoteOffset: off, length: MiB })
-          completed++
-          outcomes.push({ at: Date.now(), ok: true })
-        } catch (e) {
-          outcomes.push({ at: Date.now(), ok: false, code: (e as FerryError).code })
-          return
-        }
-      }
-    }
-    const pumps = Array.from({ length: 8 }, pump)
-    while (completed < 50) await delay(2)
+    const writers = startWriters(engine, { local: src, remote: seg, remoteBuffer: target.buffer })
+    const { outcomes } = writers
+    while (writers.completed() < 50) await delay(2)
     await target.kill('SIGKILL')
     const killedAt = Date.now()
     // Work submitted after the kill never completes: refused at once if the loss is
@@ -87,8 +72,8 @@ test('SIGKILL of the target during rdma writes: every writer fails within 1 s, t
       t.is((e as FerryError).code, 'ERR_FERRY_PEER_LOST')
       submitted = false
     }
-    await Promise.race([Promise.all(pumps), delay(5000)])
-    running = false
+    await Promise.race([writers.done, delay(5000)])
+    writers.stop()
     const failures = outcomes.filter((o) => !o.ok)
     t.is(failures.length, 8, 'every writer saw its write fail')
     for (const f of failures) t.true(f.at - killedAt <= 1000, `failed ${f.at - killedAt} ms after the kill (${f.code})`)

@@ -109,6 +109,9 @@ struct PassiveQp {
     orphaned_since: Option<Instant>,
 }
 
+/// A queue pair in INIT, its completion queue, and what the peer needs to connect to it.
+type NewQueuePair = (Arc<dyn QueuePair>, Arc<dyn CompletionQueue>, EndpointInfo);
+
 /// Most passive queue pairs kept (a bound against peers that keep reconnecting).
 const MAX_PASSIVE: usize = 4096;
 
@@ -135,6 +138,15 @@ impl PeerLink {
             .filter(|e| !e.is_broken())
             .cloned()
             .collect()
+    }
+
+    /// Why no endpoint is up ("connecting" while the first handshake runs).
+    fn down_reason(&self) -> String {
+        self.down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .unwrap_or_else(|| "connecting".into())
     }
 
     fn remove(&self, ep: &Arc<Endpoint>) -> bool {
@@ -398,6 +410,29 @@ impl Shared {
         }
     }
 
+    /// A queue pair (with its own CQ) on `dev`, moved to INIT, and what the peer needs to
+    /// connect to it.
+    fn new_queue_pair(
+        &self,
+        dev: &Device,
+        send_slots: u32,
+    ) -> std::result::Result<NewQueuePair, VerbsError> {
+        let cq = dev.ctx.create_cq(send_slots * 2 + 16)?;
+        let qp = dev.pd.create_qp(
+            &cq,
+            &cq,
+            QpCaps {
+                max_send_wr: send_slots,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+            },
+        )?;
+        handshake::to_init(qp.as_ref(), self.bringup(dev))?;
+        let info = self.endpoint_info(dev, qp.as_ref());
+        Ok((qp, cq, info))
+    }
+
     fn endpoint_info(&self, dev: &Device, qp: &dyn QueuePair) -> EndpointInfo {
         EndpointInfo {
             qpn: qp.qpn(),
@@ -416,15 +451,10 @@ impl Shared {
             .ok_or_else(|| unavailable(format!("no endpoint to {}", req.peer.name())))?;
         let eps = link.live();
         if eps.is_empty() {
-            let why = link
-                .down
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .unwrap_or_else(|| "connecting".into());
             return Err(unavailable(format!(
-                "no connected endpoint to {}: {why}",
-                req.peer.name()
+                "no connected endpoint to {}: {}",
+                req.peer.name(),
+                link.down_reason()
             )));
         }
         let local = self
@@ -609,24 +639,10 @@ impl Shared {
         let local_dev = slot as usize % self.devices.len();
         let remote_dev = slot as usize % remote_devices.len();
         let dev = &self.devices[local_dev];
-        let depth = self.config.max_outstanding * 2 + 16;
-        let cq = dev.ctx.create_cq(depth).map_err(verbs)?;
-        let qp = dev
-            .pd
-            .create_qp(
-                &cq,
-                &cq,
-                QpCaps {
-                    max_send_wr: self.config.max_outstanding,
-                    max_recv_wr: 1,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                },
-            )
+        let (qp, cq, local) = self
+            .new_queue_pair(dev, self.config.max_outstanding)
             .map_err(verbs)?;
         let b = self.bringup(dev);
-        handshake::to_init(qp.as_ref(), b).map_err(verbs)?;
-        let local = self.endpoint_info(dev, qp.as_ref());
         let request = ConnectRequest {
             engine_id: self.engine_id,
             slot,
@@ -776,23 +792,9 @@ impl Shared {
         if self.passive.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_PASSIVE {
             return Err(bad("too many connections".into()));
         }
-        let cq = dev.ctx.create_cq(16).map_err(verbs)?;
-        let qp = dev
-            .pd
-            .create_qp(
-                &cq,
-                &cq,
-                QpCaps {
-                    max_send_wr: 1,
-                    max_recv_wr: 1,
-                    max_send_sge: 1,
-                    max_recv_sge: 1,
-                },
-            )
-            .map_err(verbs)?;
+        // The target side posts nothing: one send slot is all it needs.
+        let (qp, cq, local) = self.new_queue_pair(dev, 1).map_err(verbs)?;
         let b = self.bringup(dev);
-        handshake::to_init(qp.as_ref(), b).map_err(verbs)?;
-        let local = self.endpoint_info(dev, qp.as_ref());
         handshake::connect(qp.as_ref(), b, &local, &req.endpoint, remote_gid).map_err(verbs)?;
         self.passive
             .lock()
@@ -883,13 +885,10 @@ impl Transport for RdmaTransport {
             return Err("no rdma endpoint to this peer (it publishes no rdma device, or the handshake failed)".into());
         };
         if link.live().is_empty() {
-            let why = link
-                .down
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-                .unwrap_or_else(|| "connecting".into());
-            return Err(format!("no connected rdma endpoint: {why}"));
+            return Err(format!(
+                "no connected rdma endpoint: {}",
+                link.down_reason()
+            ));
         }
         Ok(())
     }
