@@ -1403,16 +1403,19 @@ impl LinkEvents for Events {
     }
 
     fn peer_back(&self, peer: &Arc<Peer>) {
-        peer.mark_alive();
+        let was_lost = peer.mark_alive();
         if let Some(inner) = self.0.upgrade() {
+            // Transports set up again (idempotent: a second notice finds them set up).
             let (engine, p) = (inner.clone(), peer.clone());
             inner
                 .handle
                 .spawn(async move { engine.attach_shm(&p).await });
-            inner.peers_recovered.fetch_add(1, Ordering::Relaxed);
-            inner.emit(EngineEvent::PeerRecovered {
-                segment: peer.name().to_string(),
-            });
+            if was_lost {
+                inner.peers_recovered.fetch_add(1, Ordering::Relaxed);
+                inner.emit(EngineEvent::PeerRecovered {
+                    segment: peer.name().to_string(),
+                });
+            }
         }
     }
 }

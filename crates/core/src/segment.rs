@@ -192,8 +192,10 @@ impl Peer {
         }
         !was
     }
-    pub(crate) fn mark_alive(&self) {
-        self.lost.store(false, Ordering::Release);
+    /// Marks the peer alive again; returns whether it was lost (so a recovery is reported
+    /// once even when the control link and the metadata watch both notice it).
+    pub(crate) fn mark_alive(&self) -> bool {
+        self.lost.swap(false, Ordering::AcqRel)
     }
 }
 
@@ -285,5 +287,40 @@ mod tests {
         assert!(parse_token("zz").is_err());
         assert!(parse_token(&"g".repeat(32)).is_err());
         assert!(parse_token(&"é".repeat(16)).is_err());
+    }
+
+    fn sample_descriptor() -> SegmentDescriptor {
+        SegmentDescriptor {
+            engine_id: 1,
+            name: "127.0.0.1:1".into(),
+            machine_id: "m".into(),
+            pid: 1,
+            tcp_addr: "127.0.0.1:1".into(),
+            token: "00".repeat(16),
+            shm_socket: None,
+            buffers: Vec::new(),
+            transport_info: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn loss_and_recovery_are_each_reported_once() {
+        let peer = Peer::new(
+            1,
+            "127.0.0.1:1".into(),
+            sample_descriptor(),
+            Default::default(),
+        );
+        assert!(!peer.mark_alive(), "never lost: no recovery to report");
+        assert!(peer.mark_lost("silent"));
+        assert!(
+            !peer.mark_lost("again"),
+            "a second loss notice is not a new loss"
+        );
+        assert!(peer.mark_alive(), "the first recovery notice reports it");
+        assert!(
+            !peer.mark_alive(),
+            "the control link and the etcd watch both notice: once"
+        );
     }
 }
