@@ -94,8 +94,10 @@ test('SIGKILL of the target during rdma writes: every writer fails within 1 s, t
 test('a silently lost data path (no completion at all) hits the slice deadline and completes over tcp', async (t) => {
   t.timeout(60_000)
   const target = await startTarget({ ...EMULATED_TARGET, FERRY_TARGET_BYTES: String(16 * MiB) })
+  // No attempt deadline: only the rdma slice deadline can end the silent attempt.
   const engine = await Engine.create({
     transports: ['rdma', 'tcp'],
+    attemptTimeoutMs: 0,
     rdma: { provider: 'emulated', emulatedFaults: 'silent_loss=1', sliceTimeoutMs: 400 },
   })
   const events: EngineEvent[] = []
@@ -109,7 +111,9 @@ test('a silently lost data path (no completion at all) hits the slice deadline a
     const took = Date.now() - started
     t.is(r.tasks[0].transport, 'tcp')
     t.true(r.tasks[0].attempts >= 2)
-    t.true(took < 3000, `took ${took} ms`)
+    t.log(`completed over tcp ${took} ms after submission (sliceTimeoutMs 400)`)
+    // ≈ 0.42 s here when the machine is quiet; the bound leaves room for a loaded CI box.
+    t.true(took >= 400 && took < 10_000, `took ${took} ms`)
     t.is((await target.ask('hash')).hash, sha256(src.buffer))
     t.true(events.some((e) => e.kind === 'failover' && e.from === 'rdma' && e.to === 'tcp'), JSON.stringify(events))
   } finally {
