@@ -5,7 +5,9 @@
  */
 import test, { type ExecutionContext } from 'ava'
 import { Engine, FerryError, type PeerLostEvent, type PeerRecoveredEvent } from '../index'
-import { delay, killAll, startTarget, type TargetProcess } from './helpers'
+import { delay, killAll, spawnNode, startTarget, type TargetProcess } from './helpers'
+import * as path from 'node:path'
+import * as readline from 'node:readline'
 import { createNetwork, netnsUnavailable, sweep, type Network } from './netns'
 import { startEtcd, stopAllEtcd } from './etcd'
 import { createHash } from 'node:crypto'
@@ -219,5 +221,64 @@ if (skip) {
     t.true(ok, 'writes succeed again after the link is back')
     t.true(recovered.length >= 1, 'peerRecovered fired')
     t.log(`write ok ${Date.now() - upAt} ms after link up`)
+  })
+
+  test('two namespaces of their own: initiator in a, target in b; link down → FAILED within peerTimeoutMs + 1 s; link up → writes again', async (t) => {
+    t.timeout(90_000)
+    const net = createNetwork({ ownNamespaceForA: true })
+    t.teardown(() => net.destroy())
+    const peerTimeoutMs = 1000
+    const target = await startTarget(
+      { FERRY_TARGET_BYTES: String(4 * MiB), FERRY_TARGET_LISTEN: `${net.b.address}:0`, FERRY_TARGET_MACHINE_ID: `host-b-${process.pid}` },
+      20_000,
+      net.prefix(net.b),
+    )
+    t.teardown(() => target.kill())
+    const init = spawnNode(
+      path.join(__dirname, 'fixtures', 'initiator.ts'),
+      {
+        FERRY_INIT_SEGMENT: target.segment,
+        FERRY_INIT_BUFFER: String(target.buffer),
+        FERRY_INIT_LISTEN: `${net.a.address}:0`,
+        FERRY_INIT_MACHINE_ID: `host-a-${process.pid}`,
+        FERRY_PEER_TIMEOUT_MS: String(peerTimeoutMs),
+      },
+      [],
+      net.prefix(net.a),
+    )
+    t.teardown(() => {
+      if (init.exitCode === null && init.signalCode === null) init.kill('SIGKILL')
+    })
+    let stderr = ''
+    init.stderr?.on('data', (d) => (stderr += d))
+    const seen: Array<Record<string, unknown>> = []
+    readline.createInterface({ input: init.stdout! }).on('line', (l) => seen.push(JSON.parse(l)))
+    const exited = new Promise<number | null>((resolve) => init.once('exit', (code) => resolve(code)))
+    const waitFor = async (key: string, ms: number) => {
+      const until = Date.now() + ms
+      for (;;) {
+        const hit = seen.find((e) => key in e)
+        if (hit) return hit
+        if (Date.now() > until || init.exitCode !== null) throw new Error(`no ${key} from the initiator: ${JSON.stringify(seen)} ${stderr}`)
+        await delay(10)
+      }
+    }
+    const v = await waitFor('verified', 20_000)
+    t.true(v.verified as boolean, 'bytes read back from b equal those written from a')
+    t.is(v.transport, 'tcp')
+    await waitFor('streaming', 5_000)
+    await delay(300)
+    net.linkDown()
+    const downAt = Date.now()
+    const failed = await waitFor('failed', 10_000)
+    const lostAt = (await waitFor('peerLost', 5_000)).peerLost as number
+    const failedAfter = (failed.failed as number) - downAt
+    t.log(`FAILED (${failed.code}) ${failedAfter} ms after link down, peerLost after ${lostAt - downAt} ms`)
+    t.true(failedAfter <= peerTimeoutMs + 1000, `FAILED ${failedAfter} ms after link down`)
+    net.linkUp()
+    const upAt = Date.now()
+    const recovered = await waitFor('recovered', 30_000)
+    t.log(`writing again ${(recovered.recovered as number) - upAt} ms after link up`)
+    t.is(await exited, 0, stderr)
   })
 }

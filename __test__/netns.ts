@@ -55,10 +55,15 @@ function ip(args: string[]): string {
 
 let serial = 0
 
-/** Creates namespace b joined to this namespace by a veth pair, each end with its address. */
-export function createNetwork(): Network {
+/**
+ * Creates namespace b joined to this namespace by a veth pair, each end with its address.
+ * With `ownNamespaceForA`, host a gets a namespace of its own too (two new namespaces; then
+ * only processes started through `prefix(net.a)` live on host a).
+ */
+export function createNetwork(options: { ownNamespaceForA?: boolean } = {}): Network {
   const tag = `${process.pid % 100_000}${String.fromCharCode(97 + (serial++ % 26))}`
   const ns = `ferry-b-${tag}`
+  const nsA = options.ownNamespaceForA ? `ferry-b-${tag}-a` : undefined
   const ifa = `fra${tag}`.slice(0, 15)
   const ifb = `frb${tag}`.slice(0, 15)
   const used = ip(['-4', '-o', 'addr', 'show'])
@@ -71,14 +76,16 @@ export function createNetwork(): Network {
     }
   }
   if (subnet < 0) throw new Error('no free 10.213.x.0/24 subnet')
-  const a: Host = { address: `10.213.${subnet}.1`, ifname: ifa }
+  const a: Host = { ns: nsA, address: `10.213.${subnet}.1`, ifname: ifa }
   const b: Host = { ns, address: `10.213.${subnet}.2`, ifname: ifb }
   let destroyed = false
   const destroy = () => {
     if (destroyed) return
     destroyed = true
     // Deleting the namespace deletes b's end, which deletes the pair.
-    for (const args of [['netns', 'del', ns], ['link', 'del', ifa]]) {
+    const steps = [['netns', 'del', ns], ['link', 'del', ifa]]
+    if (nsA) steps.push(['netns', 'del', nsA])
+    for (const args of steps) {
       try {
         execFileSync('ip', args, { stdio: 'ignore', timeout: 10_000 })
       } catch {
@@ -88,9 +95,15 @@ export function createNetwork(): Network {
   }
   try {
     ip(['netns', 'add', ns])
+    if (nsA) ip(['netns', 'add', nsA])
     ip(['link', 'add', ifa, 'type', 'veth', 'peer', 'name', ifb, 'netns', ns])
-    ip(['addr', 'add', `${a.address}/24`, 'dev', ifa])
-    ip(['link', 'set', ifa, 'up'])
+    const inA = nsA ? ['-n', nsA] : []
+    if (nsA) {
+      ip(['link', 'set', ifa, 'netns', nsA])
+      ip([...inA, 'link', 'set', 'lo', 'up'])
+    }
+    ip([...inA, 'addr', 'add', `${a.address}/24`, 'dev', ifa])
+    ip([...inA, 'link', 'set', ifa, 'up'])
     ip(['-n', ns, 'addr', 'add', `${b.address}/24`, 'dev', ifb])
     ip(['-n', ns, 'link', 'set', ifb, 'up'])
     ip(['-n', ns, 'link', 'set', 'lo', 'up'])
@@ -117,7 +130,7 @@ export function sweep(): void {
     return
   }
   for (const name of list.split('\n').map((l) => l.split(' ')[0])) {
-    if (!new RegExp(`^ferry-b-${process.pid % 100_000}[a-z]$`).test(name)) continue
+    if (!new RegExp(`^ferry-b-${process.pid % 100_000}[a-z](-a)?$`).test(name)) continue
     try {
       execFileSync('ip', ['netns', 'del', name], { stdio: 'ignore', timeout: 10_000 })
     } catch {
