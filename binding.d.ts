@@ -21,11 +21,6 @@ export declare class NativeBench {
 
 /** The native engine. Use the `Engine` class of the package, which wraps this one. */
 export declare class NativeEngine {
-  /**
-   * Starts an engine listening on `options.listen` (blocks the calling thread; the
-   * package's `Engine.create` uses `startEngine` instead).
-   */
-  constructor(options?: EngineOptions | undefined | null)
   /** This engine's segment name (`host:port`). */
   get segmentName(): string
   /** Allocates an engine-owned region; returns its id. */

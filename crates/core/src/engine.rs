@@ -665,7 +665,7 @@ impl Engine {
         } else {
             peer.set_descriptor(desc);
         }
-        self.inner.attach_shm(&peer).await;
+        self.inner.attach_transports(&peer).await;
         let desc = peer.descriptor();
         Ok(SegmentInfo {
             handle: peer.handle(),
@@ -1126,21 +1126,13 @@ impl Inner {
     }
 
     /// Whether `kind` can reach `peer` from here; the reason when it cannot.
-    fn reachable(&self, kind: TransportKind, _peer: &Peer) -> std::result::Result<(), String> {
+    fn reachable(&self, kind: TransportKind, peer: &Peer) -> std::result::Result<(), String> {
         if let Some(why) = self.not_enabled(kind) {
             return Err(why);
         }
-        match kind {
-            TransportKind::Tcp => Ok(()),
-            #[cfg(target_os = "linux")]
-            TransportKind::Shm => match &self.shm {
-                Some(shm) => shm.reachable(_peer),
-                None => Err("shm is not enabled on this engine".into()),
-            },
-            other => match self.transports.get(&other) {
-                Some(t) => t.reachable(_peer),
-                None => Err(format!("{} is not available in this build", other.name())),
-            },
+        match self.transports.get(&kind) {
+            Some(t) => t.reachable(peer),
+            None => Err(format!("{} is not available in this build", kind.name())),
         }
     }
 
@@ -1324,9 +1316,9 @@ impl Inner {
         }
     }
 
-    /// Sets up same-host shared memory with `peer` (maps its buffers); a failure only
-    /// leaves shm unreachable.
-    async fn attach_shm(&self, peer: &Arc<Peer>) {
+    /// Sets up every transport towards `peer` (shm maps its buffers, rdma connects queue
+    /// pairs); a failure only leaves that transport unable to reach the peer.
+    async fn attach_transports(&self, peer: &Arc<Peer>) {
         #[cfg(target_os = "linux")]
         if let Some(shm) = &self.shm {
             if let Err(e) = shm.attach(peer).await {
@@ -1409,7 +1401,7 @@ impl LinkEvents for Events {
             let (engine, p) = (inner.clone(), peer.clone());
             inner
                 .handle
-                .spawn(async move { engine.attach_shm(&p).await });
+                .spawn(async move { engine.attach_transports(&p).await });
             if was_lost {
                 inner.peers_recovered.fetch_add(1, Ordering::Relaxed);
                 inner.emit(EngineEvent::PeerRecovered {

@@ -93,9 +93,7 @@ impl LocalSegment {
             Err(e) => {
                 let mut h = Header::new(Op::Error);
                 h.flags = RejectCode::BadRequest as u16;
-                let mut text = e.to_string();
-                text.truncate(crate::wire::MAX_ERROR_PAYLOAD as usize - 8);
-                (h, text.into_bytes())
+                (h, error_text(&e.to_string()).to_vec())
             }
         };
         reply.request_id = header.request_id;
@@ -312,6 +310,12 @@ async fn drain<R: AsyncReadExt + Unpin>(r: &mut R, mut len: u64) -> Result<()> {
     Ok(())
 }
 
+/// The payload of an `Error` frame: the reason's bytes, capped (the reader decodes lossily,
+/// so a cut inside a character costs nothing).
+fn error_text(reason: &str) -> &[u8] {
+    &reason.as_bytes()[..reason.len().min(1024)]
+}
+
 async fn reject<W: AsyncWriteExt + Unpin>(
     w: &mut W,
     mut reply: Header,
@@ -319,7 +323,7 @@ async fn reject<W: AsyncWriteExt + Unpin>(
     reason: &str,
 ) -> Result<()> {
     tracing::debug!(?code, reason, "rejecting request");
-    let text = &reason.as_bytes()[..reason.len().min(1024)];
+    let text = error_text(reason);
     reply.op = Op::Error;
     reply.flags = code as u16;
     reply.length = text.len() as u64;

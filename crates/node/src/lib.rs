@@ -51,6 +51,24 @@ impl NativeEngine {
     pub(crate) fn core(&self) -> &Engine {
         &self.engine
     }
+
+    /// Wraps a started engine and closes it if the Node environment goes away first.
+    fn adopt(env: &Env, engine: Engine) -> napi::Result<Self, String> {
+        let weak = engine.downgrade();
+        let hooked = env.add_env_cleanup_hook(weak, |w| {
+            if let Some(e) = w.upgrade() {
+                e.close();
+            }
+        });
+        if let Err(e) = hooked {
+            engine.close();
+            return Err(napi::Error::new(
+                "ERR_FERRY_INTERNAL".to_string(),
+                e.to_string(),
+            ));
+        }
+        Ok(Self { engine })
+    }
 }
 
 /// Starting an engine off the JS thread: binding, starting threads, and registering in
@@ -87,26 +105,6 @@ fn encode_error(e: &ferry_core::Error) -> String {
     format!("{}\u{0}{}", e.code(), e)
 }
 
-impl NativeEngine {
-    /// Wraps a started engine and closes it if the Node environment goes away first.
-    fn adopt(env: &Env, engine: Engine) -> napi::Result<Self, String> {
-        let weak = engine.downgrade();
-        let hooked = env.add_env_cleanup_hook(weak, |w| {
-            if let Some(e) = w.upgrade() {
-                e.close();
-            }
-        });
-        if let Err(e) = hooked {
-            engine.close();
-            return Err(napi::Error::new(
-                "ERR_FERRY_INTERNAL".to_string(),
-                e.to_string(),
-            ));
-        }
-        Ok(Self { engine })
-    }
-}
-
 /// Starts an engine on a worker thread; resolves to the native engine.
 #[napi(catch_unwind, ts_return_type = "Promise<NativeEngine>")]
 pub fn start_engine(
@@ -121,16 +119,6 @@ pub fn start_engine(
 
 #[napi]
 impl NativeEngine {
-    /// Starts an engine listening on `options.listen` (blocks the calling thread; the
-    /// package's `Engine.create` uses `startEngine` instead).
-    #[napi(constructor, catch_unwind)]
-    pub fn new(env: Env, options: Option<EngineOptions>) -> napi::Result<Self, String> {
-        init_logging();
-        let config = EngineConfig::try_from(options.unwrap_or_default()).map_err(js_error)?;
-        let engine = Engine::new(config).map_err(js_error)?;
-        Self::adopt(&env, engine)
-    }
-
     /// This engine's segment name (`host:port`).
     #[napi(getter)]
     pub fn segment_name(&self) -> String {

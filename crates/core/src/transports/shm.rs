@@ -267,29 +267,6 @@ impl ShmTransport {
             .cloned()
     }
 
-    /// Why shm cannot reach `peer`, if it cannot.
-    pub(crate) fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
-        match self.peer(peer.handle()) {
-            Some(p) if p.alive() => Ok(()),
-            Some(_) => Err("the target process exited".into()),
-            None => {
-                let desc = peer.descriptor();
-                if desc.machine_id != self.machine_id {
-                    Err(format!(
-                        "{} is on another host (machine/boot id {:?}, here {:?})",
-                        peer.name(),
-                        desc.machine_id,
-                        self.machine_id
-                    ))
-                } else if desc.shm_socket.is_none() {
-                    Err(format!("{} does not offer shared memory", peer.name()))
-                } else {
-                    Err(format!("shared memory with {} is not set up", peer.name()))
-                }
-            }
-        }
-    }
-
     /// Connects to a same-host peer and maps its buffers (again, on refresh). Peers on
     /// another host, or without shm, are left alone.
     pub(crate) async fn attach(&self, peer: &Arc<Peer>) -> Result<()> {
@@ -484,6 +461,28 @@ async fn watch(peer: Arc<ShmPeer>, mut stream: UnixStream, on_death: DeathHook) 
 impl Transport for ShmTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Shm
+    }
+
+    fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
+        match self.peer(peer.handle()) {
+            Some(p) if p.alive() => Ok(()),
+            Some(_) => Err("the target process exited".into()),
+            None => {
+                let desc = peer.descriptor();
+                if desc.machine_id != self.machine_id {
+                    Err(format!(
+                        "{} is on another host (machine/boot id {:?}, here {:?})",
+                        peer.name(),
+                        desc.machine_id,
+                        self.machine_id
+                    ))
+                } else if desc.shm_socket.is_none() {
+                    Err(format!("{} does not offer shared memory", peer.name()))
+                } else {
+                    Err(format!("shared memory with {} is not set up", peer.name()))
+                }
+            }
+        }
     }
 
     fn serves(&self, region: &crate::memory::Region) -> bool {

@@ -140,6 +140,15 @@ impl PeerLink {
             .collect()
     }
 
+    /// Whether any endpoint is up (asked for every request: no allocation).
+    fn has_live(&self) -> bool {
+        self.endpoints
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|e| !e.is_broken())
+    }
+
     /// Why no endpoint is up ("connecting" while the first handshake runs).
     fn down_reason(&self) -> String {
         self.down
@@ -754,7 +763,7 @@ impl Shared {
                 first_error.get_or_insert(e);
             }
         }
-        match (first_error, link.live().is_empty()) {
+        match (first_error, !link.has_live()) {
             (Some(e), true) => Err(e),
             _ => Ok(()),
         }
@@ -884,7 +893,7 @@ impl Transport for RdmaTransport {
         let Some(link) = self.shared.link(peer.handle()) else {
             return Err("no rdma endpoint to this peer (it publishes no rdma device, or the handshake failed)".into());
         };
-        if link.live().is_empty() {
+        if !link.has_live() {
             return Err(format!(
                 "no connected rdma endpoint: {}",
                 link.down_reason()
