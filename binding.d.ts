@@ -23,14 +23,23 @@ export declare class NativeBench {
 export declare class NativeEngine {
   /** This engine's segment name (`host:port`). */
   get segmentName(): string
-  /** Allocates an engine-owned region; returns its id. */
-  allocate(bytes: number): number
-  /** A Buffer over an engine-owned region (call once per region and keep it). */
-  regionBuffer(id: number): Buffer
-  /** Registers a user Buffer; the engine holds it until `release`. */
-  registerMemory(buffer: Buffer, readOnly?: boolean | undefined | null): number
+  /**
+   * Allocates an engine-owned region of `bytes` (any size the machine can back: a
+   * memfd, touched lazily).
+   */
+  allocate(bytes: number): RegionInfo
+  /**
+   * A Buffer over `[offset, offset + length)` of an engine-owned region (at most
+   * 4 GiB: one Buffer's limit).
+   */
+  regionView(handle: number, offset: number, length: number): Buffer
+  /**
+   * Registers user memory (a view over a SharedArrayBuffer); the engine holds it
+   * until `release`.
+   */
+  registerMemory(memory: ArrayBufferView, readOnly?: boolean | undefined | null): RegionInfo
   /** Releases a region. */
-  release(id: number): void
+  release(handle: number): void
   /** Opens a remote segment; resolves with an `OpenResult`. */
   openSegment(name: string): Promise<OpenResult>
   /** Closes a segment. */
@@ -240,19 +249,22 @@ export interface EngineMetrics {
   regions: number
 }
 
-/** Engine options. Every field is optional; defaults in brackets. */
+/**
+ * Engine options. Every field is optional; defaults in brackets, then bounds (checked by
+ * the core's `EngineConfig::validate`). An unknown key is refused.
+ */
 export interface EngineOptions {
   /** Listen address for control and data, `host:port` ["127.0.0.1:0": loopback, any port]. */
   listen?: string
-  /** A silent peer is declared lost after this many ms [3000]. */
+  /** A silent peer is declared lost after this many ms [3000; 10..=3600000]. */
   peerTimeoutMs?: number
-  /** I/O threads [2]. */
+  /** I/O threads [2; 1..=64]. */
   ioThreads?: number
   /**
    * Enabled transports, of "tcp", "shm", "rdma" [["shm", "rdma", "tcp"]]; rdma is
    * disabled with one log line where no RDMA device (or no libibverbs) is present.
    */
-  transports?: Array<string>
+  transports?: Array<'tcp' | 'shm' | 'rdma'>
   /** RDMA settings [see RdmaOptions]. */
   rdma?: RdmaOptions
   /** Overrides the machine identity used for same-host detection (tests) [auto]. */
@@ -262,17 +274,17 @@ export interface EngineOptions {
    * on 0.0.0.0, e.g. in cluster mode) [the bound address].
    */
   advertise?: string
-  /** TCP data connections per peer [2]. */
+  /** TCP data connections per peer [2; 1..=64]. */
   connectionsPerPeer?: number
-  /** TCP slice size in bytes [1048576]. */
+  /** TCP slice size in bytes [1048576; 4096..=1073741824]. */
   sliceSize?: number
-  /** Connect timeout in ms [3000]. */
+  /** Connect timeout in ms [3000; 1..=600000]. */
   connectTimeoutMs?: number
-  /** Transport switches allowed per task; 0 disables failover [3]. */
+  /** Transport switches allowed per task; 0 disables failover [3; 0..=1000]. */
   maxFailoverAttempts?: number
   /** Whether polled (batch) tasks fail over; the Promise path always does [true]. */
   enableAutoFailoverOnPoll?: boolean
-  /** Deadline of one attempt in ms; 0 = none [10000]. */
+  /** Deadline of one attempt in ms; 0 = none [10000; 0..=86400000]. */
   attemptTimeoutMs?: number
   /** Fault injection per transport, for tests and benchmarks [none]. */
   faults?: Array<FaultOptions>
@@ -280,14 +292,14 @@ export interface EngineOptions {
    * Metadata service: "p2p" (segment names are host:port), or
    * "etcd://host:port[,host:port...]" for cluster mode ["p2p"].
    */
-  metadata?: string
+  metadata?: 'p2p' | `etcd://${string}`
   /** With etcd: key prefix of the segment records ["/ferry/segments/"]. */
   metadataPrefix?: string
   /** With etcd: the logical name this engine is published under [its host:port]. */
   segmentName?: string
   /**
-   * With etcd: lease TTL of this engine's record in ms, whole seconds, >= 1000; bounds
-   * the time until peers see this engine lost when it stops answering [5000].
+   * With etcd: lease TTL of this engine's record in ms, whole seconds [5000; 1000..=3600000];
+   * bounds the time until peers see this engine lost when it stops answering.
    */
   leaseTtlMs?: number
 }
@@ -295,7 +307,7 @@ export interface EngineOptions {
 /** Fault injection on one transport. */
 export interface FaultOptions {
   /** "tcp", "shm" or "rdma". */
-  transport: string
+  transport: 'tcp' | 'shm' | 'rdma'
   /** Probability that submitting a request fails [0]. */
   submitFailureRate?: number
   /** Every submission after this many fails [never]. */
@@ -326,7 +338,7 @@ export interface RdmaOptions {
    * "ibverbs" (real NICs) or "emulated" (the software device for tests)
    * [FERRY_RDMA_PROVIDER, else "ibverbs"].
    */
-  provider?: string
+  provider?: 'ibverbs' | 'emulated'
   /** Devices that may be used [every device with an active port]. */
   devices?: Array<string>
   /** GID index [chosen automatically: RoCE v2 with an IPv4 address first]. */
@@ -346,6 +358,16 @@ export interface RdmaOptions {
    * [FERRY_RDMA_EMULATED_FAULTS, else none].
    */
   emulatedFaults?: string
+}
+
+/** A local region as JS sees it. */
+export interface RegionInfo {
+  /** Handle of the region in requests (names this engine). */
+  handle: number
+  /** Buffer id: what peers name in `remoteBuffer`. */
+  id: number
+  /** Length in bytes. */
+  length: number
 }
 
 /** A buffer of a remote segment. */
@@ -373,7 +395,7 @@ export interface SegmentDesc {
 }
 
 /** Starts an engine on a worker thread; resolves to the native engine. */
-export declare function startEngine(options?: EngineOptions | undefined | null): Promise<NativeEngine>
+export declare function startEngine(options?: EngineOptions): Promise<NativeEngine>
 
 /** Status of one task. */
 export interface TaskStatus {

@@ -48,6 +48,7 @@ export type FerryErrorCode =
   | 'ERR_FERRY_BATCH_FULL'
   | 'ERR_FERRY_UNKNOWN_REGION'
   | 'ERR_FERRY_UNKNOWN_SEGMENT'
+  | 'ERR_FERRY_FOREIGN_HANDLE'
   | 'ERR_FERRY_UNKNOWN_BUFFER'
   | 'ERR_FERRY_PERMISSION_DENIED'
   | 'ERR_FERRY_PEER_LOST'
@@ -105,16 +106,51 @@ export class FerryError extends Error {
   }
 }
 
-function rethrow(err: unknown): never {
-  if (err instanceof FerryError) throw err
+/** napi's own statuses for a value of the wrong type (a safety net: the binding names fields itself). */
+const NAPI_TYPE_ERRORS = new Set([
+  'InvalidArg',
+  'ObjectExpected',
+  'StringExpected',
+  'NameExpected',
+  'FunctionExpected',
+  'NumberExpected',
+  'BooleanExpected',
+  'ArrayExpected',
+  'BigintExpected',
+  'DateExpected',
+  'ArrayBufferExpected',
+  'DetachableArraybufferExpected',
+])
+
+function toFerryError(err: unknown): unknown {
+  if (err instanceof FerryError) return err
   const e = err as { code?: unknown; message?: unknown }
   if (e && typeof e.code === 'string' && e.code.startsWith('ERR_FERRY_')) {
-    throw new FerryError(e.code, String(e.message))
+    return new FerryError(e.code as FerryErrorCode, String(e.message))
+  }
+  if (e && typeof e.code === 'string' && NAPI_TYPE_ERRORS.has(e.code)) {
+    return new FerryError('ERR_FERRY_INVALID_ARGUMENT', `invalid argument: ${String(e.message)}`, { cause: err })
   }
   if (err instanceof TypeError || err instanceof RangeError) {
-    throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', err.message, { cause: err })
+    return new FerryError('ERR_FERRY_INVALID_ARGUMENT', err.message, { cause: err })
   }
-  throw err
+  return err
+}
+
+function rethrow(err: unknown): never {
+  throw toFerryError(err)
+}
+
+function invalid(message: string): FerryError {
+  return new FerryError('ERR_FERRY_INVALID_ARGUMENT', message)
+}
+
+/** What a value is, for messages. */
+function describe(v: unknown): string {
+  if (v === null) return 'null'
+  if (Array.isArray(v)) return 'an array'
+  const t = typeof v
+  return t === 'object' ? 'an object' : t === 'undefined' ? 'undefined' : `a ${t}`
 }
 
 /** The start task's errors carry `CODE\u0000message` (a task cannot set `code`). */
@@ -151,132 +187,106 @@ function toTaskStatus(s: Native.TaskStatus): TaskStatus {
   }
 }
 
-/** Engine settings. Every field is optional. */
-export interface EngineOptions {
-  /** Listen address for control and data, `host:port`. Default `127.0.0.1:0` (loopback only). */
-  listen?: string
-  /** A silent peer is declared lost after this many ms; its in-flight work fails. Default 3000. */
-  peerTimeoutMs?: number
-  /** I/O threads. Default 2. */
-  ioThreads?: number
-  /**
-   * Enabled transports. Default `['shm', 'rdma', 'tcp']`: rdma is disabled (one log line
-   * with `FERRY_LOG=info`) where libibverbs or an RDMA device is missing.
-   */
-  transports?: TransportName[]
-  /** RDMA settings. */
-  rdma?: RdmaOptions
-  /** Overrides the machine identity used to detect same-host peers (tests). */
-  machineId?: string
-  /**
-   * The address peers reach this engine at, `host` or `host:port` (the bound port when
-   * none is given): the segment name in p2p mode and the address published in etcd. Set it
-   * when listening on `0.0.0.0`. Default: the bound address.
-   */
-  advertise?: string
-  /** TCP data connections per peer. Default 2. */
-  connectionsPerPeer?: number
-  /** Requests larger than this are sliced (bytes). Default 1 MiB. */
-  sliceSize?: number
-  /** Connect timeout in ms. Default 3000. */
-  connectTimeoutMs?: number
-  /**
-   * Metadata service. `'p2p'` (default, embedded): segment names are `host:port`.
-   * `'etcd://host:port[,host:port]'` (clusters): the engine publishes itself in etcd under
-   * `segmentName`, bound to a lease it keeps alive, and `openSegment` looks names up there;
-   * a peer whose lease expires is reported lost. Creation fails with `ERR_FERRY_METADATA`
-   * when etcd does not answer within `connectTimeoutMs`.
-   */
-  metadata?: 'p2p' | `etcd://${string}`
-  /** With etcd: key prefix of the segment records. Default `'/ferry/segments/'`. */
-  metadataPrefix?: string
-  /** With etcd: the logical name this engine is published under. Default its `host:port`. */
-  segmentName?: string
-  /**
-   * With etcd: lease TTL of this engine's record in ms (whole seconds, >= 1000). Peers see
-   * this engine lost at most about this long after it stops answering. Default 5000.
-   */
-  leaseTtlMs?: number
-  /** Transport switches allowed per task; 0 disables failover, 1 allows one. Default 3. */
-  maxFailoverAttempts?: number
-  /** Whether polled (batch) tasks fail over; the Promise calls always do. Default true. */
-  enableAutoFailoverOnPoll?: boolean
-  /** Deadline of one attempt in ms; a late attempt fails over. 0 = none. Default 10000. */
-  attemptTimeoutMs?: number
-  /** Fault injection (tests, benchmarks): per transport. */
-  faults?: FaultOptions[]
-}
-
+/**
+ * Engine settings. Every field is optional; each one's default and bounds are declared
+ * once, in the core (`EngineConfig`), and documented in the README. A key that is not an
+ * option (a typo such as `peerTimeoutMS`) is refused with `ERR_FERRY_INVALID_ARGUMENT`.
+ */
+export type EngineOptions = Native.EngineOptions
 /** RDMA transport settings. Every field is optional. */
-export interface RdmaOptions {
-  /**
-   * `'ibverbs'` (real NICs, libibverbs loaded at run time) or `'emulated'` (a software
-   * verbs device for tests on machines without NICs). Default: `FERRY_RDMA_PROVIDER`, else
-   * `'ibverbs'`. The emulated device is never chosen silently.
-   */
-  provider?: 'ibverbs' | 'emulated'
-  /** Devices that may be used (e.g. `['mlx5_0']`). Default: every device with an active port. */
-  devices?: string[]
-  /** GID index. Default: chosen automatically (RoCE v2 with an IPv4 address first). */
-  gidIndex?: number
-  /** Port number. Default 1. */
-  port?: number
-  /** Queue pairs per peer; slices are spread over them (and over devices). Default 2. */
-  qpsPerPeer?: number
-  /** Bytes per RDMA work request. Default 65536. */
-  sliceSize?: number
-  /** Work requests outstanding per queue pair. Default 64. */
-  maxOutstanding?: number
-  /** A slice not completed within this resets its endpoint and fails over. Default 5000. */
-  sliceTimeoutMs?: number
-  /**
-   * Faults of the emulated device, e.g. `'silent_loss=0.1,retry_exceeded=0.05,remote_access=0,delay_ms=5,seed=7'`.
-   * Default: `FERRY_RDMA_EMULATED_FAULTS`, else none.
-   */
-  emulatedFaults?: string
-}
-
+export type RdmaOptions = Native.RdmaOptions
 /** Fault injection on one transport (seeded, reproducible). */
-export interface FaultOptions {
-  transport: TransportName
-  /** Probability that submitting a request fails. */
-  submitFailureRate?: number
-  /** Every submission after this many fails. */
-  failAfterSubmits?: number
-  /** Probability that a completed attempt is reported FAILED. */
-  corruptCompletionRate?: number
-  /** Delay before each submission, in ms. */
-  delayMs?: number
-  /** The transport fails to install. */
-  failInstall?: boolean
-  /** Seed of the random choices. */
-  seed?: number
-}
+export type FaultOptions = Native.FaultOptions
 
-/** Local memory registered with an engine. `buffer` views it. */
+/** Largest Buffer one view can be (Node 20 caps a Buffer at 4 GiB). */
+export const MAX_VIEW_BYTES = 2 ** 32
+
+/**
+ * Local memory registered with an engine: engine-owned (`allocate`, any size) or user
+ * memory (`registerMemory`, a view over a SharedArrayBuffer). Transfers address it by
+ * offset; `view(offset, length)` is a Buffer over a window of it, and `buffer` one over
+ * all of it where one Buffer can hold it (4 GiB at most on Node 20).
+ */
 export class Region {
   #released = false
+  #whole?: Buffer
+  /** @internal */
   constructor(
-    private readonly engine: Engine,
-    /** Region id in its engine. */
+    /** @internal */
+    readonly engine: Engine,
+    /** @internal Handle of the region in this engine's requests. */
+    readonly handle: number,
+    /** Buffer id in its engine: what peers name in `remoteBuffer`. */
     readonly id: number,
-    /** The bytes. For engine-owned regions, a Buffer over engine memory. */
-    readonly buffer: Buffer,
+    /** Length in bytes. */
+    readonly length: number,
+    /** @internal The registered memory, for user regions. */
+    private readonly user?: Buffer,
   ) {}
-
-  /** Length in bytes. */
-  get length(): number {
-    return this.buffer.length
-  }
 
   /** Whether `release()` was called. */
   get released(): boolean {
     return this.#released
   }
 
-  /** Releases the region. Transfers still in flight finish first; the Buffer stays valid. */
+  /**
+   * A Buffer over the whole region. A region larger than one Buffer can be (4 GiB on
+   * Node 20) has none: this throws `ERR_FERRY_INVALID_ARGUMENT`; use `view()`.
+   */
+  get buffer(): Buffer {
+    if (this.user) return this.user
+    if (!this.#whole) {
+      if (this.length > MAX_VIEW_BYTES) {
+        throw invalid(`a region of ${this.length} bytes is larger than one Buffer can be (${MAX_VIEW_BYTES}); use region.view(offset, length)`)
+      }
+      this.#whole = this.view(0, this.length)
+    }
+    return this.#whole
+  }
+
+  /**
+   * A Buffer over `[offset, offset + length)` of the region (default: to its end), at most
+   * 4 GiB. A view stays valid after `release()` and `close()`; new views need the region
+   * to be registered still.
+   */
+  view(offset = 0, length?: number): Buffer {
+    const len = this.range('view', offset, length)
+    if (this.user) return this.user.subarray(offset, offset + len)
+    return this.engine.native((n) => n.regionView(this.handle, offset, len))
+  }
+
+  /**
+   * Fills `[offset, offset + length)` (default: all of it) with `value` as `Buffer.fill`
+   * does, window by window (windows of 255 × 4 MiB, so a pattern of up to 255 bytes whose
+   * length divides that keeps its phase across them).
+   */
+  fill(value: string | number | Uint8Array, offset = 0, length?: number): this {
+    const end = offset + this.range('fill', offset, length)
+    const window = 255 * 2 ** 22
+    for (let at = offset; at < end; at += window) {
+      this.view(at, Math.min(window, end - at)).fill(value)
+    }
+    return this
+  }
+
+  /** The length of `[offset, offset + length)`, checked to lie inside the region. */
+  private range(what: string, offset: unknown, length: unknown): number {
+    if (typeof offset !== 'number' || !Number.isSafeInteger(offset) || offset < 0) {
+      throw invalid(`${what}: offset must be a non-negative integer, got ${typeof offset === 'number' ? offset : describe(offset)}`)
+    }
+    const len = length === undefined ? this.length - offset : length
+    if (typeof len !== 'number' || !Number.isSafeInteger(len) || len <= 0) {
+      throw invalid(`${what}: length must be a positive integer, got ${typeof len === 'number' ? len : describe(len)}`)
+    }
+    if (offset + len > this.length) {
+      throw new FerryError('ERR_FERRY_OUT_OF_RANGE', `${what}: [${offset}, ${offset}+${len}) outside a region of ${this.length} bytes`)
+    }
+    return len
+  }
+
+  /** Releases the region. Transfers still in flight finish first; views stay valid. */
   release(): void {
-    this.engine.native((n) => n.release(this.id))
+    this.engine.native((n) => n.release(this.handle))
     this.#released = true
   }
 }
@@ -291,16 +301,24 @@ export interface RemoteBuffer {
 
 /** An opened remote segment. */
 export class Segment {
+  /** @internal */
   constructor(
-    /** Handle used in requests. */
+    /** @internal */
+    readonly engine: Engine,
+    /** Handle used in requests (names its engine). */
     readonly handle: number,
-    /** Segment name (`host:port`). */
+    /** Segment name (`host:port`, or its name in etcd). */
     readonly name: string,
     /** The peer engine's id. */
     readonly engineId: string,
     /** Buffers the peer exposes (as of the last open). */
     readonly buffers: RemoteBuffer[],
   ) {}
+
+  /** Closes the segment (as `engine.closeSegment(this)`); its in-flight work fails. */
+  close(): void {
+    this.engine.closeSegment(this)
+  }
 }
 
 /** One transfer. */
@@ -447,27 +465,78 @@ function toEvent(e: Native.EngineEventJs): EngineEvent | undefined {
   }
 }
 
-function toNativeRequest(r: TransferRequest): Native.TransferRequest {
-  if (!(r.local instanceof Region)) {
-    throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'request.local must be a Region')
+const REQUEST_KEYS = new Set([
+  'opcode',
+  'local',
+  'localOffset',
+  'remote',
+  'remoteBuffer',
+  'remoteOffset',
+  'length',
+  'transport',
+  'requireTransport',
+  'signal',
+])
+const TRANSPORTS = new Set(['tcp', 'shm', 'rdma'])
+
+function checkNumber(what: string, v: unknown, optional: boolean): void {
+  if (v === undefined && optional) return
+  if (typeof v !== 'number') throw invalid(`${what} must be a non-negative integer, got ${describe(v)}`)
+}
+
+function checkTransport(what: string, v: unknown): void {
+  if (v === undefined) return
+  if (typeof v !== 'string' || !TRANSPORTS.has(v)) throw invalid(`${what} must be 'tcp', 'shm' or 'rdma', got ${typeof v === 'string' ? JSON.stringify(v) : describe(v)}`)
+}
+
+/** One request as the binding takes it: every field's type checked, handles of `engine`. */
+function toNativeRequest(engine: Engine, r: unknown, i: number, opcode?: 'read' | 'write'): Native.TransferRequest {
+  const at = `request ${i}`
+  if (typeof r !== 'object' || r === null || Array.isArray(r)) throw invalid(`${at} must be an object, got ${describe(r)}`)
+  const q = r as Record<string, unknown>
+  for (const key of Object.keys(q)) {
+    if (!REQUEST_KEYS.has(key) || (key === 'signal' && opcode === undefined)) {
+      if (q[key] !== undefined) throw invalid(`${at} has no field ${JSON.stringify(key)} (a typo?)`)
+    }
   }
-  if (!(r.remote instanceof Segment)) {
-    throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'request.remote must be a Segment')
-  }
-  if (r.requireTransport !== undefined && r.transport !== undefined && r.transport !== r.requireTransport) {
-    throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'transport and requireTransport name different transports')
+  const op = opcode ?? q.opcode
+  if (op !== 'read' && op !== 'write') throw invalid(`${at}: opcode must be 'read' or 'write', got ${typeof op === 'string' ? JSON.stringify(op) : describe(op)}`)
+  if (!(q.local instanceof Region)) throw invalid(`${at}: local must be a Region, got ${describe(q.local)}`)
+  if (!(q.remote instanceof Segment)) throw invalid(`${at}: remote must be a Segment, got ${describe(q.remote)}`)
+  if (q.local.engine !== engine) throw new FerryError('ERR_FERRY_FOREIGN_HANDLE', `${at}: local is a Region of another engine`)
+  if (q.remote.engine !== engine) throw new FerryError('ERR_FERRY_FOREIGN_HANDLE', `${at}: remote is a Segment of another engine`)
+  checkNumber(`${at}: localOffset`, q.localOffset, true)
+  checkNumber(`${at}: remoteBuffer`, q.remoteBuffer, true)
+  checkNumber(`${at}: remoteOffset`, q.remoteOffset, true)
+  checkNumber(`${at}: length`, q.length, false)
+  checkTransport(`${at}: transport`, q.transport)
+  checkTransport(`${at}: requireTransport`, q.requireTransport)
+  if (q.requireTransport !== undefined && q.transport !== undefined && q.transport !== q.requireTransport) {
+    throw invalid(`${at}: transport and requireTransport name different transports`)
   }
   return {
-    opcode: r.opcode,
-    local: r.local.id,
-    localOffset: r.localOffset,
-    segment: r.remote.handle,
-    remoteBuffer: r.remoteBuffer,
-    remoteOffset: r.remoteOffset,
-    length: r.length,
-    transport: r.requireTransport ?? r.transport,
-    requireTransport: r.requireTransport !== undefined,
+    opcode: op,
+    local: q.local.handle,
+    localOffset: q.localOffset as number | undefined,
+    segment: q.remote.handle,
+    remoteBuffer: q.remoteBuffer as number | undefined,
+    remoteOffset: q.remoteOffset as number | undefined,
+    length: q.length as number,
+    transport: (q.requireTransport ?? q.transport) as string | undefined,
+    requireTransport: q.requireTransport !== undefined,
   }
+}
+
+function toNativeRequests(engine: Engine, requests: unknown): Native.TransferRequest[] {
+  if (!Array.isArray(requests)) throw invalid(`requests must be an array, got ${describe(requests)}`)
+  if (requests.length === 0) throw invalid('no requests given')
+  return requests.map((r, i) => toNativeRequest(engine, r, i))
+}
+
+function checkSignal(signal: unknown): AbortSignal | undefined {
+  if (signal === undefined) return undefined
+  if (!(signal instanceof AbortSignal)) throw invalid(`signal must be an AbortSignal, got ${describe(signal)}`)
+  return signal
 }
 
 /** One tebench case for the native workers. */
@@ -510,12 +579,15 @@ export class Bench {
   }
 
   /** Runs one case on every worker; a failure stops the gate (later cases return it). */
-  runCase(c: BenchCase): Promise<BenchResult> {
+  async runCase(c: BenchCase): Promise<BenchResult> {
+    if (typeof c !== 'object' || c === null) throw invalid(`runCase takes a BenchCase, got ${describe(c)}`)
     const { local, remote, extraTargets, ...rest } = c
+    if (!(local instanceof Region)) throw invalid(`runCase: local must be a Region, got ${describe(local)}`)
+    if (!(remote instanceof Segment)) throw invalid(`runCase: remote must be a Segment, got ${describe(remote)}`)
     return call(() =>
       this.#native.runCase({
         ...rest,
-        local: local.id,
+        local: local.handle,
         segment: remote.handle,
         peer: remote.name,
         extraTargets: extraTargets?.map((t) => ({ segment: t.remote.handle, peer: t.remote.name, remoteBuffer: t.remoteBuffer })),
@@ -576,6 +648,9 @@ export class Engine extends EventEmitter {
    * thread, so a slow or unreachable etcd never blocks the event loop.
    */
   static async create(options: EngineOptions = {}): Promise<Engine> {
+    if (typeof options !== 'object' || options === null || Array.isArray(options)) {
+      throw invalid(`options must be an object, got ${describe(options)}`)
+    }
     const started = call(() => native.startEngine(options))
     try {
       return new Engine(await started)
@@ -599,30 +674,50 @@ export class Engine extends EventEmitter {
     return this.#native.closed
   }
 
-  /** Allocates `bytes` of engine-owned, page-aligned, zeroed memory. */
+  /**
+   * Allocates `bytes` of engine-owned, page-aligned, zeroed memory: any size the machine
+   * can back (a memfd, touched lazily). See `Region.view` for regions over 4 GiB.
+   */
   allocate(bytes: number): Region {
-    const id = this.native((n) => n.allocate(bytes))
-    return new Region(this, id, this.native((n) => n.regionBuffer(id)))
+    const r = this.native((n) => n.allocate(bytes))
+    const region = new Region(this, r.handle, r.id, r.length)
+    // The whole-region Buffer is made now, where one can hold it, so it stays readable
+    // after release() and close() (the memory lives while the Buffer does).
+    if (r.length <= MAX_VIEW_BYTES) void region.buffer
+    return region
   }
 
-  /** Registers a user Buffer (held until released). */
-  registerMemory(buffer: Buffer, options: { readOnly?: boolean } = {}): Region {
-    if (!Buffer.isBuffer(buffer)) {
-      throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'registerMemory takes a Buffer')
+  /**
+   * Registers user memory (held until released): a TypedArray, DataView or Buffer over a
+   * `SharedArrayBuffer` (a shared `WebAssembly.Memory`'s buffer included). Memory over a
+   * plain ArrayBuffer is refused: JS can detach it (`structuredClone(ab, { transfer })`),
+   * after which the engine would write memory it no longer owns. Use `allocate(n)`, or
+   * `Buffer.from(new SharedArrayBuffer(n))`.
+   */
+  registerMemory(memory: ArrayBufferView, options: { readOnly?: boolean } = {}): Region {
+    if (!ArrayBuffer.isView(memory)) {
+      throw invalid(`registerMemory takes a TypedArray, DataView or Buffer over a SharedArrayBuffer, got ${describe(memory)}`)
     }
-    const id = this.native((n) => n.registerMemory(buffer, options.readOnly ?? false))
-    return new Region(this, id, buffer)
+    if (typeof options !== 'object' || options === null) throw invalid(`registerMemory options must be an object, got ${describe(options)}`)
+    for (const key of Object.keys(options)) {
+      if (key !== 'readOnly' && (options as Record<string, unknown>)[key] !== undefined) throw invalid(`registerMemory has no option ${JSON.stringify(key)}`)
+    }
+    if (options.readOnly !== undefined && typeof options.readOnly !== 'boolean') {
+      throw invalid(`registerMemory: readOnly must be a boolean, got ${describe(options.readOnly)}`)
+    }
+    const r = this.native((n) => n.registerMemory(memory, options.readOnly ?? false))
+    const bytes = Buffer.isBuffer(memory) ? memory : Buffer.from(memory.buffer, memory.byteOffset, memory.byteLength)
+    return new Region(this, r.handle, r.id, r.length, bytes)
   }
 
-  /** Opens (or refreshes) a peer's segment by name (`host:port`). */
+  /** Opens (or refreshes) a peer's segment by name (`host:port`, or its name in etcd). */
   async openSegment(name: string): Promise<Segment> {
-    if (typeof name !== 'string') {
-      throw new FerryError('ERR_FERRY_INVALID_ARGUMENT', 'segment name must be a string')
-    }
+    if (typeof name !== 'string') throw invalid(`segment name must be a string, got ${describe(name)}`)
     const r = await this.native((n) => n.openSegment(name))
-    if (!r.segment) throw new FerryError(r.code ?? 'ERR_FERRY_CONNECT', r.message ?? 'openSegment failed')
+    if (!r.segment) throw new FerryError((r.code ?? 'ERR_FERRY_CONNECT') as FerryErrorCode, r.message ?? 'openSegment failed')
     const s = r.segment
     return new Segment(
+      this,
       s.handle,
       s.name,
       s.engineId,
@@ -637,6 +732,8 @@ export class Engine extends EventEmitter {
 
   /** Closes a segment; its in-flight work fails. */
   closeSegment(segment: Segment): void {
+    if (!(segment instanceof Segment)) throw invalid(`closeSegment takes a Segment, got ${describe(segment)}`)
+    if (segment.engine !== this) throw new FerryError('ERR_FERRY_FOREIGN_HANDLE', 'closeSegment: a Segment of another engine')
     this.native((n) => n.closeSegment(segment.handle))
   }
 
@@ -647,12 +744,15 @@ export class Engine extends EventEmitter {
 
   /** Validates and submits requests as tasks of `batch`; returns the first task's index. */
   submitTransfer(batch: number, requests: TransferRequest[]): number {
-    const list = call(() => requests.map(toNativeRequest))
+    checkNumber('batch', batch, false)
+    const list = call(() => toNativeRequests(this, requests))
     return this.native((n) => n.submitTransfer(batch, list))
   }
 
   /** Status of one task. */
   getTransferStatus(batch: number, task: number): TaskStatus {
+    checkNumber('batch', batch, false)
+    checkNumber('task', task, false)
     return toTaskStatus(this.native((n) => n.getTransferStatus(batch, task)))
   }
 
@@ -672,16 +772,19 @@ export class Engine extends EventEmitter {
     this.native((n) => n.freeBatch(batch))
   }
 
-  /** Reads remote bytes into local memory. */
-  read(request: IoRequest): Promise<TransferResult> {
-    const { signal, ...rest } = request
-    return this.transfer([{ ...rest, opcode: 'read' }], { signal })
+  /** Reads remote bytes into local memory. Bad input rejects (never throws). */
+  async read(request: IoRequest): Promise<TransferResult> {
+    return this.io('read', request)
   }
 
-  /** Writes local bytes into remote memory. */
-  write(request: IoRequest): Promise<TransferResult> {
-    const { signal, ...rest } = request
-    return this.transfer([{ ...rest, opcode: 'write' }], { signal })
+  /** Writes local bytes into remote memory. Bad input rejects (never throws). */
+  async write(request: IoRequest): Promise<TransferResult> {
+    return this.io('write', request)
+  }
+
+  private async io(opcode: 'read' | 'write', request: IoRequest): Promise<TransferResult> {
+    const native = call(() => toNativeRequest(this, request, 0, opcode))
+    return this.run([native], request.signal)
   }
 
   /**
@@ -689,11 +792,18 @@ export class Engine extends EventEmitter {
    * (a FerryError whose `tasks` holds every task's status).
    */
   async transfer(requests: TransferRequest[], options: CallOptions = {}): Promise<TransferResult> {
-    const { signal } = options
+    if (typeof options !== 'object' || options === null) throw invalid(`transfer options must be an object, got ${describe(options)}`)
+    for (const key of Object.keys(options)) {
+      if (key !== 'signal' && (options as Record<string, unknown>)[key] !== undefined) throw invalid(`transfer has no option ${JSON.stringify(key)}`)
+    }
+    return this.run(call(() => toNativeRequests(this, requests)), options.signal)
+  }
+
+  private async run(list: Native.TransferRequest[], signalArg: unknown): Promise<TransferResult> {
+    const signal = checkSignal(signalArg)
     if (signal?.aborted) {
       throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason })
     }
-    const list = call(() => requests.map(toNativeRequest))
     const { op, promise } = this.native((n) => n.transfer(list))
     const onAbort = () => {
       this.#native.cancel(op)
@@ -713,7 +823,7 @@ export class Engine extends EventEmitter {
     if (signal?.aborted && failed.code === 'ERR_FERRY_CANCELED') {
       throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason, tasks })
     }
-    throw new FerryError(failed.code ?? 'ERR_FERRY_TRANSFER_FAILED', failed.message ?? `transfer ${failed.name}`, {
+    throw new FerryError((failed.code ?? 'ERR_FERRY_TRANSFER_FAILED') as FerryErrorCode, failed.message ?? `transfer ${failed.name}`, {
       status: failed.status,
       transport: failed.transport,
       attempts: failed.attempts,
@@ -723,6 +833,7 @@ export class Engine extends EventEmitter {
 
   /** Starts `threads` native benchmark workers on this engine (tebench's runner). */
   bench(threads: number): Bench {
+    checkNumber('threads', threads, false)
     return new Bench(call(() => new native.NativeBench(this.#native, threads)))
   }
 
@@ -745,6 +856,11 @@ export class Engine extends EventEmitter {
    * Closes the engine: pending work rejects with ERR_FERRY_CLOSED, threads stop, memory is
    * released. Idempotent.
    */
+  /** `await using engine = await Engine.create()` closes the engine at the end of the scope. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close()
+  }
+
   close(): Promise<void> {
     if (!this.#closing) {
       // Synchronous underneath: calls made after close() returns already see ERR_FERRY_CLOSED.

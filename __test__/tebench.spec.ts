@@ -257,6 +257,20 @@ test('a comma list of targets: workers spread over them, data verified, and a de
   t.true(r.stderr.includes(`to ${b.segment}`), r.stderr)
 })
 
+test('--total_buffer_size=8G runs: regions beyond 4 GiB, lazily touched', async (t) => {
+  t.timeout(120_000)
+  const r = await runTebench([
+    '--local',
+    '--op_type=mix',
+    '--total_buffer_size=8G',
+    '--duration=1',
+    '--start_block_size=1048576',
+    '--max_block_size=1048576',
+  ]).done
+  t.is(r.code, 0, r.stderr)
+  t.is((r.stdout.match(/^\s+1048576 \|/gm) ?? []).length, 2, r.stdout)
+})
+
 test('--local --op_type=mix --check_consistency exits 0', async (t) => {
   t.timeout(60_000)
   const r = await runTebench([

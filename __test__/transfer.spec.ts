@@ -91,19 +91,19 @@ test('batch API: submit, poll per task, list and overall, free', async (t) => {
   }
 })
 
-test('registered user Buffers move bytes too', async (t) => {
+test('registered user memory (over a SharedArrayBuffer) moves bytes too', async (t) => {
   t.timeout(60_000)
   const target = await startTarget({ FERRY_TARGET_BYTES: String(MiB) })
   const engine = await Engine.create({ transports: ['tcp'] })
   try {
-    const mine = Buffer.alloc(MiB, 0x5a)
+    const mine = Buffer.from(new SharedArrayBuffer(MiB)).fill(0x5a)
     const region = engine.registerMemory(mine)
     t.is(region.buffer, mine)
     const seg = await engine.openSegment(target.segment)
     await engine.write({ local: region, remote: seg, remoteBuffer: target.buffer, length: MiB })
     t.is((await target.ask('hash')).hash, sha256(mine))
-    const back = Buffer.alloc(MiB)
-    const backRegion = engine.registerMemory(back)
+    const back = Buffer.from(new SharedArrayBuffer(MiB))
+    const backRegion = engine.registerMemory(new DataView(back.buffer))
     await engine.read({ local: backRegion, remote: seg, remoteBuffer: target.buffer, length: MiB })
     t.true(back.equals(mine))
   } finally {

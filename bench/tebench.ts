@@ -376,19 +376,27 @@ const PATTERN = Buffer.from(Array.from({ length: 255 }, (_, i) => i + 1)) // nev
  * untouched (all zero: not reached in the measured time) or equal to the pattern.
  * Returns an error message, or undefined when consistent.
  */
-function verify(expect: Buffer, got: Buffer, threads: number, stripeLen: number, block: number): string | undefined {
+function verify(expect: Region, got: Region, threads: number, stripeLen: number, block: number): string | undefined {
   const zero = Buffer.alloc(block)
+  // Compared through windows of whole blocks: a region over 4 GiB has no single Buffer.
+  const windowBlocks = Math.max(1, Math.floor((256 << 20) / block))
   let checked = 0
   for (let t = 0; t < threads; t++) {
-    for (let off = t * stripeLen; off + block <= (t + 1) * stripeLen; off += block) {
-      const g = got.subarray(off, off + block)
-      if (g.equals(zero)) continue
-      if (!g.equals(expect.subarray(off, off + block))) {
-        let i = 0
-        while (g[i] === expect[off + i]) i++
-        return `mismatch at offset ${off + i}: read ${g[i]}, wrote ${expect[off + i]}`
+    const end = (t + 1) * stripeLen
+    for (let base = t * stripeLen; base + block <= end; base += windowBlocks * block) {
+      const len = Math.min(windowBlocks, Math.floor((end - base) / block)) * block
+      const g = got.view(base, len)
+      const e = expect.view(base, len)
+      for (let off = 0; off + block <= len; off += block) {
+        const gb = g.subarray(off, off + block)
+        if (gb.equals(zero)) continue
+        if (!gb.equals(e.subarray(off, off + block))) {
+          let i = 0
+          while (gb[i] === e[off + i]) i++
+          return `mismatch at offset ${base + off + i}: read ${gb[i]}, wrote ${e[off + i]}`
+        }
+        checked++
       }
-      checked++
     }
   }
   return checked === 0 ? 'nothing was read back' : undefined
@@ -447,7 +455,7 @@ async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> 
     const local = engine.allocate(cfg.totalBufferSize)
     let readBack: Region | undefined
     if (cfg.checkConsistency) {
-      local.buffer.fill(PATTERN)
+      local.fill(PATTERN)
       readBack = engine.allocate(cfg.totalBufferSize)
     }
     const ops: Array<'read' | 'write'> = cfg.opType === 'mix' ? ['write', 'read'] : [cfg.opType]
@@ -464,7 +472,7 @@ async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> 
             for (const op of ops) {
               if (interrupt.stopped) return { code: 130 }
               const target = op === 'read' && readBack ? readBack : local
-              if (op === 'read' && readBack) readBack.buffer.fill(0)
+              if (op === 'read' && readBack) readBack.fill(0)
               out.header(op, threads, transportLabel)
               progress.show(`tebench: ${op} ${block} B × ${batch}, ${threads} thread(s) over ${transportLabel}…`)
               const result = await bench.runCase({
@@ -494,7 +502,7 @@ async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> 
               if (result.row) out.row(toRecord(op, transportLabel, result.row, result.outcome === 'stopped'))
               if (result.outcome === 'stopped' || interrupt.stopped) return { code: 130 }
               if (op === 'read' && readBack) {
-                const problem = verify(local.buffer, readBack.buffer, threads, stripeLen, block)
+                const problem = verify(local, readBack, threads, stripeLen, block)
                 if (problem) {
                   process.stderr.write(
                     `tebench: consistency check FAILED over ${transportLabel} to ${segName} — ${block} B × ${batch}, ${threads} thread(s): ${problem}\n`,

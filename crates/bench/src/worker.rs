@@ -105,6 +105,13 @@ impl BenchSpec {
                 self.block_size, self.batch_size
             ));
         }
+        if self.batch_size > ferry_core::batch::MAX_BATCH_CAPACITY {
+            return invalid(format!(
+                "batch size must be at most {}, got {}",
+                ferry_core::batch::MAX_BATCH_CAPACITY,
+                self.batch_size
+            ));
+        }
         let need = self.block_size.checked_mul(self.batch_size as u64);
         if need.is_none_or(|n| n > self.stripe.len) {
             return invalid(format!(

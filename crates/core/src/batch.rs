@@ -1,25 +1,22 @@
-//! The batch table. Ids given out are checked at every use: each id packs an engine tag, a
-//! generation and a slot, so a freed, stale or foreign id is refused, never dereferenced.
+//! The batch table. Ids given out are checked at every use: each id is an engine handle
+//! (`handle.rs`: engine tag and kind) whose payload packs a generation and a slot, so a
+//! freed, stale or foreign id is refused, never dereferenced.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::handle::{HandleKind, Handles, PAYLOAD_BITS};
 use crate::status::{aggregate, TransferStatus};
 use crate::task::{Task, TaskSnapshot};
 
 const SLOT_BITS: u32 = 20;
-const GEN_BITS: u32 = 20;
-const TAG_BITS: u32 = 13; // 20 + 20 + 13 = 53 bits: exact in a JS number
+const GEN_BITS: u32 = PAYLOAD_BITS - SLOT_BITS;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
-const TAG_MASK: u64 = (1 << TAG_BITS) - 1;
 /// Most batches alive at once in one engine.
 pub const MAX_BATCHES: usize = 1 << SLOT_BITS;
 /// Most tasks one batch may hold.
 pub const MAX_BATCH_CAPACITY: usize = 1 << 20;
-
-static NEXT_TAG: AtomicU64 = AtomicU64::new(0);
 
 /// A group of tasks submitted and polled together.
 pub struct Batch {
@@ -99,33 +96,33 @@ struct Slot {
 
 /// Slots of live batches and their generations.
 pub struct BatchTable {
-    tag: u64,
+    handles: Handles,
     slots: Mutex<(Vec<Slot>, Vec<usize>)>,
 }
 
 impl Default for BatchTable {
     fn default() -> Self {
-        // A process-wide counter started at a random point: engines in one process never
-        // share a tag, engines in different processes rarely do.
-        let mut seed = [0u8; 8];
-        let _ = getrandom::fill(&mut seed);
-        let base = u64::from_le_bytes(seed);
-        let tag = base.wrapping_add(NEXT_TAG.fetch_add(1, Ordering::Relaxed)) & TAG_MASK;
-        Self::with_tag(tag)
+        Self::new(Handles::default())
     }
 }
 
 impl BatchTable {
-    /// A table whose ids carry `tag`.
-    pub fn with_tag(tag: u64) -> Self {
+    /// A table whose ids are handles of `handles`.
+    pub fn new(handles: Handles) -> Self {
         Self {
-            tag: tag & TAG_MASK,
+            handles,
             slots: Mutex::new((Vec::new(), Vec::new())),
         }
     }
 
+    /// A table whose ids carry `tag`.
+    pub fn with_tag(tag: u64) -> Self {
+        Self::new(Handles::with_tag(tag))
+    }
+
     fn encode(&self, slot: usize, generation: u64) -> u64 {
-        (self.tag << (SLOT_BITS + GEN_BITS)) | ((generation & GEN_MASK) << SLOT_BITS) | slot as u64
+        let payload = ((generation & GEN_MASK) << SLOT_BITS) | slot as u64;
+        self.handles.encode(HandleKind::Batch, payload)
     }
 
     /// Allocates a batch for up to `capacity` tasks.
@@ -163,10 +160,11 @@ impl BatchTable {
     }
 
     fn locate(&self, id: u64) -> Option<(usize, u64)> {
-        if id >> (SLOT_BITS + GEN_BITS) != self.tag || id >= 1 << 53 {
-            return None;
-        }
-        Some(((id & SLOT_MASK) as usize, (id >> SLOT_BITS) & GEN_MASK))
+        let payload = self.handles.decode(HandleKind::Batch, id).ok()?;
+        Some((
+            (payload & SLOT_MASK) as usize,
+            (payload >> SLOT_BITS) & GEN_MASK,
+        ))
     }
 
     /// The live batch with this id.
@@ -249,10 +247,10 @@ mod tests {
 
     #[test]
     fn ids_fit_a_js_number() {
-        let table = BatchTable::with_tag(TAG_MASK);
+        let table = BatchTable::with_tag(u64::MAX);
         for _ in 0..100 {
             let id = table.allocate(1).expect("alloc");
-            assert!(id < (1 << 53));
+            assert!(id < (1 << 52));
         }
     }
 

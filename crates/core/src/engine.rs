@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::BatchTable;
 use crate::control::{fetch_descriptor, run_link, LinkConfig, LinkEvents};
 use crate::error::{Error, Result};
-use crate::failover::{decide, Deadlines, Decision, FailoverPolicy};
+use crate::failover::{decide, Deadlines, Decision, FailoverPolicy, Trampoline};
+use crate::handle::Handles;
 use crate::health::{HealthTable, RailPolicy};
 use crate::memory::{Access, KeepAlive, Region, RegionId, RegionTable};
 use crate::metadata::{EtcdConfig, Registry};
@@ -46,7 +47,8 @@ pub struct EngineConfig {
     pub peer_timeout: Duration,
     /// I/O threads of the engine's runtime.
     pub io_threads: usize,
-    /// Transports enabled here.
+    /// Transports enabled here. Default: every one, in `select::DEFAULT_ORDER`; one this
+    /// build or machine lacks is disabled with the reason (`transportDisabled`).
     pub transports: Vec<TransportKind>,
     /// TCP transport settings.
     pub tcp: TcpConfig,
@@ -76,7 +78,7 @@ impl Default for EngineConfig {
             listen: "127.0.0.1:0".into(),
             peer_timeout: Duration::from_millis(3000),
             io_threads: 2,
-            transports: vec![TransportKind::Shm, TransportKind::Tcp],
+            transports: crate::select::DEFAULT_ORDER.to_vec(),
             tcp: TcpConfig::default(),
             failover: FailoverPolicy::default(),
             rail: RailPolicy::default(),
@@ -86,6 +88,109 @@ impl Default for EngineConfig {
             extra_transports: Vec::new(),
             metadata: None,
         }
+    }
+}
+
+/// Bounds of the engine settings, checked by [`EngineConfig::validate`]. Named as the JS
+/// options are, since that is where users set them.
+pub mod limits {
+    use std::time::Duration;
+
+    /// `peerTimeoutMs`: 10 ms ..= 1 h.
+    pub const PEER_TIMEOUT: (Duration, Duration) =
+        (Duration::from_millis(10), Duration::from_secs(3600));
+    /// `ioThreads`: 1 ..= 64.
+    pub const IO_THREADS: (usize, usize) = (1, 64);
+    /// `connectionsPerPeer`: 1 ..= 64.
+    pub const CONNECTIONS_PER_PEER: (usize, usize) = (1, 64);
+    /// `sliceSize`: 4 KiB ..= 1 GiB.
+    pub const SLICE_SIZE: (u64, u64) = (4096, 1 << 30);
+    /// `connectTimeoutMs`: 1 ms ..= 10 min.
+    pub const CONNECT_TIMEOUT: (Duration, Duration) =
+        (Duration::from_millis(1), Duration::from_secs(600));
+    /// `attemptTimeoutMs` (when set): 1 ms ..= 24 h.
+    pub const ATTEMPT_TIMEOUT: (Duration, Duration) =
+        (Duration::from_millis(1), Duration::from_secs(86_400));
+    /// `leaseTtlMs`: whole seconds, 1 s ..= 1 h.
+    pub const LEASE_TTL: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(3600));
+}
+
+impl EngineConfig {
+    /// Checks every setting against [`limits`]; the message names the option and its
+    /// bounds. `Engine::new` calls it, so no engine starts with a nonsense setting.
+    pub fn validate(&self) -> Result<()> {
+        fn within<T: PartialOrd + std::fmt::Debug>(
+            name: &str,
+            v: T,
+            (lo, hi): (T, T),
+            show: impl Fn(&T) -> String,
+        ) -> Result<()> {
+            if v < lo || v > hi {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} must be in {}..={}, got {}",
+                    show(&lo),
+                    show(&hi),
+                    show(&v)
+                )));
+            }
+            Ok(())
+        }
+        let ms = |d: &Duration| d.as_millis().to_string();
+        let n = |v: &usize| v.to_string();
+        within("peerTimeoutMs", self.peer_timeout, limits::PEER_TIMEOUT, ms)?;
+        within("ioThreads", self.io_threads, limits::IO_THREADS, n)?;
+        within(
+            "connectionsPerPeer",
+            self.tcp.connections_per_peer,
+            limits::CONNECTIONS_PER_PEER,
+            n,
+        )?;
+        within("sliceSize", self.tcp.slice_size, limits::SLICE_SIZE, |v| {
+            v.to_string()
+        })?;
+        within(
+            "connectTimeoutMs",
+            self.tcp.connect_timeout,
+            limits::CONNECT_TIMEOUT,
+            ms,
+        )?;
+        within(
+            "maxFailoverAttempts",
+            self.failover.max_failover_attempts,
+            (0, crate::failover::MAX_FAILOVER_ATTEMPTS),
+            |v| v.to_string(),
+        )?;
+        if let Some(t) = self.failover.attempt_timeout {
+            within("attemptTimeoutMs", t, limits::ATTEMPT_TIMEOUT, ms)?;
+        }
+        if self.transports.is_empty() {
+            return Err(Error::InvalidArgument(
+                "transports must name at least one of shm, rdma, tcp".into(),
+            ));
+        }
+        for (i, t) in self.transports.iter().enumerate() {
+            if self.transports[..i].contains(t) {
+                return Err(Error::InvalidArgument(format!(
+                    "transports names {} twice",
+                    t.name()
+                )));
+            }
+        }
+        if let Some(m) = &self.metadata {
+            within("leaseTtlMs", m.lease_ttl, limits::LEASE_TTL, ms)?;
+            if m.lease_ttl.subsec_nanos() != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "leaseTtlMs must be whole seconds, got {}",
+                    m.lease_ttl.as_millis()
+                )));
+            }
+            if m.prefix.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "metadataPrefix must not be empty".into(),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -174,6 +279,8 @@ struct Inner {
     regions: Arc<RegionTable>,
     segments: SegmentTable,
     batches: BatchTable,
+    /// The handle space of this engine's region, segment and batch handles.
+    handles: Handles,
     transports: HashMap<TransportKind, Arc<dyn Transport>>,
     enabled: Vec<TransportKind>,
     /// Why each requested transport that is not enabled could not be used.
@@ -255,14 +362,7 @@ fn machine_identity() -> String {
 impl Engine {
     /// Starts an engine: binds the listen address and starts its I/O threads.
     pub fn new(config: EngineConfig) -> Result<Self> {
-        if config.peer_timeout < Duration::from_millis(10) {
-            return Err(Error::InvalidArgument("peerTimeoutMs must be >= 10".into()));
-        }
-        if config.transports.is_empty() {
-            return Err(Error::InvalidArgument(
-                "at least one transport must be enabled".into(),
-            ));
-        }
+        config.validate()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.io_threads.clamp(1, 64))
             .thread_name("ferry-io")
@@ -435,7 +535,7 @@ impl Engine {
             machine_id,
             token,
             regions: regions.clone(),
-            transports: [TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp]
+            transports: crate::select::DEFAULT_ORDER
                 .into_iter()
                 .filter(|k| enabled.contains(k))
                 .filter_map(|k| Some((k, transports.get(&k)?.clone())))
@@ -458,6 +558,7 @@ impl Engine {
             .map(|t| (t / 10).clamp(Duration::from_millis(5), Duration::from_millis(100)))
             .unwrap_or(Duration::from_millis(100));
         let rail = config.rail;
+        let handles = Handles::default();
         let inner = Arc::new(Inner {
             state: AtomicU8::new(OPEN),
             engine_id,
@@ -469,7 +570,8 @@ impl Engine {
             shutdown,
             regions,
             segments: SegmentTable::default(),
-            batches: BatchTable::default(),
+            batches: BatchTable::new(handles),
+            handles,
             transports,
             enabled,
             disabled,
@@ -555,6 +657,12 @@ impl Engine {
     /// Random id of this engine instance.
     pub fn engine_id(&self) -> u64 {
         self.inner.engine_id
+    }
+
+    /// The handle space of this engine: what the binding encodes ids with, so that a
+    /// handle of another engine is refused (`handle.rs`).
+    pub fn handles(&self) -> Handles {
+        self.inner.handles
     }
 
     /// The configuration in force.
@@ -1202,8 +1310,29 @@ impl Drop for Inner {
     }
 }
 
+thread_local! {
+    /// Attempt failures raised on this thread while it handles one (see `Trampoline`).
+    static FAILURES: Trampoline<(Arc<Task>, Error)> = Trampoline::default();
+}
+
 impl Driver for Inner {
     fn attempt_failed(&self, task: &Arc<Task>, _attempt: u32, error: Error) {
+        // A failure raised while handling another (the resubmission failed at submit) is
+        // queued and handled after it, so the stack stays flat whatever the budget.
+        FAILURES.with(|f| {
+            f.run((task.clone(), error), |(task, error)| {
+                self.handle_attempt_failure(&task, error)
+            })
+        });
+    }
+
+    fn attempt_succeeded(&self, task: &Task, _attempt: u32) {
+        self.note_success(task);
+    }
+}
+
+impl Inner {
+    fn handle_attempt_failure(&self, task: &Arc<Task>, error: Error) {
         if self.state.load(Ordering::Acquire) != OPEN {
             task.fail(error);
             return;
@@ -1282,10 +1411,6 @@ impl Driver for Inner {
                 task.fail(error);
             }
         }
-    }
-
-    fn attempt_succeeded(&self, task: &Task, _attempt: u32) {
-        self.note_success(task);
     }
 }
 
@@ -1419,7 +1544,58 @@ pub fn outcome_status(snaps: &[TaskSnapshot]) -> TransferStatus {
 
 #[cfg(test)]
 mod advertise_tests {
-    use super::advertised_name;
+    use super::{advertised_name, EngineConfig, TransportKind};
+    use std::time::Duration;
+
+    #[test]
+    fn settings_out_of_bounds_are_refused_by_name() {
+        assert_eq!(EngineConfig::default().validate(), Ok(()));
+        type Change = Box<dyn Fn(&mut EngineConfig)>;
+        let bad: Vec<(&str, Change)> = vec![
+            (
+                "peerTimeoutMs",
+                Box::new(|c| c.peer_timeout = Duration::ZERO),
+            ),
+            (
+                "peerTimeoutMs",
+                Box::new(|c| c.peer_timeout = Duration::from_secs(3601)),
+            ),
+            ("ioThreads", Box::new(|c| c.io_threads = 0)),
+            (
+                "connectionsPerPeer",
+                Box::new(|c| c.tcp.connections_per_peer = 65),
+            ),
+            ("sliceSize", Box::new(|c| c.tcp.slice_size = 100)),
+            (
+                "connectTimeoutMs",
+                Box::new(|c| c.tcp.connect_timeout = Duration::ZERO),
+            ),
+            (
+                "maxFailoverAttempts",
+                Box::new(|c| c.failover.max_failover_attempts = 100_000),
+            ),
+            (
+                "attemptTimeoutMs",
+                Box::new(|c| c.failover.attempt_timeout = Some(Duration::ZERO)),
+            ),
+            ("transports", Box::new(|c| c.transports.clear())),
+            (
+                "transports",
+                Box::new(|c| c.transports = vec![TransportKind::Tcp, TransportKind::Tcp]),
+            ),
+        ];
+        for (name, change) in bad {
+            let mut c = EngineConfig::default();
+            change(&mut c);
+            let err = c.validate().expect_err(name);
+            assert_eq!(err.code(), "ERR_FERRY_INVALID_ARGUMENT");
+            assert!(err.to_string().contains(name), "{name}: {err}");
+        }
+        let mut c = EngineConfig::default();
+        c.failover.max_failover_attempts = crate::failover::MAX_FAILOVER_ATTEMPTS;
+        c.failover.attempt_timeout = None;
+        assert_eq!(c.validate(), Ok(()));
+    }
 
     #[test]
     fn advertise_takes_host_or_host_port() {

@@ -43,6 +43,9 @@ pub enum Error {
     /// A local region id that was never allocated or has been released.
     #[error("unknown or released local region {0}")]
     UnknownRegion(u64),
+    /// A region or segment handle of another engine, or of another kind of object.
+    #[error("foreign handle: {0}")]
+    ForeignHandle(String),
     /// A segment handle that was never opened or has been closed.
     #[error("unknown or closed segment {0}")]
     UnknownSegment(String),
@@ -115,6 +118,7 @@ impl Error {
             Self::InvalidTask { .. } => "ERR_FERRY_INVALID_TASK",
             Self::BatchFull { .. } => "ERR_FERRY_BATCH_FULL",
             Self::UnknownRegion(_) => "ERR_FERRY_UNKNOWN_REGION",
+            Self::ForeignHandle(_) => "ERR_FERRY_FOREIGN_HANDLE",
             Self::UnknownSegment(_) => "ERR_FERRY_UNKNOWN_SEGMENT",
             Self::UnknownBuffer { .. } => "ERR_FERRY_UNKNOWN_BUFFER",
             Self::PermissionDenied(_) => "ERR_FERRY_PERMISSION_DENIED",
@@ -137,6 +141,7 @@ impl Error {
             Self::InvalidArgument(_)
             | Self::OutOfRange(_)
             | Self::UnknownRegion(_)
+            | Self::ForeignHandle(_)
             | Self::UnknownSegment(_)
             | Self::UnknownBuffer { .. }
             | Self::PermissionDenied(_)

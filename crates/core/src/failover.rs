@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 use crate::task::{Observer, Task};
 use crate::transport::TransportKind;
 
+/// Largest `max_failover_attempts` accepted. Failover is iterative (see [`Trampoline`]),
+/// so any budget is safe for the stack; this bound keeps a task that keeps failing from
+/// switching (and emitting a failover event) without end.
+pub const MAX_FAILOVER_ATTEMPTS: u32 = 1000;
+
 /// Failover settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailoverPolicy {
@@ -160,6 +165,53 @@ impl Deadlines {
     }
 }
 
+/// Runs nested work iteratively. A resubmission that fails at once (inside `submit`)
+/// reports its failure while the previous failure is still being handled on the same
+/// thread; handled by recursion, a budget of a few thousand switches overflowed the stack.
+/// The outermost call on a thread runs the work and then every item queued meanwhile, in
+/// order; nested calls only queue.
+pub struct Trampoline<T> {
+    queue: std::cell::RefCell<Option<std::collections::VecDeque<T>>>,
+}
+
+impl<T> Default for Trampoline<T> {
+    fn default() -> Self {
+        Self {
+            queue: std::cell::RefCell::new(None),
+        }
+    }
+}
+
+impl<T> Trampoline<T> {
+    /// Runs `handle(item)` now, or queues it if this thread is already running `run`.
+    pub fn run(&self, item: T, mut handle: impl FnMut(T)) {
+        {
+            let mut q = self.queue.borrow_mut();
+            if let Some(queue) = q.as_mut() {
+                queue.push_back(item);
+                return;
+            }
+            *q = Some(std::collections::VecDeque::new());
+        }
+        // Resets the queue even if `handle` panics, so the thread is not left queuing.
+        struct Reset<'a, T>(&'a std::cell::RefCell<Option<std::collections::VecDeque<T>>>);
+        impl<T> Drop for Reset<'_, T> {
+            fn drop(&mut self) {
+                *self.0.borrow_mut() = None;
+            }
+        }
+        let _reset = Reset(&self.queue);
+        handle(item);
+        loop {
+            let next = self.queue.borrow_mut().as_mut().and_then(|q| q.pop_front());
+            match next {
+                Some(item) => handle(item),
+                None => break,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +317,28 @@ mod tests {
         assert_eq!(d.len(), 1);
         assert_eq!(d.expired(epoch + Duration::from_millis(100)).len(), 1);
         assert!(d.is_empty());
+    }
+
+    #[test]
+    fn trampoline_runs_nested_work_iteratively_and_in_order() {
+        thread_local! {
+            static T: Trampoline<u32> = Trampoline::default();
+        }
+        fn step(n: u32, seen: &std::cell::RefCell<Vec<u32>>) {
+            seen.borrow_mut().push(n);
+            if n < 200_000 {
+                // Would be 200k frames deep if it recursed.
+                T.with(|t| t.run(n + 1, |m| step(m, seen)));
+            }
+        }
+        let seen = std::cell::RefCell::new(Vec::new());
+        T.with(|t| t.run(0, |n| step(n, &seen)));
+        let seen = seen.into_inner();
+        assert_eq!(seen.len(), 200_001);
+        assert!(seen.windows(2).all(|w| w[1] == w[0] + 1));
+        // The thread is free again: the next run starts a fresh outermost call.
+        let again = std::cell::Cell::new(0);
+        T.with(|t| t.run(7, |n| again.set(n)));
+        assert_eq!(again.get(), 7);
     }
 }

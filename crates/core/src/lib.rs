@@ -32,6 +32,7 @@ pub mod control;
 pub mod engine;
 pub mod error;
 pub mod failover;
+pub mod handle;
 pub mod health;
 pub mod memory;
 pub mod metadata;

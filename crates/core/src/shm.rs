@@ -23,6 +23,9 @@ use std::ptr::NonNull;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+/// Largest peer mapping whose pages are populated when mapped (1 GiB).
+pub const POPULATE_LIMIT: u64 = 1 << 30;
+
 /// Most descriptors one message may carry (the kernel's `SCM_MAX_FD`).
 pub const MAX_FDS_PER_MESSAGE: usize = 253;
 
@@ -515,6 +518,17 @@ impl RemoteMapping {
         // support answer EINVAL, which counts as unsealed.
         let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
         let shrink_sealed = seals >= 0 && seals & libc::F_SEAL_SHRINK != 0;
+        // Populate the page tables now, once per mapping: otherwise every first touch of a
+        // 4 KiB page during a transfer is a fault, which halves the throughput of the first
+        // pass over a buffer. Not beyond POPULATE_LIMIT: populating a memfd allocates every
+        // page of it (a 16 GiB region would cost 16 GiB of memory the moment a peer opens
+        // it, and hold the process's memory map lock for a minute); larger regions stay
+        // lazily touched.
+        let populate = if len as u64 <= POPULATE_LIMIT {
+            libc::MAP_POPULATE
+        } else {
+            0
+        };
         // SAFETY: a fresh shared mapping of a descriptor we own, no longer than the file
         // (checked above); the kernel picks the address, so no existing mapping is replaced.
         let ptr = unsafe {
@@ -522,10 +536,7 @@ impl RemoteMapping {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                // Populate the page tables now, once per mapping: otherwise every first
-                // touch of a 4 KiB page during a transfer is a fault, which halves the
-                // throughput of the first pass over a large buffer.
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                libc::MAP_SHARED | populate,
                 fd.as_raw_fd(),
                 0,
             )

@@ -384,6 +384,7 @@ fn shm_and_tcp(budget: u32, faults: Vec<(TransportKind, FaultSpec)>) -> EngineCo
             ..FailoverPolicy::default()
         },
         faults,
+        transports: vec![TransportKind::Shm, TransportKind::Tcp],
         ..EngineConfig::default()
     }
 }

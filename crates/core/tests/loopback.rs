@@ -523,6 +523,10 @@ fn start_time_install_failure_reaches_a_late_sink() {
                 ..Default::default()
             },
         )],
+        transports: vec![
+            ferry_core::TransportKind::Shm,
+            ferry_core::TransportKind::Tcp,
+        ],
         ..EngineConfig::default()
     };
     let engine = Engine::new(cfg).expect("engine");

@@ -12,9 +12,11 @@ use napi::bindgen_prelude::Object;
 use napi::Env;
 use napi_derive::napi;
 
-use crate::convert::{js_error, to_u64};
+use crate::convert::js_error;
+use crate::js::to_u64;
 use crate::settle::Settle;
 use crate::NativeEngine;
+use ferry_core::handle::{HandleKind, Handles};
 
 /// One benchmark case.
 #[napi(object)]
@@ -24,7 +26,7 @@ pub struct BenchCase {
     /// Bytes per request.
     pub block_size: f64,
     /// Requests per batch.
-    pub batch_size: u32,
+    pub batch_size: f64,
     /// Local region id.
     pub local: f64,
     /// Segment handle.
@@ -42,11 +44,11 @@ pub struct BenchCase {
     /// Pin every request to this transport.
     pub transport: Option<String>,
     /// Measured time in ms.
-    pub duration_ms: u32,
+    pub duration_ms: f64,
     /// Warm-up in ms.
-    pub warmup_ms: u32,
+    pub warmup_ms: f64,
     /// Pacing before each batch, in µs.
-    pub request_interval_us: u32,
+    pub request_interval_us: f64,
 }
 
 /// A further target segment of a case.
@@ -150,13 +152,14 @@ pub struct BenchResult {
     pub failure: Option<BenchFailure>,
 }
 
-fn spec(c: &BenchCase) -> Result<BenchSpec, ferry_core::Error> {
+fn spec(c: &BenchCase, handles: &Handles) -> Result<BenchSpec, ferry_core::Error> {
+    let segment = |v: f64| handles.decode(HandleKind::Segment, to_u64(v, "segment")?);
     Ok(BenchSpec {
         opcode: Opcode::parse(&c.opcode)?,
         block_size: to_u64(c.block_size, "blockSize")?,
-        batch_size: c.batch_size as usize,
-        local: to_u64(c.local, "local")?,
-        segment: to_u64(c.segment, "segment")?,
+        batch_size: usize::try_from(to_u64(c.batch_size, "batchSize")?).unwrap_or(usize::MAX),
+        local: handles.decode(HandleKind::Region, to_u64(c.local, "local")?)?,
+        segment: segment(c.segment)?,
         peer: c.peer.clone(),
         remote_buffer: to_u64(c.remote_buffer, "remoteBuffer")?,
         extra_targets: c
@@ -165,7 +168,7 @@ fn spec(c: &BenchCase) -> Result<BenchSpec, ferry_core::Error> {
             .flatten()
             .map(|t| {
                 Ok(Target {
-                    segment: to_u64(t.segment, "segment")?,
+                    segment: segment(t.segment)?,
                     peer: t.peer.clone(),
                     remote_buffer: to_u64(t.remote_buffer, "remoteBuffer")?,
                 })
@@ -181,9 +184,9 @@ fn spec(c: &BenchCase) -> Result<BenchSpec, ferry_core::Error> {
                 ferry_core::Error::InvalidArgument(format!("unknown transport {t:?}"))
             })?),
         },
-        duration: Duration::from_millis(u64::from(c.duration_ms)),
-        warmup: Duration::from_millis(u64::from(c.warmup_ms)),
-        request_interval_us: u64::from(c.request_interval_us),
+        duration: Duration::from_millis(to_u64(c.duration_ms, "durationMs")?),
+        warmup: Duration::from_millis(to_u64(c.warmup_ms, "warmupMs")?),
+        request_interval_us: to_u64(c.request_interval_us, "requestIntervalUs")?,
         stall_timeout: Duration::from_secs(30),
     })
 }
@@ -193,17 +196,22 @@ fn spec(c: &BenchCase) -> Result<BenchSpec, ferry_core::Error> {
 pub struct NativeBench {
     gate: Arc<BenchGate>,
     threads: usize,
+    handles: Handles,
 }
 
 #[napi]
 impl NativeBench {
     /// Starts `threads` worker threads on `engine`'s core.
     #[napi(constructor, catch_unwind)]
-    pub fn new(engine: &NativeEngine, threads: u32) -> napi::Result<Self, String> {
+    pub fn new(engine: &NativeEngine, threads: f64) -> napi::Result<Self, String> {
+        let threads = to_u64(threads, "threads").map_err(js_error)?;
         if threads == 0 || threads > 1024 {
             return Err(js_error(ferry_core::Error::InvalidArgument(format!(
                 "threads must be in 1..=1024, got {threads}"
             ))));
+        }
+        if engine.core().is_closed() {
+            return Err(js_error(ferry_core::Error::Closed));
         }
         let gate = bench_gate(
             engine.core().clone(),
@@ -214,6 +222,7 @@ impl NativeBench {
         Ok(Self {
             gate: Arc::new(gate),
             threads: threads as usize,
+            handles: engine.core().handles(),
         })
     }
 
@@ -224,7 +233,7 @@ impl NativeBench {
         env: &'env Env,
         bench_case: BenchCase,
     ) -> napi::Result<Object<'env>, String> {
-        let spec = spec(&bench_case).map_err(js_error)?;
+        let spec = spec(&bench_case, &self.handles).map_err(js_error)?;
         let (settle, promise) = Settle::<BenchResult>::new(env)
             .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
         let gate = self.gate.clone();

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use ferry_core::handle::{HandleKind, Handles};
 use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{
     EngineConfig, EngineEvent, Error, EtcdConfig, Metrics, Opcode, Request, SegmentInfo,
@@ -10,35 +11,27 @@ use ferry_core::{
 use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory};
 use napi_derive::napi;
 
+use crate::js::{opt_int, opt_ms, opt_u64, to_u64};
+
 /// A JS error carrying the core's stable code (`err.code`).
 pub(crate) fn js_error(e: Error) -> napi::Error<String> {
     napi::Error::new(e.code().to_string(), e.to_string())
 }
 
-/// A JS number that must be a non-negative integer (exact in a double).
-pub(crate) fn to_u64(value: f64, what: &str) -> Result<u64, Error> {
-    if value.is_finite() && value >= 0.0 && value.fract() == 0.0 && value <= 9_007_199_254_740_991.0
-    {
-        Ok(value as u64)
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "{what} must be a non-negative integer, got {value}"
-        )))
-    }
-}
-
-/// Engine options. Every field is optional; defaults in brackets.
+/// Engine options. Every field is optional; defaults in brackets, then bounds (checked by
+/// the core's `EngineConfig::validate`). An unknown key is refused.
 #[napi(object)]
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct EngineOptions {
     /// Listen address for control and data, `host:port` ["127.0.0.1:0": loopback, any port].
     pub listen: Option<String>,
-    /// A silent peer is declared lost after this many ms [3000].
-    pub peer_timeout_ms: Option<u32>,
-    /// I/O threads [2].
-    pub io_threads: Option<u32>,
+    /// A silent peer is declared lost after this many ms [3000; 10..=3600000].
+    pub peer_timeout_ms: Option<f64>,
+    /// I/O threads [2; 1..=64].
+    pub io_threads: Option<f64>,
     /// Enabled transports, of "tcp", "shm", "rdma" [["shm", "rdma", "tcp"]]; rdma is
     /// disabled with one log line where no RDMA device (or no libibverbs) is present.
+    #[napi(ts_type = "Array<'tcp' | 'shm' | 'rdma'>")]
     pub transports: Option<Vec<String>>,
     /// RDMA settings [see RdmaOptions].
     pub rdma: Option<RdmaOptions>,
@@ -47,53 +40,55 @@ pub struct EngineOptions {
     /// The address peers reach this engine at, `host` or `host:port` (needed when listening
     /// on 0.0.0.0, e.g. in cluster mode) [the bound address].
     pub advertise: Option<String>,
-    /// TCP data connections per peer [2].
-    pub connections_per_peer: Option<u32>,
-    /// TCP slice size in bytes [1048576].
-    pub slice_size: Option<u32>,
-    /// Connect timeout in ms [3000].
-    pub connect_timeout_ms: Option<u32>,
-    /// Transport switches allowed per task; 0 disables failover [3].
-    pub max_failover_attempts: Option<u32>,
+    /// TCP data connections per peer [2; 1..=64].
+    pub connections_per_peer: Option<f64>,
+    /// TCP slice size in bytes [1048576; 4096..=1073741824].
+    pub slice_size: Option<f64>,
+    /// Connect timeout in ms [3000; 1..=600000].
+    pub connect_timeout_ms: Option<f64>,
+    /// Transport switches allowed per task; 0 disables failover [3; 0..=1000].
+    pub max_failover_attempts: Option<f64>,
     /// Whether polled (batch) tasks fail over; the Promise path always does [true].
     pub enable_auto_failover_on_poll: Option<bool>,
-    /// Deadline of one attempt in ms; 0 = none [10000].
-    pub attempt_timeout_ms: Option<u32>,
+    /// Deadline of one attempt in ms; 0 = none [10000; 0..=86400000].
+    pub attempt_timeout_ms: Option<f64>,
     /// Fault injection per transport, for tests and benchmarks [none].
     pub faults: Option<Vec<FaultOptions>>,
     /// Metadata service: "p2p" (segment names are host:port), or
     /// "etcd://host:port[,host:port...]" for cluster mode ["p2p"].
+    #[napi(ts_type = "'p2p' | `etcd://${string}`")]
     pub metadata: Option<String>,
     /// With etcd: key prefix of the segment records ["/ferry/segments/"].
     pub metadata_prefix: Option<String>,
     /// With etcd: the logical name this engine is published under [its host:port].
     pub segment_name: Option<String>,
-    /// With etcd: lease TTL of this engine's record in ms, whole seconds, >= 1000; bounds
-    /// the time until peers see this engine lost when it stops answering [5000].
-    pub lease_ttl_ms: Option<u32>,
+    /// With etcd: lease TTL of this engine's record in ms, whole seconds [5000; 1000..=3600000];
+    /// bounds the time until peers see this engine lost when it stops answering.
+    pub lease_ttl_ms: Option<f64>,
 }
 
 /// RDMA transport settings. Every field is optional; defaults in brackets.
 #[napi(object)]
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct RdmaOptions {
     /// "ibverbs" (real NICs) or "emulated" (the software device for tests)
     /// [FERRY_RDMA_PROVIDER, else "ibverbs"].
+    #[napi(ts_type = "'ibverbs' | 'emulated'")]
     pub provider: Option<String>,
     /// Devices that may be used [every device with an active port].
     pub devices: Option<Vec<String>>,
     /// GID index [chosen automatically: RoCE v2 with an IPv4 address first].
-    pub gid_index: Option<u32>,
+    pub gid_index: Option<f64>,
     /// Port number [1].
-    pub port: Option<u32>,
+    pub port: Option<f64>,
     /// Queue pairs per peer [2].
-    pub qps_per_peer: Option<u32>,
+    pub qps_per_peer: Option<f64>,
     /// Bytes per work request [65536].
-    pub slice_size: Option<u32>,
+    pub slice_size: Option<f64>,
     /// Work requests outstanding per queue pair [64].
-    pub max_outstanding: Option<u32>,
+    pub max_outstanding: Option<f64>,
     /// A slice not completed within this resets its endpoint and fails over [5000].
-    pub slice_timeout_ms: Option<u32>,
+    pub slice_timeout_ms: Option<f64>,
     /// Fault spec of the emulated device, e.g. "silent_loss=0.1,seed=7"
     /// [FERRY_RDMA_EMULATED_FAULTS, else none].
     pub emulated_faults: Option<String>,
@@ -113,22 +108,21 @@ impl TryFrom<RdmaOptions> for RdmaConfig {
         if let Some(d) = o.devices {
             c.devices = d;
         }
-        c.gid_index = o.gid_index;
-        if let Some(p) = o.port {
-            c.port = u8::try_from(p)
-                .map_err(|_| Error::InvalidArgument("rdma.port must be <= 255".into()))?;
+        c.gid_index = opt_int(o.gid_index, "rdma.gidIndex")?;
+        if let Some(p) = opt_int::<u8>(o.port, "rdma.port")? {
+            c.port = p;
         }
-        if let Some(v) = o.qps_per_peer {
-            c.qps_per_peer = v as usize;
+        if let Some(v) = opt_int(o.qps_per_peer, "rdma.qpsPerPeer")? {
+            c.qps_per_peer = v;
         }
-        if let Some(v) = o.slice_size {
-            c.slice_size = v as usize;
+        if let Some(v) = opt_int(o.slice_size, "rdma.sliceSize")? {
+            c.slice_size = v;
         }
-        if let Some(v) = o.max_outstanding {
+        if let Some(v) = opt_int(o.max_outstanding, "rdma.maxOutstanding")? {
             c.max_outstanding = v;
         }
-        if let Some(v) = o.slice_timeout_ms {
-            c.slice_timeout = std::time::Duration::from_millis(u64::from(v));
+        if let Some(v) = opt_ms(o.slice_timeout_ms, "rdma.sliceTimeoutMs")? {
+            c.slice_timeout = v;
         }
         c.emulated_faults = o.emulated_faults;
         c.validate().map_err(Error::InvalidArgument)?;
@@ -138,22 +132,23 @@ impl TryFrom<RdmaOptions> for RdmaConfig {
 
 /// Fault injection on one transport.
 #[napi(object)]
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct FaultOptions {
     /// "tcp", "shm" or "rdma".
+    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
     pub transport: String,
     /// Probability that submitting a request fails [0].
     pub submit_failure_rate: Option<f64>,
     /// Every submission after this many fails [never].
-    pub fail_after_submits: Option<u32>,
+    pub fail_after_submits: Option<f64>,
     /// Probability that a completed attempt is reported FAILED [0].
     pub corrupt_completion_rate: Option<f64>,
     /// Delay before each submission, in ms [0].
-    pub delay_ms: Option<u32>,
+    pub delay_ms: Option<f64>,
     /// The transport fails to install [false].
     pub fail_install: Option<bool>,
     /// Seed of the random choices [0].
-    pub seed: Option<u32>,
+    pub seed: Option<f64>,
 }
 
 fn rate(v: Option<f64>, what: &str) -> Result<f64, Error> {
@@ -170,90 +165,85 @@ impl TryFrom<FaultOptions> for (TransportKind, FaultSpec) {
     type Error = Error;
     fn try_from(f: FaultOptions) -> Result<Self, Error> {
         let kind = TransportKind::parse(&f.transport).ok_or_else(|| {
-            Error::InvalidArgument(format!("unknown transport {:?}", f.transport))
+            Error::InvalidArgument(format!(
+                "faults[].transport must be one of tcp, shm, rdma, got {:?}",
+                f.transport
+            ))
         })?;
         Ok((
             kind,
             FaultSpec {
-                submit_failure_rate: rate(f.submit_failure_rate, "submitFailureRate")?,
-                fail_after_submits: f.fail_after_submits.map(u64::from),
-                corrupt_completion_rate: rate(f.corrupt_completion_rate, "corruptCompletionRate")?,
-                delay: f
-                    .delay_ms
-                    .filter(|d| *d > 0)
-                    .map(|d| std::time::Duration::from_millis(u64::from(d))),
+                submit_failure_rate: rate(f.submit_failure_rate, "faults[].submitFailureRate")?,
+                fail_after_submits: opt_u64(f.fail_after_submits, "faults[].failAfterSubmits")?,
+                corrupt_completion_rate: rate(
+                    f.corrupt_completion_rate,
+                    "faults[].corruptCompletionRate",
+                )?,
+                delay: opt_ms(f.delay_ms, "faults[].delayMs")?.filter(|d| !d.is_zero()),
                 fail_install: f.fail_install.unwrap_or(false),
-                seed: u64::from(f.seed.unwrap_or(0)),
+                seed: opt_u64(f.seed, "faults[].seed")?.unwrap_or(0),
             },
         ))
     }
 }
 
+/// The transports named by the `transports` option, in order, each once.
+fn transport_list(list: Vec<String>) -> Result<Vec<TransportKind>, Error> {
+    let mut kinds = Vec::new();
+    for name in list {
+        let kind = TransportKind::parse(&name).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "transports must name tcp, shm or rdma, got {name:?}"
+            ))
+        })?;
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    Ok(kinds)
+}
+
 impl TryFrom<EngineOptions> for EngineConfig {
     type Error = Error;
+    /// Converts only: defaults come from `EngineConfig::default()` and bounds from
+    /// `EngineConfig::validate()` (run here too, so bad options fail before a start).
     fn try_from(o: EngineOptions) -> Result<Self, Error> {
         let mut c = EngineConfig::default();
         if let Some(v) = o.listen {
             c.listen = v;
         }
-        if let Some(v) = o.peer_timeout_ms {
-            c.peer_timeout = std::time::Duration::from_millis(u64::from(v));
+        if let Some(v) = opt_ms(o.peer_timeout_ms, "peerTimeoutMs")? {
+            c.peer_timeout = v;
         }
-        if let Some(v) = o.io_threads {
-            if v == 0 {
-                return Err(Error::InvalidArgument("ioThreads must be >= 1".into()));
-            }
-            c.io_threads = v as usize;
+        if let Some(v) = opt_int(o.io_threads, "ioThreads")? {
+            c.io_threads = v;
         }
-        c.transports = vec![TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp];
         if let Some(list) = o.transports {
-            let mut kinds = Vec::new();
-            for name in list {
-                let kind = TransportKind::parse(&name)
-                    .ok_or_else(|| Error::InvalidArgument(format!("unknown transport {name:?}")))?;
-                if !kinds.contains(&kind) {
-                    kinds.push(kind);
-                }
-            }
-            if kinds.is_empty() {
-                return Err(Error::InvalidArgument(
-                    "transports must name at least one of shm, rdma, tcp".into(),
-                ));
-            }
-            c.transports = kinds;
+            c.transports = transport_list(list)?;
         }
         let rdma = RdmaConfig::try_from(o.rdma.unwrap_or_default())?;
         c.extra_transports = vec![Arc::new(RdmaFactory { config: rdma })];
-        if let Some(v) = o.connections_per_peer {
-            if v == 0 || v > 64 {
-                return Err(Error::InvalidArgument(
-                    "connectionsPerPeer must be in 1..=64".into(),
-                ));
-            }
-            c.tcp.connections_per_peer = v as usize;
+        if let Some(v) = opt_int(o.connections_per_peer, "connectionsPerPeer")? {
+            c.tcp.connections_per_peer = v;
         }
-        if let Some(v) = o.slice_size {
-            if v < 4096 {
-                return Err(Error::InvalidArgument("sliceSize must be >= 4096".into()));
-            }
-            c.tcp.slice_size = u64::from(v);
+        if let Some(v) = opt_u64(o.slice_size, "sliceSize")? {
+            c.tcp.slice_size = v;
         }
-        if let Some(v) = o.connect_timeout_ms {
-            c.tcp.connect_timeout = std::time::Duration::from_millis(u64::from(v.max(1)));
+        if let Some(v) = opt_ms(o.connect_timeout_ms, "connectTimeoutMs")? {
+            c.tcp.connect_timeout = v;
         }
         if let Some(v) = o.machine_id {
             c.machine_id = Some(v);
         }
         c.advertise = o.advertise;
-        if let Some(v) = o.max_failover_attempts {
+        if let Some(v) = opt_int(o.max_failover_attempts, "maxFailoverAttempts")? {
             c.failover.max_failover_attempts = v;
         }
         if let Some(v) = o.enable_auto_failover_on_poll {
             c.failover.auto_failover_on_poll = v;
         }
-        if let Some(v) = o.attempt_timeout_ms {
-            c.failover.attempt_timeout =
-                (v > 0).then(|| std::time::Duration::from_millis(u64::from(v)));
+        if let Some(v) = opt_ms(o.attempt_timeout_ms, "attemptTimeoutMs")? {
+            c.failover.attempt_timeout = (!v.is_zero()).then_some(v);
         }
         if let Some(faults) = o.faults {
             c.faults = faults
@@ -265,11 +255,12 @@ impl TryFrom<EngineOptions> for EngineConfig {
             &o.metadata,
             o.metadata_prefix,
             o.segment_name,
-            o.lease_ttl_ms,
+            opt_ms(o.lease_ttl_ms, "leaseTtlMs")?,
         )?;
         if let Some(m) = &mut c.metadata {
             m.connect_timeout = c.tcp.connect_timeout;
         }
+        c.validate()?;
         Ok(c)
     }
 }
@@ -279,11 +270,11 @@ fn metadata(
     url: &Option<String>,
     prefix: Option<String>,
     name: Option<String>,
-    ttl_ms: Option<u32>,
+    ttl: Option<std::time::Duration>,
 ) -> Result<Option<EtcdConfig>, Error> {
     let url = url.as_deref().unwrap_or("p2p");
     if url == "p2p" {
-        if prefix.is_some() || name.is_some() || ttl_ms.is_some() {
+        if prefix.is_some() || name.is_some() || ttl.is_some() {
             return Err(Error::InvalidArgument(
                 "metadataPrefix, segmentName and leaseTtlMs need metadata 'etcd://host:port'"
                     .into(),
@@ -298,21 +289,11 @@ fn metadata(
     }
     let mut cfg = EtcdConfig::from_url(url)?;
     if let Some(p) = prefix {
-        if p.is_empty() {
-            return Err(Error::InvalidArgument(
-                "metadataPrefix must not be empty".into(),
-            ));
-        }
         cfg.prefix = p;
     }
     cfg.segment_name = name;
-    if let Some(ms) = ttl_ms {
-        if ms < 1000 || ms % 1000 != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "leaseTtlMs must be whole seconds >= 1000, got {ms}"
-            )));
-        }
-        cfg.lease_ttl = std::time::Duration::from_millis(u64::from(ms));
+    if let Some(ttl) = ttl {
+        cfg.lease_ttl = ttl;
     }
     Ok(Some(cfg))
 }
@@ -340,36 +321,43 @@ pub struct TransferRequest {
     pub require_transport: Option<bool>,
 }
 
-impl TryFrom<&TransferRequest> for Request {
-    type Error = Error;
-    fn try_from(r: &TransferRequest) -> Result<Self, Error> {
-        Ok(Request {
-            opcode: Opcode::parse(&r.opcode)?,
-            local: to_u64(r.local, "local")?,
-            local_offset: to_u64(r.local_offset.unwrap_or(0.0), "localOffset")?,
-            segment: to_u64(r.segment, "segment")?,
-            remote_buffer: to_u64(r.remote_buffer.unwrap_or(0.0), "remoteBuffer")?,
-            remote_offset: to_u64(r.remote_offset.unwrap_or(0.0), "remoteOffset")?,
-            length: to_u64(r.length, "length")?,
-            transport: match &r.transport {
-                None => None,
-                Some(t) => {
-                    Some(TransportKind::parse(t).ok_or_else(|| {
-                        Error::InvalidArgument(format!("unknown transport {t:?}"))
-                    })?)
-                }
-            },
-            require_transport: r.require_transport.unwrap_or(false),
-        })
-    }
+/// A transport name from JS.
+pub(crate) fn transport(name: &str, what: &str) -> Result<TransportKind, Error> {
+    TransportKind::parse(name).ok_or_else(|| {
+        Error::InvalidArgument(format!("{what} must be tcp, shm or rdma, got {name:?}"))
+    })
 }
 
-pub(crate) fn requests(list: &[TransferRequest]) -> Result<Vec<Request>, Error> {
+/// One request, its region and segment handles checked to be this engine's.
+fn request(r: &TransferRequest, handles: &Handles) -> Result<Request, Error> {
+    Ok(Request {
+        opcode: Opcode::parse(&r.opcode)?,
+        local: handles.decode(HandleKind::Region, to_u64(r.local, "local")?)?,
+        local_offset: to_u64(r.local_offset.unwrap_or(0.0), "localOffset")?,
+        segment: handles.decode(HandleKind::Segment, to_u64(r.segment, "segment")?)?,
+        remote_buffer: to_u64(r.remote_buffer.unwrap_or(0.0), "remoteBuffer")?,
+        remote_offset: to_u64(r.remote_offset.unwrap_or(0.0), "remoteOffset")?,
+        length: to_u64(r.length, "length")?,
+        transport: r
+            .transport
+            .as_deref()
+            .map(|t| transport(t, "transport"))
+            .transpose()?,
+        require_transport: r.require_transport.unwrap_or(false),
+    })
+}
+
+/// Every request of a call; a bad one names its index.
+pub(crate) fn requests(list: &[TransferRequest], handles: &Handles) -> Result<Vec<Request>, Error> {
+    if list.is_empty() {
+        return Err(Error::InvalidArgument("no requests given".into()));
+    }
     list.iter()
         .enumerate()
         .map(|(i, r)| {
-            Request::try_from(r).map_err(|e| match e {
+            request(r, handles).map_err(|e| match e {
                 Error::InvalidArgument(m) => Error::InvalidArgument(format!("request {i}: {m}")),
+                Error::ForeignHandle(m) => Error::ForeignHandle(format!("request {i}: {m}")),
                 other => other,
             })
         })
@@ -425,6 +413,17 @@ pub struct BatchStatus {
     pub tasks: u32,
 }
 
+/// A local region as JS sees it.
+#[napi(object)]
+pub struct RegionInfo {
+    /// Handle of the region in requests (names this engine).
+    pub handle: f64,
+    /// Buffer id: what peers name in `remoteBuffer`.
+    pub id: f64,
+    /// Length in bytes.
+    pub length: f64,
+}
+
 /// A buffer of a remote segment.
 #[napi(object)]
 pub struct RemoteBuffer {
@@ -451,10 +450,11 @@ pub struct SegmentDesc {
     pub buffers: Vec<RemoteBuffer>,
 }
 
-impl From<SegmentInfo> for SegmentDesc {
-    fn from(s: SegmentInfo) -> Self {
+impl SegmentDesc {
+    /// The JS view of an opened segment, its handle encoded in this engine's space.
+    pub(crate) fn new(s: SegmentInfo, handles: &Handles) -> Self {
         Self {
-            handle: s.handle as f64,
+            handle: handles.encode(HandleKind::Segment, s.handle) as f64,
             name: s.name,
             engine_id: format!("{:016x}", s.engine_id),
             buffers: s

@@ -7,31 +7,38 @@
 mod bench;
 mod buffer;
 mod convert;
+mod js;
 mod settle;
 
 use std::sync::Once;
 
+use ferry_core::handle::HandleKind;
 use ferry_core::{Access, Engine, EngineConfig};
-use napi::bindgen_prelude::{AsyncTask, Buffer, Function, Object};
+use napi::bindgen_prelude::{AsyncTask, Function, Object, Unknown};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::{Env, Status, Task};
 use napi_derive::napi;
 
-use crate::buffer::{hold, RegionBuffer};
+use crate::buffer::{hold_shared, RegionBuffer};
 use crate::convert::{
-    js_error, requests, to_u64, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions,
-    OpenResult, SegmentDesc, TaskStatus, TransferRequest,
+    js_error, requests, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions, OpenResult,
+    RegionInfo, SegmentDesc, TaskStatus, TransferRequest,
 };
+use crate::js::to_u64;
 use crate::settle::Settle;
 
 static LOGGING: Once = Once::new();
 
-/// Logs to stderr when FERRY_LOG (e.g. `debug`, `ferry_core=trace`) is set.
+/// Logs to stderr when FERRY_LOG (e.g. `debug`, `ferry_core=trace`) is set, in colour only
+/// when stderr is a terminal.
 fn init_logging() {
     LOGGING.call_once(|| {
         if let Ok(filter) = std::env::var("FERRY_LOG") {
+            // Colour only on a terminal: escape codes in a pipe or a log file are noise.
+            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_ansi(ansi)
                 .with_writer(std::io::stderr)
                 .try_init();
         }
@@ -106,12 +113,18 @@ fn encode_error(e: &ferry_core::Error) -> String {
 }
 
 /// Starts an engine on a worker thread; resolves to the native engine.
-#[napi(catch_unwind, ts_return_type = "Promise<NativeEngine>")]
+#[napi(
+    catch_unwind,
+    ts_args_type = "options?: EngineOptions",
+    ts_return_type = "Promise<NativeEngine>"
+)]
 pub fn start_engine(
-    options: Option<EngineOptions>,
+    env: Env,
+    options: Option<Unknown>,
 ) -> napi::Result<AsyncTask<StartEngine>, String> {
     init_logging();
-    let config = EngineConfig::try_from(options.unwrap_or_default()).map_err(js_error)?;
+    let options: EngineOptions = js::options(&env, options, "options").map_err(js_error)?;
+    let config = EngineConfig::try_from(options).map_err(js_error)?;
     Ok(AsyncTask::new(StartEngine {
         config: Some(config),
     }))
@@ -125,54 +138,87 @@ impl NativeEngine {
         self.engine.segment_name().to_string()
     }
 
-    /// Allocates an engine-owned region; returns its id.
-    #[napi(catch_unwind)]
-    pub fn allocate(&self, bytes: f64) -> napi::Result<f64, String> {
-        let len = to_u64(bytes, "bytes").map_err(js_error)?;
-        let region = self.engine.allocate(len).map_err(js_error)?;
-        Ok(region.id() as f64)
+    /// The id of region `handle` in this engine, checked to be this engine's.
+    fn region_id(&self, handle: f64) -> Result<u64, ferry_core::Error> {
+        let handle = to_u64(handle, "region")?;
+        self.engine.handles().decode(HandleKind::Region, handle)
     }
 
-    /// A Buffer over an engine-owned region (call once per region and keep it).
+    /// The JS description of a region.
+    fn region_info(&self, region: &ferry_core::Region) -> RegionInfo {
+        RegionInfo {
+            handle: self
+                .engine
+                .handles()
+                .encode(HandleKind::Region, region.id()) as f64,
+            id: region.id() as f64,
+            length: region.len() as f64,
+        }
+    }
+
+    /// Allocates an engine-owned region of `bytes` (any size the machine can back: a
+    /// memfd, touched lazily).
+    #[napi(catch_unwind)]
+    pub fn allocate(&self, bytes: f64) -> napi::Result<RegionInfo, String> {
+        let len = to_u64(bytes, "bytes").map_err(js_error)?;
+        let region = self.engine.allocate(len).map_err(js_error)?;
+        Ok(self.region_info(&region))
+    }
+
+    /// A Buffer over `[offset, offset + length)` of an engine-owned region (at most
+    /// 4 GiB: one Buffer's limit).
     #[napi(catch_unwind, ts_return_type = "Buffer")]
-    pub fn region_buffer(&self, id: f64) -> napi::Result<RegionBuffer, String> {
-        let id = to_u64(id, "region").map_err(js_error)?;
+    pub fn region_view(
+        &self,
+        handle: f64,
+        offset: f64,
+        length: f64,
+    ) -> napi::Result<RegionBuffer, String> {
+        let id = self.region_id(handle).map_err(js_error)?;
+        let offset = to_u64(offset, "offset").map_err(js_error)?;
+        let length = to_u64(length, "length").map_err(js_error)?;
         let region = self.engine.region(id).map_err(js_error)?;
         if region.mapping().is_none() {
             return Err(js_error(ferry_core::Error::InvalidArgument(format!(
-                "region {id} is a registered user buffer; use that Buffer"
+                "region {id} is registered user memory; view that memory instead"
             ))));
         }
-        Ok(RegionBuffer(region))
+        RegionBuffer::new(region, offset, length).map_err(js_error)
     }
 
-    /// Registers a user Buffer; the engine holds it until `release`.
-    #[napi(catch_unwind)]
+    /// Registers user memory (a view over a SharedArrayBuffer); the engine holds it
+    /// until `release`.
+    #[napi(
+        catch_unwind,
+        ts_args_type = "memory: ArrayBufferView, readOnly?: boolean | undefined | null"
+    )]
     pub fn register_memory(
         &self,
-        buffer: Buffer,
+        env: Env,
+        memory: Unknown,
         read_only: Option<bool>,
-    ) -> napi::Result<f64, String> {
+    ) -> napi::Result<RegionInfo, String> {
         let access = if read_only.unwrap_or(false) {
             Access::ReadOnly
         } else {
             Access::ReadWrite
         };
-        let (ptr, len, held) = hold(buffer);
-        // SAFETY: `ptr`/`len` describe the Buffer's backing store, which `held` keeps
-        // referenced (and so alive and unmoved) for as long as the region exists.
+        let (ptr, len, held) = hold_shared(&env, memory).map_err(js_error)?;
+        // SAFETY: `ptr`/`len` describe the view's shared backing store, which `held`
+        // keeps referenced for as long as the region exists; a SharedArrayBuffer can be
+        // neither detached nor resized, so the memory stays where it is.
         let region = unsafe {
             self.engine
                 .register_memory(ptr, len, access, Box::new(held))
         }
         .map_err(js_error)?;
-        Ok(region.id() as f64)
+        Ok(self.region_info(&region))
     }
 
     /// Releases a region.
     #[napi(catch_unwind)]
-    pub fn release(&self, id: f64) -> napi::Result<(), String> {
-        let id = to_u64(id, "region").map_err(js_error)?;
+    pub fn release(&self, handle: f64) -> napi::Result<(), String> {
+        let id = self.region_id(handle).map_err(js_error)?;
         self.engine.release(id).map_err(js_error)
     }
 
@@ -186,10 +232,11 @@ impl NativeEngine {
         let (settle, promise) = Settle::<OpenResult>::new(env)
             .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
         let engine = self.engine.clone();
+        let handles = self.engine.handles();
         let spawned = self.engine.spawn(async move {
             let result = match engine.open_segment(&name).await {
                 Ok(info) => OpenResult {
-                    segment: Some(SegmentDesc::from(info)),
+                    segment: Some(SegmentDesc::new(info, &handles)),
                     code: None,
                     message: None,
                 },
@@ -209,16 +256,20 @@ impl NativeEngine {
     #[napi(catch_unwind)]
     pub fn close_segment(&self, handle: f64) -> napi::Result<(), String> {
         let handle = to_u64(handle, "segment").map_err(js_error)?;
+        let handle = self
+            .engine
+            .handles()
+            .decode(HandleKind::Segment, handle)
+            .map_err(js_error)?;
         self.engine.close_segment(handle).map_err(js_error)
     }
 
     /// Allocates a batch; returns its id.
     #[napi(catch_unwind)]
-    pub fn allocate_batch(&self, capacity: u32) -> napi::Result<f64, String> {
-        let id = self
-            .engine
-            .allocate_batch(capacity as usize)
-            .map_err(js_error)?;
+    pub fn allocate_batch(&self, capacity: f64) -> napi::Result<f64, String> {
+        let capacity = to_u64(capacity, "capacity").map_err(js_error)?;
+        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX);
+        let id = self.engine.allocate_batch(capacity).map_err(js_error)?;
         Ok(id as f64)
     }
 
@@ -230,7 +281,7 @@ impl NativeEngine {
         requests_js: Vec<TransferRequest>,
     ) -> napi::Result<u32, String> {
         let batch = to_u64(batch, "batch").map_err(js_error)?;
-        let reqs = requests(&requests_js).map_err(js_error)?;
+        let reqs = requests(&requests_js, &self.engine.handles()).map_err(js_error)?;
         let first = self
             .engine
             .submit_transfer(batch, &reqs)
@@ -240,10 +291,12 @@ impl NativeEngine {
 
     /// Status of one task.
     #[napi(catch_unwind)]
-    pub fn get_transfer_status(&self, batch: f64, task: u32) -> napi::Result<TaskStatus, String> {
+    pub fn get_transfer_status(&self, batch: f64, task: f64) -> napi::Result<TaskStatus, String> {
         let batch = to_u64(batch, "batch").map_err(js_error)?;
+        let task = to_u64(task, "task").map_err(js_error)?;
+        let task = usize::try_from(task).unwrap_or(usize::MAX);
         self.engine
-            .transfer_status(batch, task as usize)
+            .transfer_status(batch, task)
             .map(TaskStatus::from)
             .map_err(js_error)
     }
@@ -291,7 +344,7 @@ impl NativeEngine {
     ) -> napi::Result<Object<'env>, String> {
         let internal =
             |e: napi::Error| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string());
-        let reqs = requests(&requests_js).map_err(js_error)?;
+        let reqs = requests(&requests_js, &self.engine.handles()).map_err(js_error)?;
         let (settle, promise) = Settle::<Vec<TaskStatus>>::new(env).map_err(internal)?;
         let op = self
             .engine
