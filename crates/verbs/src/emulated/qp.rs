@@ -26,8 +26,12 @@ use crate::provider::{
     VerbsResult, WcStatus, WorkCompletion, WrOpcode,
 };
 
-/// How long connecting to a responder may take (a stopped peer's full backlog).
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long one attempt to connect to a responder may take (a stopped peer's full
+/// backlog); a live listener that does not accept in time is tried again.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The pause before connecting again to a responder whose backlog was full.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
 
 /// How long a blocked socket write waits before the worker checks timeouts again (a
 /// write to a live responder that does not read waits as long as the peer lives and the
@@ -686,6 +690,16 @@ impl QpShared {
         }
         let (stream, reader) = match opened {
             Ok(pair) => pair,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                // The listener exists but its backlog stayed full: the peer lives and does
+                // not accept yet (stopped or starved). Its work requests wait, queued.
+                tracing::debug!(qpn = self.qpn, error = %e, "emulated verbs: responder busy, connecting again");
+                return self
+                    .cond
+                    .wait_timeout(g, CONNECT_BACKOFF)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
             Err(e) => {
                 tracing::debug!(qpn = self.qpn, error = %e, "emulated verbs: responder unreachable");
                 g.conn_broken = true;

@@ -886,6 +886,95 @@ fn a_target_qp_destroyed_while_held_ends_retry_exceeded_in_the_modeled_window() 
     });
 }
 
+/// Accepts one connection on a non-blocking listener, waiting at most `bound`.
+fn accept_within(
+    l: &std::os::unix::net::UnixListener,
+    bound: Duration,
+) -> std::os::unix::net::UnixStream {
+    let deadline = Instant::now() + bound;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => return s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "no connection within {bound:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_responder_whose_backlog_stays_full_is_waited_for() {
+    within(BOUND, "full backlog", || {
+        use super::device::responder_addr;
+        use super::qp::CONNECT_TIMEOUT;
+        use super::wire::{Request, Response, Status, REQUEST_LEN};
+        use std::os::fd::AsRawFd;
+        use std::os::unix::net::{UnixListener, UnixStream};
+
+        // A responder of our own under a GID of its own, with room for one connection
+        // that nobody accepts: the listener lives, but connecting to it blocks.
+        let mut gid: Gid = [
+            0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0xba, 0xc1, 0x09, 0, 0, 0, 0, 0,
+        ];
+        gid[12..].copy_from_slice(&std::process::id().to_be_bytes());
+        let addr = responder_addr(&gid).expect("address");
+        let listener = UnixListener::bind_addr(&addr).expect("bind");
+        // SAFETY: listen(2) on a socket we own; it only changes the backlog.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        listener.set_nonblocking(true).expect("nonblocking");
+        let filler = UnixStream::connect_addr(&addr).expect("fills the backlog");
+
+        let p = EmulatedProvider::default();
+        let a = end(&p);
+        bring_up(&*a.qp, ALL, 0x1234, gid, 12).expect("up");
+        let t = modeled_timeout(12, 7);
+        let mut src = vec![3u8; 64];
+        let smr = reg(&a.pd, &mut src, ALL);
+        let sg = [sge(&smr, 0, 64)];
+        a.qp.post_send(&[SendWr {
+            wr_id: 9,
+            opcode: WrOpcode::RdmaWrite,
+            sg_list: &sg,
+            signaled: true,
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        }])
+        .expect("post");
+        // Two connect attempts time out meanwhile, and the budget passes twice over.
+        let held = collect_for(&a.cq, CONNECT_TIMEOUT * 2 + t * 2);
+        assert!(
+            held.is_empty(),
+            "completed while the responder was busy: {held:?}"
+        );
+
+        // The responder accepts at last: the QP's connection comes in behind the filler,
+        // and its work request is answered.
+        drop(accept_within(&listener, BOUND));
+        drop(filler);
+        let mut conn = accept_within(&listener, BOUND);
+        conn.set_nonblocking(false).expect("blocking");
+        conn.set_read_timeout(Some(BOUND)).expect("timeout");
+        let mut header = [0u8; REQUEST_LEN];
+        conn.read_exact(&mut header).expect("request");
+        let req = Request::decode(&header).expect("well formed");
+        assert_eq!((req.dst_qpn, req.len), (0x1234, 64));
+        let mut payload = vec![0u8; 64];
+        conn.read_exact(&mut payload).expect("payload");
+        assert_eq!(payload, src);
+        let resp = Response {
+            status: Status::Ok,
+            seq: req.seq,
+            len: 0,
+        };
+        conn.write_all(&resp.encode()).expect("response");
+        let wcs = wait_wcs(&a.cq, 1, BOUND);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (9, WcStatus::Success));
+        drop(smr);
+    });
+}
+
 #[test]
 fn modeled_timeout_values() {
     let t = modeled_timeout(14, 7);
