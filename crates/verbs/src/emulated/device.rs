@@ -359,7 +359,9 @@ fn listen(
     }
 }
 
-/// Serves one initiator connection until EOF, a malformed frame or shutdown.
+/// Serves one initiator connection until EOF, a malformed frame or shutdown. The
+/// connection closes only then (or when the process dies), which initiators take as the
+/// loss of every request still unanswered on it.
 fn serve(mut stream: UnixStream, registry: &Registry) {
     loop {
         let mut header = [0u8; wire::REQUEST_LEN];
@@ -383,10 +385,15 @@ fn serve(mut stream: UnixStream, registry: &Registry) {
                 _ => return,
             }
         }
-        let Some(answer) = execute(registry, &req, &payload) else {
-            continue;
-        };
-        let (status, data) = answer;
+        #[cfg(test)]
+        if hooks::at_responder(req.dst_qpn) == hooks::Verdict::Sever {
+            return;
+        }
+        // Every request is answered, so that the initiator can tell a dropped packet from
+        // a responder that has not got to it yet: while this connection stays open the
+        // responder's process lives, and a live peer's HCA would have acknowledged.
+        let (status, data) =
+            execute(registry, &req, &payload).unwrap_or((Status::Dropped, Vec::new()));
         let resp = Response {
             status,
             seq: req.seq,
@@ -398,7 +405,8 @@ fn serve(mut stream: UnixStream, registry: &Registry) {
     }
 }
 
-/// Runs one request; `None` drops it silently (no such connected QP, as an HCA would).
+/// Runs one request; `None` drops it (no such connected QP), as an HCA drops the packet
+/// and every retransmission of it.
 fn execute(registry: &Registry, req: &Request, payload: &[u8]) -> Option<(Status, Vec<u8>)> {
     let qp = registry.qp(req.dst_qpn)?;
     let (pd, qp_access) = {
@@ -444,6 +452,139 @@ fn execute(registry: &Registry, req: &Request, payload: &[u8]) -> Option<(Status
                 return nak;
             }
             Some((Status::Ok, data))
+        }
+    }
+}
+
+/// Test hooks: hold the responder at a request for a given target QP, as a responder
+/// thread the scheduler does not run, and release it or let it drop the connection (what
+/// the initiator sees when the responder's process dies).
+#[cfg(test)]
+pub(crate) mod hooks {
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::lock;
+
+    /// The longest a held responder waits, should a test never release it.
+    const HOLD_LIMIT: Duration = Duration::from_secs(60);
+
+    #[derive(Default)]
+    struct State {
+        held: bool,
+        sever: bool,
+        arrived: usize,
+    }
+
+    struct Hold {
+        qpn: u32,
+        state: Mutex<State>,
+        cond: Condvar,
+    }
+
+    static HOLDS: Mutex<Vec<Arc<Hold>>> = Mutex::new(Vec::new());
+
+    /// What the responder does with a request after the hook.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(crate) enum Verdict {
+        /// Execute it.
+        Pass,
+        /// Drop the connection without answering.
+        Sever,
+    }
+
+    /// Called by the responder with each request before it runs it: blocks while a
+    /// [`Stall`] holds the request's target QP.
+    pub(crate) fn at_responder(dst_qpn: u32) -> Verdict {
+        let hold = lock(&HOLDS).iter().find(|h| h.qpn == dst_qpn).cloned();
+        let Some(hold) = hold else {
+            return Verdict::Pass;
+        };
+        let limit = Instant::now() + HOLD_LIMIT;
+        let mut s = lock(&hold.state);
+        s.arrived += 1;
+        hold.cond.notify_all();
+        while s.held && !s.sever {
+            let left = limit.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            s = hold
+                .cond
+                .wait_timeout(s, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if s.sever {
+            Verdict::Sever
+        } else {
+            Verdict::Pass
+        }
+    }
+
+    /// Holds the responder at every request for one target QP until released; dropping
+    /// it releases the responder.
+    pub(crate) struct Stall(Arc<Hold>);
+
+    impl Stall {
+        /// Starts holding requests for target QP `qpn`.
+        pub(crate) fn new(qpn: u32) -> Self {
+            let hold = Arc::new(Hold {
+                qpn,
+                state: Mutex::new(State {
+                    held: true,
+                    ..State::default()
+                }),
+                cond: Condvar::new(),
+            });
+            lock(&HOLDS).push(hold.clone());
+            Self(hold)
+        }
+
+        /// Waits until `n` requests in all have reached the hook; false after `bound`.
+        pub(crate) fn wait_arrived(&self, n: usize, bound: Duration) -> bool {
+            let limit = Instant::now() + bound;
+            let mut s = lock(&self.0.state);
+            while s.arrived < n {
+                let left = limit.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return false;
+                }
+                s = self
+                    .0
+                    .cond
+                    .wait_timeout(s, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            true
+        }
+
+        /// Lets the held request, and every later one, run.
+        pub(crate) fn release(&self) {
+            lock(&self.0.state).held = false;
+            self.0.cond.notify_all();
+        }
+
+        /// Makes the responder drop the connection of the held request (and of every later
+        /// one for this QP) without answering.
+        pub(crate) fn sever(&self) {
+            lock(&self.0.state).sever = true;
+            self.0.cond.notify_all();
+        }
+
+        /// Holds requests again: the next one for this QP waits at the hook.
+        pub(crate) fn hold_again(&self) {
+            let mut s = lock(&self.0.state);
+            s.held = true;
+            s.sever = false;
+        }
+    }
+
+    impl Drop for Stall {
+        fn drop(&mut self) {
+            lock(&HOLDS).retain(|h| !Arc::ptr_eq(h, &self.0));
+            self.release();
         }
     }
 }

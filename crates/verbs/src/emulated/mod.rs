@@ -11,15 +11,28 @@
 //! first post; the responder executes RDMA WRITE and READ against its registered MRs after
 //! the checks an HCA makes (target QP connected to the sender, rkey in the QP's PD with the
 //! right access on both MR and QP, bounds) and NAKs (`RemAccessErr` at the initiator)
-//! without touching memory otherwise. Packets for a QP that is not connected to the sender
-//! are dropped silently; the initiator then sees `RetryExcErr` after the modeled transport
-//! timeout, 4.096 µs × 2^timeout × (retry_cnt + 1), as it does when the responder's process
-//! died or stopped.
+//! without touching memory otherwise.
+//!
+//! Retries are modeled as on a real RC connection, where the responder's HCA acknowledges
+//! in hardware whatever its host does: a live peer, however busy, slow or stopped, never
+//! causes `RetryExcErr`, and only a peer that is gone does. The responder's socket tells
+//! the two apart. While the connection is open the responder's process lives, and a work
+//! request waits for its answer as long as it takes (a hung peer is the transport's slice
+//! deadline's and the control plane's business). A work request is lost when the
+//! connection fails or closes before it was answered (the process died, its device
+//! closed), when the responder cannot be reached, or when the responder drops it because
+//! the target QP is not connected to the sender (destroyed, reset, in error, connected
+//! elsewhere), as an HCA drops the packet and every retransmission. A lost work request
+//! ends in `RetryExcErr` once the modeled transport timeout, 4.096 µs × 2^timeout ×
+//! (retry_cnt + 1), has passed since it was sent, and not before the loss is seen; with
+//! timeout 0 (infinite) it never ends.
 //!
 //! The verbs rules are enforced strictly: the QP state order and the attribute mask of each
 //! transition, work request and SGE limits, CQ overflow (the CQ becomes unusable), lkey and
 //! rkey validation, in-order completion, and the error state that flushes every outstanding
-//! and later work request. [`EmulatedFaults`] injects loss, errors and delay.
+//! and later work request. [`EmulatedFaults`] injects loss, errors and delay; its
+//! `retry_exceeded` fault ends a work request in `RetryExcErr` after the modeled timeout
+//! without sending it, and `silent_loss` drops one with no completion ever.
 //!
 //! Threads: the responder has a listener and one thread per inbound connection; each QP
 //! has a worker (sends and completes) and a receiver per connection. Dropping a QP joins

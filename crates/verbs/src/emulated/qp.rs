@@ -2,6 +2,13 @@
 //! completion, the modeled transport timeout, and the threads that carry its work
 //! requests to the responder (one worker that sends and completes, one receiver per
 //! connection that reads responses).
+//!
+//! The transport timeout models retransmissions that go unanswered: it runs only for a
+//! packet known to be lost — the responder's connection closed or failed (its process
+//! died, its device closed), could not be opened (no such responder), or the responder
+//! dropped the packet (no QP connected to the sender). A request on an open connection to
+//! a live responder has no deadline however long the responder takes, as a real HCA
+//! acknowledges in hardware whatever its host's CPUs do.
 
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
@@ -19,10 +26,16 @@ use crate::provider::{
     VerbsResult, WcStatus, WorkCompletion, WrOpcode,
 };
 
-/// How long connecting to a responder may take (a stopped peer's full backlog).
-const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long one attempt to connect to a responder may take (a stopped peer's full
+/// backlog); a live listener that does not accept in time is tried again.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// How long a blocked socket write waits before the worker checks timeouts again.
+/// The pause before connecting again to a responder whose backlog was full.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
+
+/// How long a blocked socket write waits before the worker checks timeouts again (a
+/// write to a live responder that does not read waits as long as the peer lives and the
+/// QP stays connected).
 const WRITE_SLICE: Duration = Duration::from_millis(20);
 
 /// What the responder needs to know about a target QP.
@@ -66,8 +79,14 @@ pub(crate) fn modeled_timeout(timeout: u8, retry_cnt: u8) -> Duration {
 enum Phase {
     /// Waiting for the worker to send it.
     Queued,
-    /// On the wire (or lost); ends in `RetryExcErr` at the deadline.
-    Sent { deadline: Option<Instant> },
+    /// Sent at `sent`. `deadline` is `None` while the responder may still answer (its
+    /// connection is open); once the packet is known lost it is the end of the retry
+    /// budget, where the entry ends in `RetryExcErr` (it stays `None` under the infinite
+    /// timeout 0).
+    Sent {
+        sent: Instant,
+        deadline: Option<Instant>,
+    },
     /// Answered; delivered to the CQ in order once `not_before` has passed.
     Done {
         status: WcStatus,
@@ -450,6 +469,7 @@ impl QpShared {
                     continue;
                 }
                 Fault::RetryExceeded => Phase::Sent {
+                    sent: now,
                     deadline: Some(
                         now + g
                             .attrs
@@ -510,7 +530,7 @@ impl QpShared {
             let wake =
                 g.sq.iter()
                     .filter_map(|e| match e.phase {
-                        Phase::Sent { deadline } => deadline,
+                        Phase::Sent { deadline, .. } => deadline,
                         _ => None,
                     })
                     .chain(head_due)
@@ -548,10 +568,13 @@ impl QpShared {
                 return g;
             }
         };
-        let deadline = g.attrs.transport_timeout().map(|t| now + t);
-        g.sq[idx].phase = Phase::Sent { deadline };
+        g.sq[idx].phase = Phase::Sent {
+            sent: now,
+            deadline: None,
+        };
         let Some((stream, gen)) = self.connection(&g) else {
             // Unreachable responder: the entry times out like an unanswered packet.
+            arm_lost(&mut g, now);
             return g;
         };
         let e = &g.sq[idx];
@@ -572,8 +595,7 @@ impl QpShared {
         let sent = self.write_frame(&stream, gen, &req.encode(), &payload);
         let mut g = lock(&self.inner);
         if !sent && g.gen == gen {
-            g.conn_broken = true;
-            close_conn(&mut g);
+            lose_conn(&mut g, Instant::now());
         }
         g
     }
@@ -668,6 +690,16 @@ impl QpShared {
         }
         let (stream, reader) = match opened {
             Ok(pair) => pair,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                // The listener exists but its backlog stayed full: the peer lives and does
+                // not accept yet (stopped or starved). Its work requests wait, queued.
+                tracing::debug!(qpn = self.qpn, error = %e, "emulated verbs: responder busy, connecting again");
+                return self
+                    .cond
+                    .wait_timeout(g, CONNECT_BACKOFF)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
             Err(e) => {
                 tracing::debug!(qpn = self.qpn, error = %e, "emulated verbs: responder unreachable");
                 g.conn_broken = true;
@@ -695,8 +727,8 @@ impl QpShared {
         g
     }
 
-    /// Writes a frame; gives up when the connection is replaced or the QP stops. Blocked
-    /// writes wake every `WRITE_SLICE` to run the timeouts.
+    /// Writes a frame; gives up when the connection fails or is replaced or the QP stops.
+    /// Blocked writes wake every `WRITE_SLICE` to run the timeouts.
     fn write_frame(&self, stream: &UnixStream, gen: u64, header: &[u8], payload: &[u8]) -> bool {
         for part in [header, payload] {
             let mut off = 0;
@@ -750,6 +782,21 @@ impl QpShared {
             else {
                 continue;
             };
+            if let (Status::Dropped, 0) = (resp.status, resp.len) {
+                // The responder dropped it, as it would every retransmission: the retry
+                // budget runs from the send.
+                if let Phase::Sent {
+                    sent,
+                    deadline: None,
+                } = g.sq[idx].phase
+                {
+                    let deadline = g.attrs.transport_timeout().map(|t| sent + t);
+                    g.sq[idx].phase = Phase::Sent { sent, deadline };
+                }
+                drop(g);
+                self.cond.notify_all();
+                continue;
+            }
             let e = &g.sq[idx];
             let status = match resp.status {
                 Status::AccessNak if resp.len == 0 => WcStatus::RemAccessErr,
@@ -773,8 +820,7 @@ impl QpShared {
         if broken {
             let mut g = lock(&self.inner);
             if g.gen == gen {
-                g.conn_broken = true;
-                close_conn(&mut g);
+                lose_conn(&mut g, Instant::now());
             }
             drop(g);
             self.cond.notify_all();
@@ -785,7 +831,10 @@ impl QpShared {
     /// the QP to ERR, which flushes everything behind it.
     fn settle(&self, g: &mut Inner, now: Instant) {
         for e in g.sq.iter_mut() {
-            if let Phase::Sent { deadline: Some(d) } = e.phase {
+            if let Phase::Sent {
+                deadline: Some(d), ..
+            } = e.phase
+            {
                 if d <= now {
                     e.phase = Phase::Done {
                         status: WcStatus::RetryExcErr,
@@ -837,6 +886,35 @@ fn close_conn(g: &mut Inner) {
         let _ = c.stream.shutdown(std::net::Shutdown::Both);
     }
     g.gen += 1;
+}
+
+/// The responder's connection failed or closed while the QP used it: the responder's
+/// process died or its device closed, so every request still unanswered is lost.
+fn lose_conn(g: &mut Inner, now: Instant) {
+    g.conn_broken = true;
+    close_conn(g);
+    arm_lost(g, now);
+}
+
+/// Starts the retry budget of every sent entry without a deadline, all of them lost: each
+/// ends `RetryExcErr` when its budget, counted from its send, has run out, and not before
+/// `now`, when the loss was seen.
+fn arm_lost(g: &mut Inner, now: Instant) {
+    let Some(budget) = g.attrs.transport_timeout() else {
+        return;
+    };
+    for e in g.sq.iter_mut() {
+        if let Phase::Sent {
+            sent,
+            deadline: None,
+        } = e.phase
+        {
+            e.phase = Phase::Sent {
+                sent,
+                deadline: Some((sent + budget).max(now)),
+            };
+        }
+    }
 }
 
 /// Connects to the responder of `gid`, giving up after `timeout` (a blocking unix connect

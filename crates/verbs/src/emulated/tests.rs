@@ -7,6 +7,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::device::hooks;
 use super::qp::modeled_timeout;
 use super::*;
 use crate::provider::{AddressVector, QpState, Sge, WcStatus, WorkCompletion, WrOpcode};
@@ -744,6 +745,232 @@ fn unreachable_responder_ends_retry_exceeded() {
             "{:?} vs {t:?}",
             start.elapsed()
         );
+        drop(smr);
+    });
+}
+
+#[test]
+fn a_responder_held_past_the_retry_budget_still_completes() {
+    within(BOUND, "held responder", || {
+        let p = EmulatedProvider::default();
+        let (a, b) = (end(&p), end(&p));
+        // The transport's default ack timeout and retry count.
+        connect(&a, &b, ALL, 14);
+        let t = modeled_timeout(14, 7);
+        let mut src = pattern(4096, 3);
+        let mut back = vec![0u8; 4096];
+        let mut dst = vec![0u8; 4096];
+        let smr = reg(&a.pd, &mut src, ALL);
+        let bmr = reg(&a.pd, &mut back, ALL);
+        let dmr = reg(&b.pd, &mut dst, ALL);
+        let stall = hooks::Stall::new(b.qp.qpn());
+        let from = [sge(&smr, 0, 4096)];
+        let into = [sge(&bmr, 0, 4096)];
+        a.qp.post_send(&[
+            wr(1, WrOpcode::RdmaWrite, &from, &dmr, 0),
+            wr(2, WrOpcode::RdmaRead, &into, &dmr, 0),
+        ])
+        .expect("post");
+        assert!(
+            stall.wait_arrived(1, BOUND),
+            "the write never reached the responder"
+        );
+        // The responder sits on the write for twice the retry budget. Its process is alive
+        // (a hardware responder would have acknowledged long ago), so this is no
+        // RetryExcErr, however long it takes.
+        let held = collect_for(&a.cq, t * 2);
+        assert!(
+            held.is_empty(),
+            "completed while the responder was held: {held:?}"
+        );
+        stall.release();
+        let wcs = wait_wcs(&a.cq, 2, BOUND);
+        let ids: Vec<(u64, WcStatus)> = wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(ids, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+        assert!(dst == src, "the write landed");
+        assert!(back == src, "the read returned it");
+        drop((smr, bmr, dmr));
+    });
+}
+
+#[test]
+fn a_responder_gone_while_held_ends_retry_exceeded_in_the_modeled_window() {
+    within(BOUND, "gone responder", || {
+        let p = EmulatedProvider::default();
+        let (a, b) = (end(&p), end(&p));
+        connect(&a, &b, ALL, 12);
+        let t = modeled_timeout(12, 7);
+        let mut src = vec![7u8; 64];
+        let mut dst = vec![0u8; 64];
+        let smr = reg(&a.pd, &mut src, ALL);
+        let dmr = reg(&b.pd, &mut dst, ALL);
+        let sg = [sge(&smr, 0, 64)];
+        let stall = hooks::Stall::new(b.qp.qpn());
+
+        // Gone at once (the responder's connection closes unanswered, as when its process
+        // dies): the budget counts from the send.
+        let start = Instant::now();
+        a.qp.post_send(&[
+            wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0),
+            wr(2, WrOpcode::RdmaWrite, &sg, &dmr, 0),
+        ])
+        .expect("post");
+        assert!(stall.wait_arrived(1, BOUND), "never reached the responder");
+        stall.sever();
+        let wcs = wait_wcs(&a.cq, 2, BOUND);
+        let took = start.elapsed();
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RetryExcErr));
+        assert_eq!((wcs[1].wr_id, wcs[1].status), (2, WcStatus::WrFlushErr));
+        assert!(
+            took >= t.mul_f64(0.8) && took <= t + Duration::from_secs(2),
+            "{took:?} vs {t:?}"
+        );
+
+        // Held past the budget, then gone: nothing while the peer lives, RetryExcErr as
+        // soon as the loss is seen (the budget from the send has long run out).
+        stall.hold_again();
+        connect(&a, &b, ALL, 12);
+        a.qp.post_send(&[wr(3, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+            .expect("post");
+        assert!(stall.wait_arrived(2, BOUND), "never reached the responder");
+        let held = collect_for(&a.cq, t * 2);
+        assert!(
+            held.is_empty(),
+            "completed while the responder was held: {held:?}"
+        );
+        let severed = Instant::now();
+        stall.sever();
+        let wcs = wait_wcs(&a.cq, 1, BOUND);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (3, WcStatus::RetryExcErr));
+        assert!(
+            severed.elapsed() < Duration::from_secs(2),
+            "{:?} after the loss",
+            severed.elapsed()
+        );
+        assert!(dst.iter().all(|&x| x == 0), "nothing executed");
+        drop((smr, dmr));
+    });
+}
+
+#[test]
+fn a_target_qp_destroyed_while_held_ends_retry_exceeded_in_the_modeled_window() {
+    within(BOUND, "destroyed target", || {
+        let p = EmulatedProvider::default();
+        let (a, b) = (end(&p), end(&p));
+        connect(&a, &b, ALL, 12);
+        let t = modeled_timeout(12, 7);
+        let mut src = vec![7u8; 64];
+        let mut dst = vec![0u8; 64];
+        let smr = reg(&a.pd, &mut src, ALL);
+        let dmr = reg(&b.pd, &mut dst, ALL);
+        let sg = [sge(&smr, 0, 64)];
+        let stall = hooks::Stall::new(b.qp.qpn());
+        let start = Instant::now();
+        a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+            .expect("post");
+        assert!(stall.wait_arrived(1, BOUND), "never reached the responder");
+        // The target QP goes away while the responder holds its packet; the device then
+        // drops it (and every retransmission) and the initiator runs out of retries.
+        let End { qp: target_qp, .. } = b;
+        drop(target_qp);
+        stall.release();
+        let wcs = wait_wcs(&a.cq, 1, BOUND);
+        let took = start.elapsed();
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RetryExcErr));
+        assert!(
+            took >= t.mul_f64(0.8) && took <= t + Duration::from_secs(2),
+            "{took:?} vs {t:?}"
+        );
+        assert!(dst.iter().all(|&x| x == 0), "nothing executed");
+        drop((smr, dmr));
+    });
+}
+
+/// Accepts one connection on a non-blocking listener, waiting at most `bound`.
+fn accept_within(
+    l: &std::os::unix::net::UnixListener,
+    bound: Duration,
+) -> std::os::unix::net::UnixStream {
+    let deadline = Instant::now() + bound;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => return s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(Instant::now() < deadline, "no connection within {bound:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_responder_whose_backlog_stays_full_is_waited_for() {
+    within(BOUND, "full backlog", || {
+        use super::device::responder_addr;
+        use super::qp::CONNECT_TIMEOUT;
+        use super::wire::{Request, Response, Status, REQUEST_LEN};
+        use std::os::fd::AsRawFd;
+        use std::os::unix::net::{UnixListener, UnixStream};
+
+        // A responder of our own under a GID of its own, with room for one connection
+        // that nobody accepts: the listener lives, but connecting to it blocks.
+        let mut gid: Gid = [
+            0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0xba, 0xc1, 0x09, 0, 0, 0, 0, 0,
+        ];
+        gid[12..].copy_from_slice(&std::process::id().to_be_bytes());
+        let addr = responder_addr(&gid).expect("address");
+        let listener = UnixListener::bind_addr(&addr).expect("bind");
+        // SAFETY: listen(2) on a socket we own; it only changes the backlog.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        listener.set_nonblocking(true).expect("nonblocking");
+        let filler = UnixStream::connect_addr(&addr).expect("fills the backlog");
+
+        let p = EmulatedProvider::default();
+        let a = end(&p);
+        bring_up(&*a.qp, ALL, 0x1234, gid, 12).expect("up");
+        let t = modeled_timeout(12, 7);
+        let mut src = vec![3u8; 64];
+        let smr = reg(&a.pd, &mut src, ALL);
+        let sg = [sge(&smr, 0, 64)];
+        a.qp.post_send(&[SendWr {
+            wr_id: 9,
+            opcode: WrOpcode::RdmaWrite,
+            sg_list: &sg,
+            signaled: true,
+            remote_addr: 0x1000,
+            rkey: 0x42,
+        }])
+        .expect("post");
+        // Two connect attempts time out meanwhile, and the budget passes twice over.
+        let held = collect_for(&a.cq, CONNECT_TIMEOUT * 2 + t * 2);
+        assert!(
+            held.is_empty(),
+            "completed while the responder was busy: {held:?}"
+        );
+
+        // The responder accepts at last: the QP's connection comes in behind the filler,
+        // and its work request is answered.
+        drop(accept_within(&listener, BOUND));
+        drop(filler);
+        let mut conn = accept_within(&listener, BOUND);
+        conn.set_nonblocking(false).expect("blocking");
+        conn.set_read_timeout(Some(BOUND)).expect("timeout");
+        let mut header = [0u8; REQUEST_LEN];
+        conn.read_exact(&mut header).expect("request");
+        let req = Request::decode(&header).expect("well formed");
+        assert_eq!((req.dst_qpn, req.len), (0x1234, 64));
+        let mut payload = vec![0u8; 64];
+        conn.read_exact(&mut payload).expect("payload");
+        assert_eq!(payload, src);
+        let resp = Response {
+            status: Status::Ok,
+            seq: req.seq,
+            len: 0,
+        };
+        conn.write_all(&resp.encode()).expect("response");
+        let wcs = wait_wcs(&a.cq, 1, BOUND);
+        assert_eq!((wcs[0].wr_id, wcs[0].status), (9, WcStatus::Success));
         drop(smr);
     });
 }

@@ -1,13 +1,14 @@
 //! The emulated device's wire format between an initiator QP and a responder: one request
-//! frame per work request, one response frame per executed request. Little endian,
+//! frame per work request, one response frame per request (executed, refused, or dropped
+//! as an HCA drops a packet for a QP not connected to its sender). Little endian,
 //! fixed-size headers; payloads follow the header.
 
 use super::Gid;
 
 /// Frame magic ("FEVR").
 const MAGIC: u32 = 0x4645_5652;
-/// Protocol version.
-const VERSION: u8 = 1;
+/// Protocol version (2: every request is answered, `Dropped` included).
+const VERSION: u8 = 2;
 /// Largest message (the verbs limit of 2 GiB).
 pub(crate) const MAX_LEN: u32 = 1 << 31;
 /// Bytes of a request header.
@@ -44,6 +45,9 @@ pub(crate) enum Status {
     Ok,
     /// Remote access NAK: nothing was touched.
     AccessNak,
+    /// Dropped without effect (no QP connected to the sender): an HCA sends nothing back,
+    /// so the initiator's retransmissions go unanswered until its retries run out.
+    Dropped,
 }
 
 /// A response header.
@@ -137,6 +141,7 @@ impl Response {
         b[5] = match self.status {
             Status::Ok => 0,
             Status::AccessNak => 1,
+            Status::Dropped => 2,
         };
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..20].copy_from_slice(&self.len.to_le_bytes());
@@ -149,6 +154,7 @@ impl Response {
         let status = match b[5] {
             0 => Status::Ok,
             1 => Status::AccessNak,
+            2 => Status::Dropped,
             other => return Err(WireError::Status(other)),
         };
         let len = u32_at(b, 16);
@@ -195,12 +201,14 @@ mod tests {
 
     #[test]
     fn response_round_trips() {
-        let r = Response {
-            status: Status::AccessNak,
-            seq: u64::MAX,
-            len: 0,
-        };
-        assert_eq!(Response::decode(&r.encode()), Ok(r));
+        for status in [Status::Ok, Status::AccessNak, Status::Dropped] {
+            let r = Response {
+                status,
+                seq: u64::MAX,
+                len: 0,
+            };
+            assert_eq!(Response::decode(&r.encode()), Ok(r));
+        }
     }
 
     #[test]
