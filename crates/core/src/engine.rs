@@ -180,7 +180,7 @@ struct Inner {
     disabled: HashMap<TransportKind, String>,
     #[cfg(target_os = "linux")]
     shm: Option<Arc<ShmTransport>>,
-    deadlines: Deadlines,
+    deadlines: Arc<Deadlines>,
     /// Error history per (peer, transport): failing paths rank last for a cooldown.
     health: HealthTable<(u64, TransportKind)>,
     /// Set once any error was recorded, so successes skip the table until then.
@@ -475,7 +475,7 @@ impl Engine {
             disabled,
             #[cfg(target_os = "linux")]
             shm,
-            deadlines: Deadlines::new(std::time::Instant::now(), tick),
+            deadlines: Arc::new(Deadlines::new(std::time::Instant::now(), tick)),
             health: HealthTable::new(rail),
             health_dirty: AtomicBool::new(false),
             failovers: AtomicU64::new(0),
@@ -1153,11 +1153,12 @@ impl Inner {
             return;
         };
         if let Some(timeout) = self.config.failover.attempt_timeout {
-            self.deadlines.add(
+            let key = self.deadlines.add(
                 Arc::downgrade(task),
                 attempt,
                 std::time::Instant::now() + timeout,
             );
+            task.set_deadline(attempt, &self.deadlines, key);
         }
         tracing::debug!(
             peer = task.request().peer.name(),
