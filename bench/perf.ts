@@ -24,6 +24,7 @@ import { emit, log } from './lib/log'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
 import { shmSuite } from './suites/shm'
+import { soakSuite } from './suites/soak'
 import { tcpSuite } from './suites/tcp'
 import type { Suite, SuiteOptions } from './suites/types'
 
@@ -32,6 +33,7 @@ const suites: Record<string, Suite> = {
   shm: shmSuite,
   failover: failoverSuite,
   liveness: livenessSuite,
+  soak: soakSuite,
 }
 
 const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]
@@ -47,6 +49,10 @@ const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>
                                   SIGKILLed (sigkill) or its network link goes silent in a
                                   network namespace (silent-loss; needs root): median and max
                                   over --trials trials
+                        soak      resident memory of an initiator before and after
+                                  --soak-transfers 4 KiB WRITEs (shm and tcp; Promise and
+                                  batch API), each case in a fresh process; target growth
+                                  <= 32 MB
   --repeat N          rounds per case, engine and baseline interleaved; medians reported (default 3)
   --duration S        measured seconds per throughput run and baseline run (iperf3, memcpy)
                       (default 5)
@@ -77,6 +83,10 @@ const USAGE = `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>
   --fault-seed N      failover: seed of the fault injection (default 7)
   --trials N          liveness: trials per case (default 20)
   --peer-timeout-ms N liveness: peerTimeoutMs in the silent-loss case (default 3000)
+  --soak-warmup N     soak: transfers per case before the first reading (default 200000)
+  --soak-transfers N  soak: transfers per case after the warm-up (default 2000000)
+  --soak-sample-every N
+                      soak: a memory sample every N transfers (default 250000)
   --json              JSON lines on stdout (the default and only format)
   -h, --help          this text`
 
@@ -108,6 +118,9 @@ function parseArgs(argv: string[]): Cli {
     budgetSeconds: 300,
     trials: 20,
     peerTimeoutMs: 3000,
+    soakWarmup: 200_000,
+    soakTransfers: 2_000_000,
+    soakSampleEvery: 250_000,
   }
   let names = ['tcp']
   const numeric: Record<string, { set: (v: number) => void; min: number; max?: number; integer: boolean }> = {
@@ -128,6 +141,9 @@ function parseArgs(argv: string[]): Cli {
     '--budget': { set: (v) => (options.budgetSeconds = v), min: 1, integer: false },
     '--trials': { set: (v) => (options.trials = v), min: 1, max: 1000, integer: true },
     '--peer-timeout-ms': { set: (v) => (options.peerTimeoutMs = v), min: 100, max: 600_000, integer: true },
+    '--soak-warmup': { set: (v) => (options.soakWarmup = v), min: 1, integer: true },
+    '--soak-transfers': { set: (v) => (options.soakTransfers = v), min: 1, integer: true },
+    '--soak-sample-every': { set: (v) => (options.soakSampleEvery = v), min: 1, integer: true },
   }
   for (let i = 0; i < argv.length; i++) {
     const raw = argv[i]

@@ -53,6 +53,12 @@ export interface SuiteOptions {
   trials: number
   /** `liveness` suite: peerTimeoutMs of the initiator in the silent-loss case. */
   peerTimeoutMs: number
+  /** `soak` suite: transfers per case before the first memory reading. */
+  soakWarmup: number
+  /** `soak` suite: transfers per case measured after the warm-up. */
+  soakTransfers: number
+  /** `soak` suite: a memory sample every this many transfers. */
+  soakSampleEvery: number
 }
 
 /** One result line. Extra fields (per-method figures, CPU use, notes) may follow. */

@@ -1,15 +1,20 @@
 //! The engine: ties memory, segments, batches, transports and the control plane together.
 //!
-//! `Engine` is a cheap handle over `Arc<Inner>`. Its state machine is Open → Closing →
+//! `Engine` is a cheap handle over a shell that holds the engine's identity and counters
+//! and, while it is open, an `Arc<Inner>` with everything else: the runtime, listeners,
+//! connections, transports and the region table. The state machine is Open → Closing →
 //! Closed. `close()` stops new work, cancels what is in flight (waking every waiter), stops
-//! the I/O threads and releases memory and sockets. It is idempotent, and safe to race with
-//! status reads from any number of threads: they get a terminal status or `Closed`.
+//! the I/O threads, and then lets go of `Inner`, so sockets, memfds, mappings and threads are
+//! released when `close()` returns — not when the last handle is dropped. Handles that
+//! outlive it are inert: every call returns `Closed`, and the counters stay readable. Close
+//! is idempotent, and safe to race with status reads from any number of threads: they get a
+//! terminal status or `Closed`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
@@ -272,65 +277,154 @@ struct Inner {
     engine_id: u64,
     config: EngineConfig,
     local: Arc<LocalSegment>,
-    local_addr: SocketAddr,
     runtime: Mutex<Option<Runtime>>,
     handle: tokio::runtime::Handle,
     shutdown: CancellationToken,
     regions: Arc<RegionTable>,
     segments: SegmentTable,
     batches: BatchTable,
-    /// The handle space of this engine's region, segment and batch handles.
-    handles: Handles,
     transports: HashMap<TransportKind, Arc<dyn Transport>>,
     enabled: Vec<TransportKind>,
     /// Why each requested transport that is not enabled could not be used.
     disabled: HashMap<TransportKind, String>,
     #[cfg(target_os = "linux")]
     shm: Option<Arc<ShmTransport>>,
-    deadlines: Deadlines,
+    deadlines: Arc<Deadlines>,
     /// Error history per (peer, transport): failing paths rank last for a cooldown.
     health: HealthTable<(u64, TransportKind)>,
     /// Set once any error was recorded, so successes skip the table until then.
     health_dirty: AtomicBool,
-    failovers: AtomicU64,
-    attempt_timeouts: AtomicU64,
     ops: Mutex<HashMap<u64, Vec<Arc<Task>>>>,
     next_op: AtomicU64,
-    counters: Arc<Counters>,
-    submitted: AtomicU64,
-    peers_lost: AtomicU64,
-    peers_recovered: AtomicU64,
-    transports_disabled: AtomicU64,
+    stats: Arc<Stats>,
+    /// Runtime threads (workers and blocking pool) that are running now.
+    threads: Arc<AtomicUsize>,
+    /// Futures started with `Engine::spawn` that have not ended yet.
+    spawned: Arc<Pending>,
     events: Mutex<Option<EventSink>>,
     /// Events emitted while no sink was set (start-time ones included), bounded.
     backlog: Mutex<Vec<EngineEvent>>,
     metadata: Option<Arc<Registry>>,
 }
 
+/// Counters that outlive the engine's resources, so that `metrics()` works after close.
+#[derive(Default)]
+struct Stats {
+    counters: Arc<Counters>,
+    submitted: AtomicU64,
+    peers_lost: AtomicU64,
+    peers_recovered: AtomicU64,
+    failovers: AtomicU64,
+    attempt_timeouts: AtomicU64,
+    transports_disabled: AtomicU64,
+}
+
+/// A count of things in progress that `close` waits for, with a bound.
+#[derive(Default)]
+struct Pending {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl Pending {
+    fn enter(self: &Arc<Self>) -> PendingGuard {
+        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        PendingGuard(self.clone())
+    }
+
+    /// Waits until nothing is pending or `bound` has passed; returns whether it is idle.
+    fn wait_idle(&self, bound: Duration) -> bool {
+        let deadline = Instant::now() + bound;
+        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        while *count > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            count = self
+                .idle
+                .wait_timeout(count, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+struct PendingGuard(Arc<Pending>);
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        let mut count = self.0.count.lock().unwrap_or_else(|p| p.into_inner());
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
+/// How long `close` waits for futures started with `Engine::spawn` to end once the engine
+/// signalled shutdown (the engine's own async calls end at once with `Closed`).
+const SPAWNED_GRACE: Duration = Duration::from_secs(1);
+
+/// What an `Engine` handle points at: the identity and counters, which stay, and the live
+/// engine, which `close` takes away.
+struct Shell {
+    engine_id: u64,
+    name: String,
+    local_addr: SocketAddr,
+    config: EngineConfig,
+    stats: Arc<Stats>,
+    /// Kept past close, so a handle is still told apart from a foreign one then.
+    handles: Handles,
+    live: RwLock<Option<Arc<Inner>>>,
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        // The last handle went without `close`: close now, so that the runtime (whose tasks
+        // may hold the live engine) cannot keep it alive.
+        let live = self
+            .live
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(inner) = live {
+            inner.close();
+        }
+    }
+}
+
 /// A handle that does not keep the engine alive.
 #[derive(Clone)]
-pub struct WeakEngine(Weak<Inner>);
+pub struct WeakEngine(Weak<Shell>);
 
 impl WeakEngine {
     /// The engine, if it still exists.
     pub fn upgrade(&self) -> Option<Engine> {
-        self.0.upgrade().map(|inner| Engine { inner })
+        self.0.upgrade().map(|shell| Engine { shell })
     }
 }
 
 /// A Ferry engine. Clones share the engine.
 #[derive(Clone)]
 pub struct Engine {
-    inner: Arc<Inner>,
+    shell: Arc<Shell>,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("segment", &self.inner.local.name)
-            .field("engine_id", &self.inner.engine_id)
+            .field("segment", &self.shell.name)
+            .field("engine_id", &self.shell.engine_id)
             .finish()
     }
+}
+
+/// The open engine, for the duration of one call: holding it keeps `Inner` alive, so it is
+/// never kept beyond the call.
+struct Live {
+    inner: Arc<Inner>,
 }
 
 fn random_u64() -> u64 {
@@ -363,9 +457,17 @@ impl Engine {
     /// Starts an engine: binds the listen address and starts its I/O threads.
     pub fn new(config: EngineConfig) -> Result<Self> {
         config.validate()?;
+        let threads = Arc::new(AtomicUsize::new(0));
+        let (started, stopped) = (threads.clone(), threads.clone());
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.io_threads.clamp(1, 64))
             .thread_name("ferry-io")
+            .on_thread_start(move || {
+                started.fetch_add(1, Ordering::AcqRel);
+            })
+            .on_thread_stop(move || {
+                stopped.fetch_sub(1, Ordering::AcqRel);
+            })
             .enable_all()
             .build()
             .map_err(|e| Error::io("start I/O threads", &e))?;
@@ -559,36 +661,32 @@ impl Engine {
             .unwrap_or(Duration::from_millis(100));
         let rail = config.rail;
         let handles = Handles::default();
+        let stats = Arc::new(Stats::default());
+        let shell_config = config.clone();
         let inner = Arc::new(Inner {
             state: AtomicU8::new(OPEN),
             engine_id,
             config,
             local,
-            local_addr,
             runtime: Mutex::new(Some(runtime)),
             handle,
             shutdown,
             regions,
             segments: SegmentTable::default(),
             batches: BatchTable::new(handles),
-            handles,
             transports,
             enabled,
             disabled,
             #[cfg(target_os = "linux")]
             shm,
-            deadlines: Deadlines::new(std::time::Instant::now(), tick),
+            deadlines: Arc::new(Deadlines::new(std::time::Instant::now(), tick)),
             health: HealthTable::new(rail),
             health_dirty: AtomicBool::new(false),
-            failovers: AtomicU64::new(0),
-            attempt_timeouts: AtomicU64::new(0),
             ops: Mutex::new(HashMap::new()),
             next_op: AtomicU64::new(1),
-            counters: Arc::new(Counters::default()),
-            submitted: AtomicU64::new(0),
-            peers_lost: AtomicU64::new(0),
-            peers_recovered: AtomicU64::new(0),
-            transports_disabled: AtomicU64::new(0),
+            stats: stats.clone(),
+            threads,
+            spawned: Arc::default(),
             events: Mutex::new(None),
             backlog: Mutex::new(backlog),
             metadata,
@@ -601,97 +699,97 @@ impl Engine {
             ));
         }
         tracing::debug!(segment = %inner.local.name, "engine started");
-        Ok(Self { inner })
+        let name = match &inner.metadata {
+            Some(m) => m.name().to_string(),
+            None => inner.local.name.clone(),
+        };
+        let shell = Shell {
+            engine_id,
+            name,
+            local_addr,
+            config: shell_config,
+            stats,
+            handles,
+            live: RwLock::new(Some(inner)),
+        };
+        Ok(Self {
+            shell: Arc::new(shell),
+        })
     }
 
-    fn check_open(&self) -> Result<()> {
-        if self.inner.state.load(Ordering::Acquire) == OPEN {
-            Ok(())
-        } else {
-            Err(Error::Closed)
+    /// The open engine, or `Closed`.
+    fn live(&self) -> Result<Live> {
+        let live = self.shell.live.read().unwrap_or_else(|p| p.into_inner());
+        match &*live {
+            Some(inner) => Ok(Live {
+                inner: inner.clone(),
+            }),
+            None => Err(Error::Closed),
         }
     }
 
     /// A weak handle (for cleanup hooks that must not keep the engine alive).
     pub fn downgrade(&self) -> WeakEngine {
-        WeakEngine(Arc::downgrade(&self.inner))
-    }
-
-    /// A lookup that failed while `close` ran reports `Closed`, not the empty table.
-    fn or_closed(&self, e: Error) -> Error {
-        if self.is_closed() {
-            Error::Closed
-        } else {
-            e
-        }
+        WeakEngine(Arc::downgrade(&self.shell))
     }
 
     /// Whether `close` has been called.
     pub fn is_closed(&self) -> bool {
-        self.inner.state.load(Ordering::Acquire) != OPEN
+        self.live().map_or(true, |l| l.is_closed())
     }
 
     /// This engine's segment name, which peers pass to `open_segment`: `host:port`, or the
     /// logical name published in etcd.
     pub fn segment_name(&self) -> &str {
-        match &self.inner.metadata {
-            Some(m) => m.name(),
-            None => &self.inner.local.name,
-        }
+        &self.shell.name
     }
 
     /// Test hook: stops (or resumes) this engine's etcd keep-alives without revoking its
     /// lease, as if the engine had died. No effect without etcd metadata.
     #[doc(hidden)]
     pub fn pause_metadata_keepalive(&self, paused: bool) {
-        if let Some(m) = &self.inner.metadata {
-            m.pause_keepalive(paused);
+        if let Ok(l) = self.live() {
+            if let Some(m) = &l.inner.metadata {
+                m.pause_keepalive(paused);
+            }
         }
     }
 
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
-        self.inner.local_addr
+        self.shell.local_addr
     }
 
     /// Random id of this engine instance.
     pub fn engine_id(&self) -> u64 {
-        self.inner.engine_id
+        self.shell.engine_id
     }
 
     /// The handle space of this engine: what the binding encodes ids with, so that a
     /// handle of another engine is refused (`handle.rs`).
     pub fn handles(&self) -> Handles {
-        self.inner.handles
+        self.shell.handles
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &EngineConfig {
-        &self.inner.config
+        &self.shell.config
     }
 
     /// Receives engine events. Replaces any previous sink; events emitted while no sink was
-    /// set (such as start-time install failures) are delivered to the new one first.
+    /// set (such as start-time install failures) are delivered to the new one first. On a
+    /// closed engine the sink is dropped at once.
     pub fn set_event_sink(&self, sink: Option<EventSink>) {
-        let mut events = self.inner.events.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(sink) = &sink {
-            let backlog =
-                std::mem::take(&mut *self.inner.backlog.lock().unwrap_or_else(|p| p.into_inner()));
-            for e in backlog {
-                sink(e);
-            }
+        if let Ok(l) = self.live() {
+            l.set_event_sink(sink);
         }
-        *events = sink;
     }
 
     // ---- memory -------------------------------------------------------------------
 
     /// Allocates an engine-owned, page-aligned, zero-filled region.
     pub fn allocate(&self, len: u64) -> Result<Arc<Region>> {
-        self.check_open()?;
-        let region = self.inner.regions.allocate(len)?;
-        self.inner.region_added(&region);
-        Ok(region)
+        self.live()?.allocate(len)
     }
 
     /// Registers user memory.
@@ -706,6 +804,233 @@ impl Engine {
         access: Access,
         keep_alive: Box<dyn KeepAlive>,
     ) -> Result<Arc<Region>> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.live()?.register_memory(ptr, len, access, keep_alive) }
+    }
+
+    /// Releases a region (allocated or registered). In-flight transfers finish first.
+    pub fn release(&self, id: RegionId) -> Result<()> {
+        self.live()?.release(id)
+    }
+
+    /// Looks a local region up.
+    pub fn region(&self, id: RegionId) -> Result<Arc<Region>> {
+        self.live()?.region(id)
+    }
+
+    // ---- segments -----------------------------------------------------------------
+
+    /// Opens (or refreshes) a remote segment by name: `host:port`, or with etcd metadata
+    /// a name registered there (`Metadata` error when etcd cannot be asked).
+    ///
+    /// `close()` ends a pending call at once with `Closed`, whatever the peer does. Dropping
+    /// the future abandons the open (a segment already inserted stays open).
+    pub async fn open_segment(&self, name: &str) -> Result<SegmentInfo> {
+        let live = self.live()?;
+        let closed = live.inner.shutdown.clone();
+        tokio::select! {
+            biased;
+            _ = closed.cancelled() => Err(Error::Closed),
+            r = live.open_segment(name) => r.map_err(|e| if closed.is_cancelled() { Error::Closed } else { e }),
+        }
+    }
+
+    /// Runs `fut` on the engine's I/O threads (for callers outside async code). `close()`
+    /// waits up to a second for such futures to end after it signals shutdown — time for
+    /// those awaiting the engine's own calls, which then end with `Closed`, to report it —
+    /// and drops the rest with the runtime.
+    pub fn spawn<F>(&self, fut: F) -> Result<()>
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.live()?.spawn(fut)
+    }
+
+    /// `open_segment` for synchronous callers; must not be called from the engine's threads.
+    pub fn open_segment_blocking(&self, name: &str) -> Result<SegmentInfo> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let engine = self.clone();
+        let name = name.to_string();
+        self.spawn(async move {
+            let _ = tx.send(engine.open_segment(&name).await);
+        })?;
+        rx.recv().unwrap_or(Err(Error::Closed))
+    }
+
+    /// Whether `kind` can currently carry requests to the segment `handle`; the reason
+    /// when it cannot (e.g. "rdma is disabled on this engine: no RDMA device").
+    pub fn transport_reachable(
+        &self,
+        handle: u64,
+        kind: TransportKind,
+    ) -> Result<std::result::Result<(), String>> {
+        self.live()?.transport_reachable(handle, kind)
+    }
+
+    /// Closes a segment: its link stops and its in-flight work fails.
+    pub fn close_segment(&self, handle: u64) -> Result<()> {
+        self.live()?.close_segment(handle)
+    }
+
+    // ---- submission ---------------------------------------------------------------
+
+    /// Allocates a batch for up to `capacity` tasks.
+    pub fn allocate_batch(&self, capacity: usize) -> Result<u64> {
+        self.live()?.allocate_batch(capacity)
+    }
+
+    /// Validates every request, then submits them as tasks of `batch`. Returns the index
+    /// of the first new task. On any error nothing is submitted.
+    pub fn submit_transfer(&self, batch: u64, requests: &[Request]) -> Result<usize> {
+        self.live()?.submit_transfer(batch, requests)
+    }
+
+    /// Status of one task.
+    pub fn transfer_status(&self, batch: u64, task: usize) -> Result<TaskSnapshot> {
+        self.live()?.transfer_status(batch, task)
+    }
+
+    /// Status of every task of a batch.
+    pub fn transfer_status_list(&self, batch: u64) -> Result<Vec<TaskSnapshot>> {
+        self.live()?.transfer_status_list(batch)
+    }
+
+    /// Aggregate status of a batch.
+    pub fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
+        self.live()?.batch_status(batch)
+    }
+
+    /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
+    pub fn free_batch(&self, batch: u64) -> Result<()> {
+        self.live()?.free_batch(batch)
+    }
+
+    /// Submits `requests` and calls `on_done` once with every task's final snapshot.
+    /// Returns an operation id for `cancel`.
+    pub fn transfer<F>(&self, requests: &[Request], on_done: F) -> Result<u64>
+    where
+        F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
+    {
+        self.live()?.transfer(requests, on_done)
+    }
+
+    /// `transfer` for synchronous callers (tests, tools): waits for the outcome.
+    pub fn transfer_blocking(&self, requests: &[Request]) -> Result<Vec<TaskSnapshot>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.transfer(requests, move |snaps| {
+            let _ = tx.send(snaps);
+        })?;
+        rx.recv().map_err(|_| Error::Closed)
+    }
+
+    /// Cancels a pending `transfer`; returns whether it was still pending.
+    pub fn cancel(&self, op: u64) -> bool {
+        self.live().is_ok_and(|l| l.cancel(op))
+    }
+
+    /// Engine counters. They stay readable after `close` (segments and regions then 0).
+    pub fn metrics(&self) -> Metrics {
+        let (s, c) = (&self.shell.stats, &self.shell.stats.counters);
+        let (segments, regions) = match self.live() {
+            Ok(l) => (
+                l.inner.segments.len() as u64,
+                l.inner.regions.snapshot().len() as u64,
+            ),
+            Err(_) => (0, 0),
+        };
+        Metrics {
+            tasks_submitted: s.submitted.load(Ordering::Relaxed),
+            tasks_completed: c.completed.load(Ordering::Relaxed),
+            tasks_failed: c.failed.load(Ordering::Relaxed),
+            bytes_transferred: c.bytes.load(Ordering::Relaxed),
+            peers_lost: s.peers_lost.load(Ordering::Relaxed),
+            peers_recovered: s.peers_recovered.load(Ordering::Relaxed),
+            failovers: s.failovers.load(Ordering::Relaxed),
+            attempt_timeouts: s.attempt_timeouts.load(Ordering::Relaxed),
+            transports_disabled: s.transports_disabled.load(Ordering::Relaxed),
+            segments_open: segments,
+            regions,
+            ..Metrics::default()
+        }
+        .with_tasks(&c.tasks)
+    }
+
+    /// Closes the engine. Idempotent; pending work ends CANCELED with `Closed`, pending
+    /// async calls end with `Closed`. When it returns, the engine's threads have stopped and
+    /// its sockets, memfds and mappings are released (a Buffer still viewing an
+    /// engine-owned region then reads zeros); handles and regions that outlive it are inert.
+    /// Calls in flight on other threads finish first with what they hold, and release it.
+    pub fn close(&self) {
+        let live = self
+            .shell
+            .live
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(inner) = live {
+            inner.close();
+            // `inner` is dropped here: the last reference unless a call on another thread
+            // still holds one for its duration.
+        }
+    }
+}
+
+impl Live {
+    fn check_open(&self) -> Result<()> {
+        if self.inner.state.load(Ordering::Acquire) == OPEN {
+            Ok(())
+        } else {
+            Err(Error::Closed)
+        }
+    }
+
+    /// A lookup that failed while `close` ran reports `Closed`, not the empty table.
+    fn or_closed(&self, e: Error) -> Error {
+        if self.is_closed() {
+            Error::Closed
+        } else {
+            e
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.inner.state.load(Ordering::Acquire) != OPEN
+    }
+
+    fn set_event_sink(&self, sink: Option<EventSink>) {
+        let mut events = self.inner.events.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(sink) = &sink {
+            let backlog =
+                std::mem::take(&mut *self.inner.backlog.lock().unwrap_or_else(|p| p.into_inner()));
+            for e in backlog {
+                sink(e);
+            }
+        }
+        *events = sink;
+    }
+
+    // ---- memory -------------------------------------------------------------------
+
+    /// Allocates an engine-owned, page-aligned, zero-filled region.
+    fn allocate(&self, len: u64) -> Result<Arc<Region>> {
+        self.check_open()?;
+        let region = self.inner.regions.allocate(len)?;
+        self.inner.region_added(&region);
+        Ok(region)
+    }
+
+    /// Registers user memory.
+    ///
+    /// # Safety
+    /// `ptr` must be valid for reads and writes of `len` bytes for as long as `keep_alive`
+    /// lives, and `keep_alive` must keep it so.
+    unsafe fn register_memory(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        keep_alive: Box<dyn KeepAlive>,
+    ) -> Result<Arc<Region>> {
         self.check_open()?;
         // SAFETY: forwarded from this function's contract.
         let region = unsafe { self.inner.regions.register(ptr, len, access, keep_alive) }?;
@@ -714,7 +1039,7 @@ impl Engine {
     }
 
     /// Releases a region (allocated or registered). In-flight transfers finish first.
-    pub fn release(&self, id: RegionId) -> Result<()> {
+    fn release(&self, id: RegionId) -> Result<()> {
         self.check_open()?;
         self.inner.regions.release(id)?;
         for kind in &self.inner.enabled {
@@ -726,7 +1051,7 @@ impl Engine {
     }
 
     /// Looks a local region up.
-    pub fn region(&self, id: RegionId) -> Result<Arc<Region>> {
+    fn region(&self, id: RegionId) -> Result<Arc<Region>> {
         self.check_open()?;
         self.inner.regions.get(id)
     }
@@ -735,7 +1060,7 @@ impl Engine {
 
     /// Opens (or refreshes) a remote segment by name: `host:port`, or with etcd metadata
     /// a name registered there (`Metadata` error when etcd cannot be asked).
-    pub async fn open_segment(&self, name: &str) -> Result<SegmentInfo> {
+    async fn open_segment(&self, name: &str) -> Result<SegmentInfo> {
         self.check_open()?;
         let (addr, revision) = match &self.inner.metadata {
             Some(m) => self.inner.resolve(m, name).await?,
@@ -784,29 +1109,22 @@ impl Engine {
     }
 
     /// Runs `fut` on the engine's I/O threads (for callers outside async code).
-    pub fn spawn<F>(&self, fut: F) -> Result<()>
+    fn spawn<F>(&self, fut: F) -> Result<()>
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
         self.check_open()?;
-        self.inner.handle.spawn(fut);
+        let guard = self.inner.spawned.enter();
+        self.inner.handle.spawn(async move {
+            let _guard = guard;
+            fut.await;
+        });
         Ok(())
-    }
-
-    /// `open_segment` for synchronous callers; must not be called from the engine's threads.
-    pub fn open_segment_blocking(&self, name: &str) -> Result<SegmentInfo> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let engine = self.clone();
-        let name = name.to_string();
-        self.spawn(async move {
-            let _ = tx.send(engine.open_segment(&name).await);
-        })?;
-        rx.recv().unwrap_or(Err(Error::Closed))
     }
 
     /// Whether `kind` can currently carry requests to the segment `handle`; the reason
     /// when it cannot (e.g. "rdma is disabled on this engine: no RDMA device").
-    pub fn transport_reachable(
+    fn transport_reachable(
         &self,
         handle: u64,
         kind: TransportKind,
@@ -817,7 +1135,7 @@ impl Engine {
     }
 
     /// Closes a segment: its link stops and its in-flight work fails.
-    pub fn close_segment(&self, handle: u64) -> Result<()> {
+    fn close_segment(&self, handle: u64) -> Result<()> {
         self.check_open()?;
         let peer = self.inner.segments.remove(handle)?;
         peer.link_cancel.cancel();
@@ -875,7 +1193,7 @@ impl Engine {
                 Task::with_driver(
                     v,
                     group.cloned(),
-                    self.inner.counters.clone(),
+                    self.inner.stats.counters.clone(),
                     observer,
                     Some(driver.clone()),
                     ranked,
@@ -887,6 +1205,7 @@ impl Engine {
 
     fn launch(&self, tasks: &[Arc<Task>]) {
         self.inner
+            .stats
             .submitted
             .fetch_add(tasks.len() as u64, Ordering::Relaxed);
         for task in tasks {
@@ -901,14 +1220,14 @@ impl Engine {
     }
 
     /// Allocates a batch for up to `capacity` tasks.
-    pub fn allocate_batch(&self, capacity: usize) -> Result<u64> {
+    fn allocate_batch(&self, capacity: usize) -> Result<u64> {
         self.check_open()?;
         self.inner.batches.allocate(capacity)
     }
 
     /// Validates every request, then submits them as tasks of `batch`. Returns the index
     /// of the first new task. On any error nothing is submitted.
-    pub fn submit_transfer(&self, batch: u64, requests: &[Request]) -> Result<usize> {
+    fn submit_transfer(&self, batch: u64, requests: &[Request]) -> Result<usize> {
         self.check_open()?;
         let b = self
             .inner
@@ -924,7 +1243,7 @@ impl Engine {
     }
 
     /// Status of one task.
-    pub fn transfer_status(&self, batch: u64, task: usize) -> Result<TaskSnapshot> {
+    fn transfer_status(&self, batch: u64, task: usize) -> Result<TaskSnapshot> {
         self.check_open()?;
         let b = self
             .inner
@@ -940,7 +1259,7 @@ impl Engine {
     }
 
     /// Status of every task of a batch.
-    pub fn transfer_status_list(&self, batch: u64) -> Result<Vec<TaskSnapshot>> {
+    fn transfer_status_list(&self, batch: u64) -> Result<Vec<TaskSnapshot>> {
         self.check_open()?;
         let b = self
             .inner
@@ -951,7 +1270,7 @@ impl Engine {
     }
 
     /// Aggregate status of a batch.
-    pub fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
+    fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
         self.check_open()?;
         let b = self
             .inner
@@ -967,7 +1286,7 @@ impl Engine {
     }
 
     /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
-    pub fn free_batch(&self, batch: u64) -> Result<()> {
+    fn free_batch(&self, batch: u64) -> Result<()> {
         self.check_open()?;
         let b = self
             .inner
@@ -982,7 +1301,7 @@ impl Engine {
 
     /// Submits `requests` and calls `on_done` once with every task's final snapshot.
     /// Returns an operation id for `cancel`.
-    pub fn transfer<F>(&self, requests: &[Request], on_done: F) -> Result<u64>
+    fn transfer<F>(&self, requests: &[Request], on_done: F) -> Result<u64>
     where
         F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
     {
@@ -1017,17 +1336,8 @@ impl Engine {
         Ok(op)
     }
 
-    /// `transfer` for synchronous callers (tests, tools): waits for the outcome.
-    pub fn transfer_blocking(&self, requests: &[Request]) -> Result<Vec<TaskSnapshot>> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.transfer(requests, move |snaps| {
-            let _ = tx.send(snaps);
-        })?;
-        rx.recv().map_err(|_| Error::Closed)
-    }
-
     /// Cancels a pending `transfer`; returns whether it was still pending.
-    pub fn cancel(&self, op: u64) -> bool {
+    fn cancel(&self, op: u64) -> bool {
         let tasks = self
             .inner
             .ops
@@ -1041,31 +1351,6 @@ impl Engine {
             any |= t.finish(TransferStatus::Canceled, Some(Error::Canceled));
         }
         any
-    }
-
-    /// Engine counters.
-    pub fn metrics(&self) -> Metrics {
-        let (i, c) = (&self.inner, &self.inner.counters);
-        Metrics {
-            tasks_submitted: i.submitted.load(Ordering::Relaxed),
-            tasks_completed: c.completed.load(Ordering::Relaxed),
-            tasks_failed: c.failed.load(Ordering::Relaxed),
-            bytes_transferred: c.bytes.load(Ordering::Relaxed),
-            peers_lost: i.peers_lost.load(Ordering::Relaxed),
-            peers_recovered: i.peers_recovered.load(Ordering::Relaxed),
-            failovers: i.failovers.load(Ordering::Relaxed),
-            attempt_timeouts: i.attempt_timeouts.load(Ordering::Relaxed),
-            transports_disabled: i.transports_disabled.load(Ordering::Relaxed),
-            segments_open: i.segments.len() as u64,
-            regions: i.regions.snapshot().len() as u64,
-            ..Metrics::default()
-        }
-        .with_tasks(&c.tasks)
-    }
-
-    /// Closes the engine. Idempotent; pending work ends CANCELED with `Closed`.
-    pub fn close(&self) {
-        self.inner.close();
     }
 }
 
@@ -1140,6 +1425,11 @@ impl Inner {
         for t in &pending {
             t.finish(TransferStatus::Canceled, Some(Error::Closed));
         }
+        // Inside some runtime (possibly our own) we may not block.
+        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+        if !in_runtime && !self.spawned.wait_idle(SPAWNED_GRACE) {
+            tracing::debug!("futures started with spawn still running at close; dropped");
+        }
         for t in self.transports.values() {
             t.shutdown();
         }
@@ -1152,12 +1442,22 @@ impl Inner {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(rt) = runtime {
-            if tokio::runtime::Handle::try_current().is_ok() {
-                // Inside some runtime (possibly our own): we may not block here.
+            if in_runtime {
                 rt.shutdown_background();
             } else {
                 rt.shutdown_timeout(Duration::from_secs(2));
             }
+        }
+        // Every thread that may touch local memory has stopped when the runtime's threads
+        // have (the transports joined theirs in `shutdown`). Then the memfds can go, even
+        // where a JS Buffer still views a region: its pages become private zeros. Otherwise
+        // (close from inside a runtime, or a thread that would not stop) the regions keep
+        // their memfds until their last user lets go.
+        if self.threads.load(Ordering::Acquire) == 0 {
+            let n = self.regions.detach_owned();
+            tracing::debug!(regions = n, "memfds of engine-owned regions released");
+        } else {
+            tracing::debug!("I/O threads still running at close: regions keep their memfds");
         }
         self.regions.clear();
         *self.events.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -1261,11 +1561,12 @@ impl Inner {
             return;
         };
         if let Some(timeout) = self.config.failover.attempt_timeout {
-            self.deadlines.add(
+            let key = self.deadlines.add(
                 Arc::downgrade(task),
                 attempt,
                 std::time::Instant::now() + timeout,
             );
+            task.set_deadline(attempt, &self.deadlines, key);
         }
         tracing::debug!(
             peer = task.request().peer.name(),
@@ -1358,7 +1659,9 @@ impl Inner {
                     transport = current.name(),
                     "transport keeps failing towards this peer: ranked last for a cooldown"
                 );
-                self.transports_disabled.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .transports_disabled
+                    .fetch_add(1, Ordering::Relaxed);
                 let left = self
                     .health
                     .paused_until(&(peer, current))
@@ -1394,7 +1697,7 @@ impl Inner {
         });
         match decision {
             (Decision::Retry(to), switches) => {
-                self.failovers.fetch_add(1, Ordering::Relaxed);
+                self.stats.failovers.fetch_add(1, Ordering::Relaxed);
                 let segment = task.request().peer.name().to_string();
                 tracing::debug!(%segment, from = current.name(), to = to.name(), switches, %error, "failover");
                 self.emit(EngineEvent::Failover {
@@ -1430,7 +1733,7 @@ impl Inner {
         if !peer.mark_lost(&reason) {
             return;
         }
-        self.peers_lost.fetch_add(1, Ordering::Relaxed);
+        self.stats.peers_lost.fetch_add(1, Ordering::Relaxed);
         // The event goes first, so that listeners learn of the loss before the failures.
         self.emit(EngineEvent::PeerLost {
             segment: peer.name().to_string(),
@@ -1502,7 +1805,7 @@ async fn sweep_deadlines(inner: Weak<Inner>, cancel: CancellationToken) {
         for (task, attempt) in inner.deadlines.expired(std::time::Instant::now()) {
             let Some(task) = task.upgrade() else { continue };
             if task.attempt() == attempt && !task.status().is_terminal() {
-                inner.attempt_timeouts.fetch_add(1, Ordering::Relaxed);
+                inner.stats.attempt_timeouts.fetch_add(1, Ordering::Relaxed);
                 task.attempt_failed(attempt, Error::Timeout);
             }
         }
@@ -1528,7 +1831,7 @@ impl LinkEvents for Events {
                 .handle
                 .spawn(async move { engine.attach_transports(&p).await });
             if was_lost {
-                inner.peers_recovered.fetch_add(1, Ordering::Relaxed);
+                inner.stats.peers_recovered.fetch_add(1, Ordering::Relaxed);
                 inner.emit(EngineEvent::PeerRecovered {
                     segment: peer.name().to_string(),
                 });
@@ -1633,5 +1936,172 @@ mod advertise_tests {
             let e = advertised_name(bad, 7000).expect_err(bad);
             assert_eq!(e.code(), "ERR_FERRY_INVALID_ARGUMENT", "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod teardown_tests {
+    use super::*;
+    use crate::request::Opcode;
+
+    fn tcp_only() -> EngineConfig {
+        EngineConfig {
+            transports: vec![TransportKind::Tcp],
+            ..EngineConfig::default()
+        }
+    }
+
+    fn write(local: &Region, seg: u64, remote: &Region, len: u64) -> Request {
+        Request {
+            opcode: Opcode::Write,
+            local: local.id(),
+            local_offset: 0,
+            segment: seg,
+            remote_buffer: remote.id(),
+            remote_offset: 0,
+            length: len,
+            transport: None,
+            require_transport: false,
+        }
+    }
+
+    fn inner_of(e: &Engine) -> Weak<Inner> {
+        Arc::downgrade(&e.live().expect("open").inner)
+    }
+
+    #[test]
+    fn close_lets_go_of_the_engine_and_detaches_held_regions() {
+        let target = Engine::new(tcp_only()).expect("target");
+        let initiator = Engine::new(tcp_only()).expect("initiator");
+        let remote = target.allocate(1 << 16).expect("remote");
+        let local = initiator.allocate(1 << 16).expect("local");
+        let p = local.range_ptr(0, 4096).expect("range");
+        // SAFETY: the region is ours and nothing transfers into it yet.
+        unsafe { std::ptr::write_bytes(p, 7, 4096) };
+        let seg = initiator
+            .open_segment_blocking(target.segment_name())
+            .expect("open");
+        let snaps = initiator
+            .transfer_blocking(&[write(&local, seg.handle, &remote, 4096)])
+            .expect("transfer");
+        assert_eq!(snaps[0].status, TransferStatus::Completed);
+        let released = initiator.allocate(4096).expect("released");
+        initiator.release(released.id()).expect("release");
+
+        let weak = inner_of(&initiator);
+        let name = initiator.segment_name().to_string();
+        initiator.close();
+        assert!(
+            weak.upgrade().is_none(),
+            "nothing keeps the closed engine's resources"
+        );
+        for r in [&local, &released] {
+            assert!(!r.mapping().expect("owned").is_attached(), "memfd closed");
+        }
+        // SAFETY: the region's range stays mapped while we hold it; nothing writes it now.
+        let bytes = unsafe { std::slice::from_raw_parts(p, 4096) };
+        assert!(
+            bytes.iter().all(|&b| b == 0),
+            "a detached region reads zeros"
+        );
+        // The handle is an inert shell.
+        assert!(initiator.is_closed());
+        assert_eq!(
+            initiator.allocate(1).unwrap_err().code(),
+            "ERR_FERRY_CLOSED"
+        );
+        assert_eq!(
+            initiator.allocate_batch(1).unwrap_err().code(),
+            "ERR_FERRY_CLOSED"
+        );
+        assert!(!initiator.cancel(1));
+        let m = initiator.metrics();
+        assert_eq!((m.tasks_completed, m.segments_open, m.regions), (1, 0, 0));
+        assert_eq!(initiator.segment_name(), name);
+        initiator.close(); // idempotent
+        target.close();
+    }
+
+    #[test]
+    fn dropping_the_last_handle_closes_the_engine() {
+        let engine = Engine::new(tcp_only()).expect("engine");
+        let region = engine.allocate(4096).expect("region");
+        let weak = inner_of(&engine);
+        drop(engine);
+        assert!(weak.upgrade().is_none());
+        assert!(!region.mapping().expect("owned").is_attached());
+    }
+
+    #[test]
+    fn ended_attempts_leave_no_deadline_behind() {
+        let target = Engine::new(tcp_only()).expect("target");
+        let initiator = Engine::new(tcp_only()).expect("initiator");
+        let remote = target.allocate(1 << 16).expect("remote");
+        let local = initiator.allocate(1 << 16).expect("local");
+        let seg = initiator
+            .open_segment_blocking(target.segment_name())
+            .expect("open");
+        let req = write(&local, seg.handle, &remote, 4096);
+        for _ in 0..200 {
+            initiator
+                .transfer_blocking(std::slice::from_ref(&req))
+                .expect("transfer");
+        }
+        let batch = initiator.allocate_batch(64).expect("batch");
+        initiator
+            .submit_transfer(batch, &vec![req.clone(); 64])
+            .expect("submit");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while initiator.batch_status(batch).expect("status").status == TransferStatus::Pending {
+            assert!(Instant::now() < deadline, "batch did not finish");
+            std::thread::yield_now();
+        }
+        // Canceled tasks leave none either.
+        let pending = initiator.allocate_batch(8).expect("batch");
+        initiator
+            .submit_transfer(pending, &vec![req; 8])
+            .expect("submit");
+        initiator.free_batch(pending).expect("free");
+        let live = initiator.live().expect("open");
+        assert_eq!(live.inner.deadlines.len(), 0);
+        assert_eq!(live.inner.ops.lock().expect("ops").len(), 0);
+        drop(live);
+        initiator.close();
+        target.close();
+    }
+
+    #[test]
+    fn close_ends_an_open_segment_that_the_peer_never_answers_with_closed() {
+        // A listener that accepts and never replies.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = silent.local_addr().expect("addr");
+        let (accepted_tx, accepted_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let conn = silent.accept().map(|(c, _)| c);
+            let _ = accepted_tx.send(());
+            // Keep the connection open until the test ends (the sender side drops).
+            conn
+        });
+        let mut cfg = tcp_only();
+        cfg.tcp.connect_timeout = Duration::from_secs(30);
+        let engine = Engine::new(cfg).expect("engine");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let opener = engine.clone();
+        let name = addr.to_string();
+        let open = std::thread::spawn(move || {
+            let _ = tx.send(opener.open_segment_blocking(&name));
+        });
+        accepted_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the engine connected");
+        let started = Instant::now();
+        engine.close();
+        let result = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("open_segment ended");
+        assert_eq!(result.unwrap_err().code(), "ERR_FERRY_CLOSED");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        open.join().expect("opener");
+        drop(holder.join().expect("holder"));
     }
 }

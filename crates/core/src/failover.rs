@@ -9,6 +9,7 @@
 //! path still does.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -104,12 +105,33 @@ pub fn decide(
 /// A registered deadline: the task (not kept alive) and its attempt number.
 pub type DeadlineEntry = (Weak<Task>, u32);
 
-/// Attempt deadlines in coarse time buckets: registering is a push under a lock, and the
-/// sweeper only touches buckets that have expired.
+/// Identifies a registered deadline, for `Deadlines::remove`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DeadlineKey {
+    bucket: u64,
+    seq: u64,
+}
+
+/// Attempt deadlines, ordered by coarse time bucket: registering and removing are map
+/// operations under a lock, and the sweeper takes only the entries that have expired.
+///
+/// An attempt that ends removes its entry (`Task` does so as it ends or moves to another
+/// attempt), so the map holds the attempts in flight, not every attempt of the last
+/// timeout period: an entry's `Weak<Task>` keeps the task's allocation, and at a few
+/// hundred thousand transfers a second and a 10 s deadline that was hundreds of MB.
 pub struct Deadlines {
     epoch: Instant,
     tick: Duration,
-    buckets: Mutex<BTreeMap<u64, Vec<DeadlineEntry>>>,
+    next: AtomicU64,
+    entries: Mutex<BTreeMap<DeadlineKey, DeadlineEntry>>,
+}
+
+impl std::fmt::Debug for Deadlines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deadlines")
+            .field("tick", &self.tick)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Deadlines {
@@ -118,7 +140,8 @@ impl Deadlines {
         Self {
             epoch,
             tick: tick.max(Duration::from_millis(1)),
-            buckets: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(0),
+            entries: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -134,29 +157,38 @@ impl Deadlines {
     }
 
     /// Registers `attempt` of `task` to expire at `deadline`.
-    pub fn add(&self, task: Weak<Task>, attempt: u32, deadline: Instant) {
-        let b = self.bucket(deadline);
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        buckets.entry(b).or_default().push((task, attempt));
+    pub fn add(&self, task: Weak<Task>, attempt: u32, deadline: Instant) -> DeadlineKey {
+        let key = DeadlineKey {
+            bucket: self.bucket(deadline),
+            seq: self.next.fetch_add(1, Ordering::Relaxed),
+        };
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.insert(key, (task, attempt));
+        key
+    }
+
+    /// Forgets a deadline (its attempt ended); returns whether it was still registered.
+    pub fn remove(&self, key: DeadlineKey) -> bool {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.remove(&key).is_some()
     }
 
     /// Takes every entry whose deadline is at or before `now`.
     pub fn expired(&self, now: Instant) -> Vec<DeadlineEntry> {
         let cut = now.saturating_duration_since(self.epoch).as_nanos() / self.tick.as_nanos();
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let later = buckets.split_off(&(cut as u64 + 1));
-        let due = std::mem::replace(&mut *buckets, later);
-        due.into_values().flatten().collect()
+        let first_later = DeadlineKey {
+            bucket: cut as u64 + 1,
+            seq: 0,
+        };
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let later = entries.split_off(&first_later);
+        let due = std::mem::replace(&mut *entries, later);
+        due.into_values().collect()
     }
 
     /// Entries still waiting (for tests and metrics).
     pub fn len(&self) -> usize {
-        self.buckets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(Vec::len)
-            .sum()
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Whether nothing is waiting.
@@ -340,5 +372,24 @@ mod tests {
         let again = std::cell::Cell::new(0);
         T.with(|t| t.run(7, |n| again.set(n)));
         assert_eq!(again.get(), 7);
+    }
+
+    #[test]
+    fn removed_deadlines_never_fire_and_hold_nothing() {
+        let epoch = Instant::now();
+        let d = Deadlines::new(epoch, Duration::from_millis(10));
+        let at = epoch + Duration::from_millis(25);
+        let keys: Vec<_> = (0..1000).map(|i| d.add(Weak::new(), i, at)).collect();
+        let kept = d.add(Weak::new(), 7, at);
+        for k in &keys {
+            assert!(d.remove(*k));
+        }
+        assert!(!d.remove(keys[0]), "removed once");
+        assert_eq!(d.len(), 1);
+        let due = d.expired(epoch + Duration::from_millis(30));
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].1, 7);
+        assert!(!d.remove(kept), "an expired entry is gone");
+        assert!(d.is_empty());
     }
 }

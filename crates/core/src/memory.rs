@@ -4,12 +4,17 @@
 //! A region is reference counted: the table, each in-flight slice that touches it, and the
 //! JS Buffer that views it each hold an `Arc<Region>`. The memory is unmapped only when the
 //! last of them goes, so nothing ever points at freed memory.
+//!
+//! When the engine closes, an engine-owned region that something still holds (a JS Buffer
+//! not yet collected) is detached: its memfd pages are replaced, at the same address, by
+//! private anonymous zero pages and the memfd is closed. The descriptor and the shared pages
+//! are released at close; the address range stays valid until the last holder goes.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::error::{Error, Result};
 
@@ -28,12 +33,14 @@ pub enum Access {
     ReadWrite,
 }
 
-/// An anonymous shared mapping backed by a memfd. Unmapped and closed on drop.
+/// A shared mapping backed by a memfd. Unmapped and closed on drop; `detach` closes the
+/// memfd earlier and leaves private anonymous memory mapped in its place.
 #[derive(Debug)]
 pub struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
-    fd: OwnedFd,
+    /// `None` once detached.
+    fd: Mutex<Option<OwnedFd>>,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; sharing its address between
@@ -95,19 +102,79 @@ impl Mapping {
         }
         let ptr =
             NonNull::new(ptr.cast::<u8>()).ok_or_else(|| Error::Io("mmap returned null".into()))?;
-        Ok(Self { ptr, len, fd })
+        Ok(Self {
+            ptr,
+            len,
+            fd: Mutex::new(Some(fd)),
+        })
     }
 
-    /// The memfd behind the mapping (for passing to same-host peers).
-    pub fn fd(&self) -> &OwnedFd {
-        &self.fd
+    /// A new descriptor of the memfd behind the mapping (for passing to same-host peers).
+    /// Fails once the mapping is detached.
+    pub fn dup_fd(&self) -> Result<OwnedFd> {
+        let fd = self.fd.lock().unwrap_or_else(|p| p.into_inner());
+        match &*fd {
+            Some(fd) => fd.try_clone().map_err(|e| Error::io("dup memfd", &e)),
+            None => Err(Error::Closed),
+        }
+    }
+
+    /// Whether the memfd is still attached (not `detach`ed).
+    pub fn is_attached(&self) -> bool {
+        self.fd.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Replaces the shared memfd pages by private anonymous zero pages at the same address
+    /// and closes the memfd, so that its descriptor and pages are released while the
+    /// address range stays readable and writable. Returns whether it detached now (false
+    /// when already detached).
+    ///
+    /// Call it once nothing of the engine touches the memory any more (transports and their
+    /// threads stopped): bytes written into the old pages concurrently would be lost, bytes
+    /// read would be zeros. It cannot make an access fault, whenever it runs.
+    pub fn detach(&self) -> Result<bool> {
+        let mut fd = self.fd.lock().unwrap_or_else(|p| p.into_inner());
+        if fd.is_none() {
+            return Ok(false);
+        }
+        // SAFETY: `[ptr, ptr + len)` is exactly the range this value mapped in `new_memfd`
+        // and has not unmapped (that happens only in `Drop`, which no holder of `&self` can
+        // race), so MAP_FIXED replaces only our own pages and no other mapping or
+        // allocation. The replacement is atomic with respect to other threads: every page
+        // of the range is mapped, readable and writable before, during and after the call,
+        // so accesses through pointers into it (a JS Buffer, a late transfer) never fault;
+        // they see either the old shared page or a private zero page. Memory contents
+        // changing under a reader is the region's documented contract (see `Region`).
+        let p = unsafe {
+            libc::mmap(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::io(
+                "detach region memory",
+                &std::io::Error::last_os_error(),
+            ));
+        }
+        // MAP_FIXED either maps at the given address or fails.
+        debug_assert_eq!(p.cast::<u8>(), self.ptr.as_ptr());
+        // The mapping no longer refers to the memfd: closing it frees the shared pages once
+        // no peer maps them either.
+        drop(fd.take());
+        Ok(true)
     }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are exactly what mmap returned, and no `Region` (hence no
-        // reference into the mapping) outlives this value.
+        // SAFETY: `ptr`/`len` are exactly what mmap returned (a detach maps the same range
+        // again, at the same address), and no `Region` (hence no reference into the mapping)
+        // outlives this value.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
@@ -178,6 +245,15 @@ impl Region {
         }
     }
 
+    /// Detaches an engine-owned region's memory from its memfd (see `Mapping::detach`);
+    /// nothing to do for user memory. Returns whether it detached now.
+    pub fn detach(&self) -> Result<bool> {
+        match &self.backing {
+            Backing::Owned(m) => m.detach(),
+            Backing::User(_) => Ok(false),
+        }
+    }
+
     /// The address of `[offset, offset + len)`, checked to lie inside the region.
     pub fn range_ptr(&self, offset: u64, len: u64) -> Result<*mut u8> {
         check_range(offset, len, self.len as u64)?;
@@ -204,6 +280,28 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
 pub struct RegionTable {
     next_id: AtomicU64,
     regions: RwLock<HashMap<RegionId, Arc<Region>>>,
+    /// Every engine-owned region allocated here that may still be alive (released ones
+    /// included: a Buffer may still view them), for `detach_owned`. Dead entries are pruned
+    /// as it grows, so it stays within twice the live ones (and at least `PRUNE_MIN`).
+    owned: Mutex<OwnedList>,
+}
+
+#[derive(Default)]
+struct OwnedList {
+    regions: Vec<Weak<Region>>,
+    prune_at: usize,
+}
+
+const PRUNE_MIN: usize = 64;
+
+impl OwnedList {
+    fn push(&mut self, region: &Arc<Region>) {
+        if self.regions.len() >= self.prune_at.max(PRUNE_MIN) {
+            self.regions.retain(|w| w.strong_count() > 0);
+            self.prune_at = self.regions.len() * 2;
+        }
+        self.regions.push(Arc::downgrade(region));
+    }
 }
 
 impl RegionTable {
@@ -225,6 +323,10 @@ impl RegionTable {
             access: Access::ReadWrite,
             backing: Backing::Owned(mapping),
         });
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(&region);
         self.insert(region.clone());
         Ok(region)
     }
@@ -290,6 +392,34 @@ impl RegionTable {
         let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
         map.clear();
     }
+
+    /// Detaches every engine-owned region still alive, in the table or not (see
+    /// `Mapping::detach`): their memfds are closed now, whoever still holds them. For
+    /// engine close, once no transport touches local memory. Returns how many it detached.
+    pub fn detach_owned(&self) -> usize {
+        let owned = std::mem::take(&mut *self.owned.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut detached = 0;
+        for region in owned.regions.iter().filter_map(Weak::upgrade) {
+            match region.detach() {
+                Ok(true) => detached += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(region = region.id(), error = %e, "region memory not detached")
+                }
+            }
+        }
+        detached
+    }
+
+    /// Engine-owned regions tracked for `detach_owned` (tests).
+    #[cfg(test)]
+    fn owned_tracked(&self) -> usize {
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .regions
+            .len()
+    }
 }
 
 #[cfg(test)]
@@ -335,6 +465,81 @@ mod tests {
             check_range(1, u64::MAX, 10).unwrap_err().code(),
             "ERR_FERRY_OUT_OF_RANGE"
         );
+    }
+
+    fn read_all(r: &Region) -> Vec<u8> {
+        let p = r.range_ptr(0, r.len() as u64).expect("range");
+        // SAFETY: the range belongs to the region we hold, and nothing else writes it.
+        unsafe { std::slice::from_raw_parts(p, r.len()) }.to_vec()
+    }
+
+    fn write_all(r: &Region, byte: u8) {
+        let p = r.range_ptr(0, r.len() as u64).expect("range");
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(p, byte, r.len()) };
+    }
+
+    #[test]
+    fn detach_keeps_the_address_valid_and_lets_the_memfd_go() {
+        let table = RegionTable::default();
+        let r = table.allocate(3 * 4096 + 100).expect("allocate");
+        let addr = r.as_ptr();
+        write_all(&r, 0xab);
+        // A second descriptor of the same memfd, to see what happens to its pages.
+        let peer_fd = r.mapping().expect("owned").dup_fd().expect("dup");
+        assert!(r.mapping().expect("owned").is_attached());
+
+        assert!(r.detach().expect("detach"));
+        assert!(!r.mapping().expect("owned").is_attached());
+        assert_eq!(r.as_ptr(), addr, "same address");
+        // The region now reads zeros and takes writes, at the same address.
+        assert!(read_all(&r).iter().all(|&b| b == 0));
+        write_all(&r, 0x11);
+        assert!(read_all(&r).iter().all(|&b| b == 0x11));
+        // The memfd no longer backs it: its pages still hold what was written before.
+        let other = crate::shm::RemoteMapping::map(peer_fd, r.len()).expect("map");
+        // SAFETY: the mapping is `r.len()` bytes long and nothing writes it.
+        let seen = unsafe { std::slice::from_raw_parts(other.as_ptr(), r.len()) };
+        assert!(seen.iter().all(|&b| b == 0xab));
+        // Detached once: no descriptor to hand out, nothing more to do.
+        assert_eq!(
+            r.mapping().expect("owned").dup_fd().unwrap_err().code(),
+            "ERR_FERRY_CLOSED"
+        );
+        assert!(!r.detach().expect("again"));
+    }
+
+    #[test]
+    fn detach_owned_reaches_released_regions_that_are_still_held() {
+        let table = RegionTable::default();
+        let kept = table.allocate(4096).expect("kept");
+        let released = table.allocate(4096).expect("released");
+        table.release(released.id()).expect("release");
+        let dropped = table.allocate(4096).expect("dropped");
+        table.release(dropped.id()).expect("release");
+        drop(dropped);
+        assert_eq!(table.detach_owned(), 2);
+        assert!(!kept.mapping().expect("owned").is_attached());
+        assert!(!released.mapping().expect("owned").is_attached());
+        assert_eq!(table.detach_owned(), 0, "the list was taken");
+    }
+
+    #[test]
+    fn the_owned_list_is_pruned_as_regions_go() {
+        let table = RegionTable::default();
+        let live: Vec<_> = (0..10)
+            .map(|_| table.allocate(4096).expect("allocate"))
+            .collect();
+        for _ in 0..1000 {
+            let r = table.allocate(4096).expect("allocate");
+            table.release(r.id()).expect("release");
+        }
+        assert!(
+            table.owned_tracked() <= PRUNE_MIN.max(2 * live.len()) + 1,
+            "{} tracked",
+            table.owned_tracked()
+        );
+        assert_eq!(table.detach_owned(), live.len());
     }
 
     #[test]

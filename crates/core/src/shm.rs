@@ -715,7 +715,7 @@ mod tests {
     fn fd_passing_maps_the_same_memory() {
         let table = RegionTable::default();
         let region = table.allocate(8192).expect("allocate");
-        let memfd = region.mapping().expect("owned").fd();
+        let memfd = region.mapping().expect("owned").dup_fd().expect("dup");
         let (a, b) = pair();
 
         send_fds(&a, b"region", &[memfd.as_fd()]).expect("send");

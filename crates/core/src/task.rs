@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::Error;
+use crate::failover::{DeadlineKey, Deadlines};
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
 use crate::transport::TransportKind;
@@ -99,6 +100,8 @@ pub struct AttemptState {
     pub switches: u32,
     /// The last attempt whose failure was handled (first failure of an attempt wins).
     pub failed_attempt: u32,
+    /// The current attempt's registered deadline, removed when the attempt ends.
+    deadline: Option<(Arc<Deadlines>, DeadlineKey)>,
 }
 
 /// One transfer task.
@@ -217,9 +220,13 @@ impl Task {
     /// Starts a new attempt on `transport`; returns its number, or `None` if the task is
     /// already terminal.
     pub fn begin_attempt(&self, transport: TransportKind) -> Option<u32> {
-        let _guard = self.lock();
+        let mut st = self.lock();
         if self.status().is_terminal() {
             return None;
+        }
+        // The previous attempt's deadline goes with it.
+        if let Some((d, k)) = st.deadline.take() {
+            d.remove(k);
         }
         let attempt = self.attempts.fetch_add(1, Ordering::AcqRel) + 1;
         self.transport.store(transport as u8, Ordering::Release);
@@ -229,6 +236,23 @@ impl Task {
         self.status
             .store(TransferStatus::Pending.raw(), Ordering::Release);
         Some(attempt)
+    }
+
+    /// Records the deadline registered for `attempt`, which the task removes from
+    /// `deadlines` when that attempt ends (the task ends or moves to another attempt). One
+    /// that comes too late — the task ended, or began another attempt — is removed at once.
+    pub fn set_deadline(&self, attempt: u32, deadlines: &Arc<Deadlines>, key: DeadlineKey) {
+        let stale = {
+            let mut st = self.lock();
+            if self.status().is_terminal() || self.attempt() != attempt {
+                Some((deadlines.clone(), key))
+            } else {
+                st.deadline.replace((deadlines.clone(), key))
+            }
+        };
+        if let Some((d, k)) = stale {
+            d.remove(k);
+        }
     }
 
     /// Declares that `attempt` completes after `slices` slices. Must precede any slice.
@@ -317,13 +341,17 @@ impl Task {
     /// Ends the task with an explicit status.
     pub fn finish(&self, status: TransferStatus, error: Option<Error>) -> bool {
         debug_assert!(status.is_terminal());
-        {
+        let deadline = {
             let mut st = self.lock();
             if self.status().is_terminal() {
                 return false;
             }
             st.error = error;
             self.status.store(status.raw(), Ordering::Release);
+            st.deadline.take()
+        };
+        if let Some((d, k)) = deadline {
+            d.remove(k);
         }
         self.counters.tasks.task_ended(
             status,

@@ -122,9 +122,11 @@ async fn serve_one(mut stream: UnixStream, regions: &RegionTable, token: &Token)
                 reply[8..].copy_from_slice(&(region.len() as u64).to_le_bytes());
                 let fd = region
                     .mapping()
-                    .map(|m| m.fd().as_fd())
-                    .ok_or_else(|| Error::Protocol("region lost its mapping".into()))?;
-                send_fds_async(&stream, &reply, &[fd]).await.map_err(io)?;
+                    .ok_or_else(|| Error::Protocol("region lost its mapping".into()))?
+                    .dup_fd()?;
+                send_fds_async(&stream, &reply, &[fd.as_fd()])
+                    .await
+                    .map_err(io)?;
             }
             None => {
                 reply[..4].copy_from_slice(&1u32.to_le_bytes());

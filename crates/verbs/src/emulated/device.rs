@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::thread::JoinHandle;
 
 use super::faults::Rng;
@@ -231,15 +231,47 @@ pub(crate) struct Device {
 /// The live device, if any context holds it.
 static DEVICE: Mutex<Weak<Device>> = Mutex::new(Weak::new());
 
+/// Whether a device's responder holds the process's responder name: set when one starts,
+/// cleared at the end of its drop. Between its last `Arc` going and that end, a new device
+/// cannot bind the name yet.
+static RESPONDER_HELD: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+
+/// The longest an open waits for the previous device to finish shutting down.
+const RESPONDER_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The process's device, started (responder listening) if no context holds it now.
 pub(crate) fn device() -> VerbsResult<Arc<Device>> {
     let mut slot = lock(&DEVICE);
     if let Some(d) = slot.upgrade() {
         return Ok(d);
     }
-    let d = Arc::new(Device::start()?);
-    *slot = Arc::downgrade(&d);
-    Ok(d)
+    // The previous device may be inside its drop (its last context just went): wait,
+    // bounded, until its responder has let the name go, or binding it fails EADDRINUSE.
+    {
+        let (held, released) = &RESPONDER_HELD;
+        let guard = lock(held);
+        let (mut guard, _) = released
+            .wait_timeout_while(guard, RESPONDER_RELEASE_WAIT, |held| *held)
+            .unwrap_or_else(|p| p.into_inner());
+        *guard = true;
+    }
+    match Device::start() {
+        Ok(d) => {
+            let d = Arc::new(d);
+            *slot = Arc::downgrade(&d);
+            Ok(d)
+        }
+        Err(e) => {
+            release_responder();
+            Err(e)
+        }
+    }
+}
+
+fn release_responder() {
+    let (held, released) = &RESPONDER_HELD;
+    *lock(held) = false;
+    released.notify_all();
 }
 
 impl Device {
@@ -288,8 +320,8 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
-        // Held so that a concurrent open waits until the responder's name is free again.
-        let _slot = lock(&DEVICE);
+        // A concurrent open waits on RESPONDER_HELD (not on DEVICE, which it holds) until
+        // the responder's name is free again.
         self.stop.store(true, Ordering::SeqCst);
         // Wakes the blocking accept; the listener sees `stop` and returns.
         if let Ok(addr) = responder_addr(&self.registry.gid) {
@@ -303,6 +335,7 @@ impl Drop for Device {
             let _ = stream.shutdown(std::net::Shutdown::Both);
             let _ = handle.join();
         }
+        release_responder();
     }
 }
 
