@@ -7,12 +7,12 @@ use std::time::Duration;
 use ferry_bench::gate::{Failure, GateHooks, RunError};
 use ferry_bench::report::ReportRow;
 use ferry_bench::worker::{bench_gate, BenchGate, BenchSpec, Stripe, Target};
-use ferry_core::{Opcode, TransportKind};
+use ferry_core::Opcode;
 use napi::bindgen_prelude::Object;
 use napi::Env;
 use napi_derive::napi;
 
-use crate::convert::js_error;
+use crate::convert::{js_error, transport};
 use crate::js::to_u64;
 use crate::settle::Settle;
 use crate::NativeEngine;
@@ -178,12 +178,11 @@ fn spec(c: &BenchCase, handles: &Handles) -> Result<BenchSpec, ferry_core::Error
             base: to_u64(c.stripe_base, "stripeBase")?,
             len: to_u64(c.stripe_len, "stripeLen")?,
         },
-        transport: match &c.transport {
-            None => None,
-            Some(t) => Some(TransportKind::parse(t).ok_or_else(|| {
-                ferry_core::Error::InvalidArgument(format!("unknown transport {t:?}"))
-            })?),
-        },
+        transport: c
+            .transport
+            .as_deref()
+            .map(|t| transport(t, "transport"))
+            .transpose()?,
         duration: Duration::from_millis(to_u64(c.duration_ms, "durationMs")?),
         warmup: Duration::from_millis(to_u64(c.warmup_ms, "warmupMs")?),
         request_interval_us: to_u64(c.request_interval_us, "requestIntervalUs")?,

@@ -164,12 +164,7 @@ fn rate(v: Option<f64>, what: &str) -> Result<f64, Error> {
 impl TryFrom<FaultOptions> for (TransportKind, FaultSpec) {
     type Error = Error;
     fn try_from(f: FaultOptions) -> Result<Self, Error> {
-        let kind = TransportKind::parse(&f.transport).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "faults[].transport must be one of tcp, shm, rdma, got {:?}",
-                f.transport
-            ))
-        })?;
+        let kind = transport(&f.transport, "faults[].transport")?;
         Ok((
             kind,
             FaultSpec {
@@ -191,11 +186,7 @@ impl TryFrom<FaultOptions> for (TransportKind, FaultSpec) {
 fn transport_list(list: Vec<String>) -> Result<Vec<TransportKind>, Error> {
     let mut kinds = Vec::new();
     for name in list {
-        let kind = TransportKind::parse(&name).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "transports must name tcp, shm or rdma, got {name:?}"
-            ))
-        })?;
+        let kind = transport(&name, "transports[]")?;
         if !kinds.contains(&kind) {
             kinds.push(kind);
         }
