@@ -511,9 +511,6 @@ function toNativeRequest(engine: Engine, r: unknown, i: number, opcode?: 'read' 
   checkNumber(`${at}: length`, q.length, false)
   checkTransport(`${at}: transport`, q.transport)
   checkTransport(`${at}: requireTransport`, q.requireTransport)
-  if (q.requireTransport !== undefined && q.transport !== undefined && q.transport !== q.requireTransport) {
-    throw invalid(`${at}: transport and requireTransport name different transports`)
-  }
   return {
     opcode: op,
     local: q.local.handle,
@@ -522,8 +519,9 @@ function toNativeRequest(engine: Engine, r: unknown, i: number, opcode?: 'read' 
     remoteBuffer: q.remoteBuffer as number | undefined,
     remoteOffset: q.remoteOffset as number | undefined,
     length: q.length as number,
-    transport: (q.requireTransport ?? q.transport) as string | undefined,
-    requireTransport: q.requireTransport !== undefined,
+    // What the two mean together is decided once, in the core (`TransportHint`).
+    transport: q.transport as string | undefined,
+    requireTransport: q.requireTransport as string | undefined,
   }
 }
 

@@ -406,8 +406,10 @@ impl<'a> Operation<'a> {
             remote_buffer,
             remote_offset: 0,
             length: spec.block_size,
-            transport: spec.transport,
-            require_transport: spec.transport.is_some(),
+            hint: spec.transport.map_or(
+                ferry_core::TransportHint::Auto,
+                ferry_core::TransportHint::Require,
+            ),
         };
         Self {
             engine,

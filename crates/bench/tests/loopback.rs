@@ -271,8 +271,7 @@ fn pollers_while_the_engine_closes(iterations: usize) -> Tally {
                 remote_buffer: remote.id(),
                 remote_offset: i << 16,
                 length: 1 << 16,
-                transport: None,
-                require_transport: false,
+                hint: ferry_core::TransportHint::Auto,
             })
             .collect();
         initiator.submit_transfer(batch, &reqs).expect("submit");

@@ -1,24 +1,20 @@
 //! The client side of the control plane: fetching a peer's segment descriptor, and the
-//! per-peer link that keeps heartbeats going, declares the peer lost when it falls silent
-//! or its connection breaks, and reconnects with backoff (refetching the descriptor when
-//! the peer's engine id changed, i.e. it restarted).
+//! I/O of the per-peer link whose decisions (heartbeats, silence, backoff, loss and
+//! recovery) are the state machine of `liveness.rs`. A reconnect refetches the descriptor
+//! when the peer's engine id changed, i.e. it restarted.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::time::Instant;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::liveness::{Action, Link, LinkState, LossReason};
 use crate::net::{connect, read_frame, write_frame};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::wire::{ConnKind, Header, Op};
-
-/// First reconnect delay after a lost link.
-const BACKOFF_START: Duration = Duration::from_millis(100);
-/// Longest reconnect delay.
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Asks an open control connection for the descriptor.
 async fn request_descriptor(stream: &mut TcpStream) -> Result<SegmentDescriptor> {
@@ -65,7 +61,7 @@ pub(crate) async fn fetch_descriptor(
 pub async fn transport_request(
     addr: &str,
     local_engine_id: u64,
-    kind: crate::transport::TransportKind,
+    kind: crate::kind::TransportKind,
     payload: &[u8],
     timeout: Duration,
 ) -> Result<Vec<u8>> {
@@ -112,7 +108,7 @@ pub async fn transport_request(
 /// What the link reports to the engine.
 pub(crate) trait LinkEvents: Send + Sync + 'static {
     /// The peer fell silent or its connection broke.
-    fn peer_lost(&self, peer: &Arc<Peer>, reason: String);
+    fn peer_lost(&self, peer: &Arc<Peer>, reason: LossReason);
     /// The peer answered again after being lost.
     fn peer_back(&self, peer: &Arc<Peer>);
 }
@@ -124,98 +120,147 @@ pub(crate) struct LinkConfig {
     pub peer_timeout: Duration,
 }
 
-/// Keeps the control link to `peer` alive until `peer.link_cancel` fires.
+/// Keeps the control link to `peer` alive until `peer.link_cancel` fires: drives its
+/// [`Link`] state machine with the socket's frames and the clock.
 pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn LinkEvents>) {
     let cancel = peer.link_cancel.clone();
-    let mut backoff = BACKOFF_START;
+    let seed = cfg.local_engine_id ^ peer.handle().rotate_left(17);
+    let mut link = Link::new(cfg.peer_timeout, seed);
+    let report = |action: Option<Action>| {
+        if let Some(Action::Lost(reason)) = action {
+            tracing::warn!(peer = peer.name(), %reason, "peer lost");
+            events.peer_lost(&peer, reason);
+        }
+    };
     loop {
-        let outcome = tokio::select! {
-            _ = cancel.cancelled() => return,
-            r = link_once(&peer, cfg, &events, &mut backoff) => r,
-        };
-        if cancel.is_cancelled() {
-            return;
+        match link.state() {
+            LinkState::Connecting => {
+                let connected = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = connect_fresh(&peer, cfg) => r,
+                };
+                let stream = match connected {
+                    Ok(stream) => stream,
+                    Err(reason) => {
+                        report(link.broken(reason, Instant::now(), peer.is_lost()));
+                        continue;
+                    }
+                };
+                if link.connected(Instant::now(), peer.is_lost()) {
+                    tracing::info!(peer = peer.name(), "peer reachable again");
+                    events.peer_back(&peer);
+                }
+                let ended = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = heartbeat(stream, &mut link, &peer) => r,
+                };
+                report(ended);
+            }
+            LinkState::Waiting { until } => {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                }
+                link.poll(Instant::now(), peer.is_lost());
+            }
+            // `heartbeat` returns only once the link has left this state.
+            LinkState::Up { .. } => {
+                report(link.broken(LossReason::Closed, Instant::now(), peer.is_lost()));
+            }
         }
-        if !peer.is_lost() {
-            tracing::warn!(peer = peer.name(), reason = %outcome, "peer lost");
-            events.peer_lost(&peer, outcome);
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }
 
-/// One connection's life; returns why it ended.
-async fn link_once(
+/// Connects to the peer and, when its engine id changed (it restarted), refreshes the
+/// descriptor.
+async fn connect_fresh(
     peer: &Arc<Peer>,
     cfg: LinkConfig,
-    events: &Arc<dyn LinkEvents>,
-    backoff: &mut Duration,
-) -> String {
+) -> std::result::Result<TcpStream, LossReason> {
     let addr = peer.addr();
-    let (mut stream, remote_id) = match connect(
+    let unreachable = |e: Error| LossReason::Unreachable(e.to_string());
+    let (mut stream, remote_id) = connect(
         &addr,
         ConnKind::Control,
         cfg.local_engine_id,
         cfg.peer_timeout,
     )
     .await
-    {
-        Ok(c) => c,
-        Err(e) => return e.to_string(),
-    };
+    .map_err(unreachable)?;
     if remote_id != peer.descriptor().engine_id {
-        match tokio::time::timeout(cfg.peer_timeout, request_descriptor(&mut stream)).await {
-            Ok(Ok(desc)) => {
-                tracing::info!(peer = peer.name(), "peer restarted: descriptor refreshed");
-                peer.set_descriptor(desc);
-            }
-            Ok(Err(e)) => return e.to_string(),
-            Err(_) => return "descriptor refresh timed out".into(),
-        }
+        let desc = tokio::time::timeout(cfg.peer_timeout, request_descriptor(&mut stream))
+            .await
+            .map_err(|_| LossReason::Unreachable("descriptor refresh timed out".into()))?
+            .map_err(unreachable)?;
+        tracing::info!(peer = peer.name(), "peer restarted: descriptor refreshed");
+        peer.set_descriptor(desc);
     }
-    if peer.is_lost() {
-        tracing::info!(peer = peer.name(), "peer reachable again");
-        events.peer_back(peer);
-    }
-    *backoff = BACKOFF_START;
-    heartbeat(&mut stream, cfg.peer_timeout).await
+    Ok(stream)
 }
 
-/// Sends pings and waits for answers; returns when the peer is silent for `timeout` or the
-/// connection breaks.
-async fn heartbeat(stream: &mut TcpStream, timeout: Duration) -> String {
-    let interval = (timeout / 4).max(Duration::from_millis(20));
-    let (mut rd, mut wr) = stream.split();
-    let pinger = async {
-        let mut seq = 0u64;
+/// Runs an up link: pings when due, notes every frame heard, and returns the action that
+/// ended it (a loss to report, or `None` when the peer was already declared lost).
+async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Action> {
+    let (mut rd, mut wr) = stream.into_split();
+    // Frames are read by their own task, so that a ping or a deadline never interrupts a
+    // half-read frame; it ends with the connection, or when this function returns.
+    let (tx, mut heard) = tokio::sync::mpsc::channel::<std::result::Result<(), LossReason>>(16);
+    let reader = tokio::spawn(async move {
         loop {
-            seq += 1;
-            let mut ping = Header::new(Op::Ping);
-            ping.request_id = seq;
-            if let Err(e) = write_frame(&mut wr, &ping, &[]).await {
-                return format!("heartbeat write failed: {e}");
-            }
-            tokio::time::sleep(interval).await;
-        }
-    };
-    // Each frame heard restarts the silence deadline. A timeout drops a half-read frame,
-    // which is fine: the connection is abandoned right after.
-    let watcher = async {
-        loop {
-            match tokio::time::timeout_at(Instant::now() + timeout, read_frame(&mut rd)).await {
-                Err(_) => return format!("no heartbeat answer for {} ms", timeout.as_millis()),
-                Ok(Ok(Some(_))) => {}
-                Ok(Ok(None)) => return "control connection closed by peer".into(),
-                Ok(Err(e)) => return format!("control connection failed: {e}"),
+            let got = match read_frame(&mut rd).await {
+                Ok(Some(_)) => Ok(()),
+                Ok(None) => Err(LossReason::Closed),
+                Err(e) => Err(LossReason::Broken(e.to_string())),
+            };
+            let end = got.is_err();
+            if tx.send(got).await.is_err() || end {
+                return;
             }
         }
-    };
-    tokio::select! {
-        r = pinger => r,
-        r = watcher => r,
+    });
+    let _abort = AbortOnDrop(reader);
+    let mut seq = 0u64;
+    loop {
+        let now = Instant::now();
+        match link.poll(now, peer.is_lost()) {
+            Some(Action::Ping) => {
+                seq += 1;
+                let mut ping = Header::new(Op::Ping);
+                ping.request_id = seq;
+                // A peer that stops reading must not stall the link past its deadline.
+                let limit = link.next_deadline().unwrap_or(now);
+                let sent = tokio::time::timeout_at(limit.into(), write_frame(&mut wr, &ping, &[]));
+                match sent.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        let reason = LossReason::Broken(format!("heartbeat write failed: {e}"));
+                        return link.broken(reason, Instant::now(), peer.is_lost());
+                    }
+                    Err(_) => continue, // the deadline passed: `poll` says what follows
+                }
+                continue;
+            }
+            Some(action) => return Some(action),
+            None if !matches!(link.state(), LinkState::Up { .. }) => return None,
+            None => {}
+        }
+        let deadline = link.next_deadline()?;
+        tokio::select! {
+            got = heard.recv() => match got {
+                Some(Ok(())) => link.heard(Instant::now()),
+                Some(Err(reason)) => return link.broken(reason, Instant::now(), peer.is_lost()),
+                None => return link.broken(LossReason::Closed, Instant::now(), peer.is_lost()),
+            },
+            _ = tokio::time::sleep_until(deadline.into()) => {}
+        }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use crate::kind::TransportKind;
 use crate::task::{Observer, Task};
-use crate::transport::TransportKind;
 
 /// Largest `max_failover_attempts` accepted. Failover is iterative (see [`Trampoline`]),
 /// so any budget is safe for the stack; this bound keeps a task that keeps failing from
@@ -64,6 +64,8 @@ pub enum FailReason {
     NoCandidate,
     /// The error is final whatever the transport (canceled, closed, bad request).
     NotRetryable,
+    /// The peer is declared lost: no transport reaches it.
+    PeerLost,
 }
 
 /// Decides the next step after an attempt on `current` failed.

@@ -13,7 +13,7 @@
 //! let seg = initiator.open_segment_blocking(target.segment_name())?;
 //! let req = Request { opcode: Opcode::Write, local: local.id(), local_offset: 0,
 //!     segment: seg.handle, remote_buffer: buf.id(), remote_offset: 0, length: 1 << 20,
-//!     transport: None, require_transport: false };
+//!     hint: ferry_core::TransportHint::Auto };
 //! let done = initiator.transfer_blocking(&[req])?;
 //! assert_eq!(done[0].status, ferry_core::TransferStatus::Completed);
 //! initiator.close();
@@ -27,34 +27,45 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod assembly;
+pub mod attempt;
 pub mod batch;
+pub mod config;
 pub mod control;
+mod dispatch;
 pub mod engine;
 pub mod error;
+pub mod events;
 pub mod failover;
 pub mod handle;
 pub mod health;
+pub mod kind;
+pub mod liveness;
 pub mod memory;
 pub mod metadata;
 pub mod metrics;
 mod net;
+mod peers;
+pub mod plan;
 pub mod request;
 pub mod segment;
-pub mod select;
 mod server;
 pub mod shm;
 pub mod status;
+mod submit;
 pub mod task;
 pub mod transport;
 pub mod transports;
 pub mod wire;
 
-pub use engine::{BatchSnapshot, Engine, EngineConfig, EngineEvent, SegmentInfo, WeakEngine};
+pub use config::EngineConfig;
+pub use engine::{BatchSnapshot, Engine, SegmentInfo, WeakEngine};
 pub use error::{Error, Result};
+pub use events::EngineEvent;
+pub use kind::{Opcode, TransportHint, TransportKind, DEFAULT_ORDER};
 pub use memory::{Access, Region, RegionId};
 pub use metadata::EtcdConfig;
 pub use metrics::Metrics;
-pub use request::{Opcode, Request};
+pub use request::Request;
 pub use status::TransferStatus;
 pub use task::TaskSnapshot;
-pub use transport::TransportKind;

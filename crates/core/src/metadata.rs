@@ -34,8 +34,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::control::{fetch_descriptor, LinkEvents};
 use crate::error::{Error, Result};
+use crate::liveness::LossReason;
 use crate::segment::Peer;
-use crate::server::LocalSegment;
 
 /// Default key prefix of segment records.
 pub const DEFAULT_PREFIX: &str = "/ferry/segments/";
@@ -507,10 +507,7 @@ impl Registry {
                 let Some(kv) = ev.kv() else { continue };
                 *rev = (*rev).max(kv.mod_revision());
                 match ev.event_type() {
-                    EventType::Delete => events.peer_lost(
-                        peer,
-                        "etcd record removed (lease expired or engine closed)".into(),
-                    ),
+                    EventType::Delete => events.peer_lost(peer, LossReason::RecordRemoved),
                     EventType::Put => match SegmentRecord::parse(kv.value()) {
                         Ok(record) => self.apply(peer, events, &record, local_engine_id).await,
                         Err(e) => tracing::warn!(peer = peer.name(), error = %e, "ignored"),
@@ -534,7 +531,7 @@ impl Registry {
                 self.apply(peer, events, &record, local_engine_id).await;
             }
             Err(Error::UnknownSegment(_)) => {
-                events.peer_lost(peer, "etcd record removed".into());
+                events.peer_lost(peer, LossReason::RecordRemoved);
             }
             Err(e) => tracing::info!(peer = peer.name(), error = %e, "etcd lookup failed"),
         }
@@ -569,19 +566,17 @@ impl Registry {
     }
 }
 
-/// Publishes the engine of `local` when `config` asks for etcd metadata.
+/// Publishes an engine in etcd: its segment name (`cfg.segment_name`, else its address),
+/// its address, ids and pid.
 ///
 /// # Errors
 /// `InvalidArgument` for a bad segment name; `Metadata` when etcd cannot be reached.
 pub(crate) fn register(
     handle: &tokio::runtime::Handle,
-    config: &crate::engine::EngineConfig,
-    local: &LocalSegment,
+    cfg: &EtcdConfig,
+    engine: EngineIdentity<'_>,
     shutdown: &CancellationToken,
-) -> Result<Option<Arc<Registry>>> {
-    let Some(cfg) = &config.metadata else {
-        return Ok(None);
-    };
+) -> Result<Arc<Registry>> {
     if cfg.endpoints.is_empty() {
         return Err(Error::InvalidArgument(
             "metadata needs at least one etcd endpoint".into(),
@@ -593,16 +588,27 @@ pub(crate) fn register(
     let name = cfg
         .segment_name
         .clone()
-        .unwrap_or_else(|| local.name.clone());
+        .unwrap_or_else(|| engine.addr.to_string());
     check_name(&name)?;
     let record = SegmentRecord {
         name,
-        addr: local.name.clone(),
-        engine_id: local.engine_id,
-        machine_id: local.machine_id.clone(),
+        addr: engine.addr.to_string(),
+        engine_id: engine.engine_id,
+        machine_id: engine.machine_id.to_string(),
         pid: std::process::id(),
     };
-    start_blocking(handle, cfg.clone(), record, shutdown.child_token()).map(Some)
+    start_blocking(handle, cfg.clone(), record, shutdown.child_token())
+}
+
+/// What etcd is told about the engine that registers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EngineIdentity<'a> {
+    /// The address peers reach it at (its p2p segment name).
+    pub addr: &'a str,
+    /// Its random id.
+    pub engine_id: u64,
+    /// Its machine identity.
+    pub machine_id: &'a str,
 }
 
 /// Starts the registry of an engine whose runtime is `handle`, from synchronous code;

@@ -7,9 +7,9 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::request::Opcode;
+use crate::kind::Opcode;
+use crate::kind::TransportKind;
 use crate::status::TransferStatus;
-use crate::transport::TransportKind;
 
 /// Transports in the order the per-transport counters are kept (index = raw value - 1).
 pub const TRANSPORTS: [TransportKind; 3] =

@@ -5,29 +5,16 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::kind::{Opcode, TransportHint};
 use crate::memory::{check_range, Access, Region, RegionId};
 use crate::segment::{Peer, SegmentDescriptor};
-use crate::transport::TransportKind;
-
-/// Direction of a transfer, seen from the initiator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Opcode {
-    /// Copy remote bytes into local memory.
-    Read,
-    /// Copy local bytes into remote memory.
-    Write,
-}
 
 impl Opcode {
     /// Parses "read" / "write".
     pub fn parse(s: &str) -> Result<Self> {
-        match s {
-            "read" | "READ" => Ok(Self::Read),
-            "write" | "WRITE" => Ok(Self::Write),
-            other => Err(Error::InvalidArgument(format!(
-                "opcode must be 'read' or 'write', got {other:?}"
-            ))),
-        }
+        Self::from_name(s).ok_or_else(|| {
+            Error::InvalidArgument(format!("opcode must be 'read' or 'write', got {s:?}"))
+        })
     }
 }
 
@@ -48,10 +35,8 @@ pub struct Request {
     pub remote_offset: u64,
     /// Bytes to move.
     pub length: u64,
-    /// Pin the first attempt to this transport.
-    pub transport: Option<TransportKind>,
-    /// Forbid fallback: only `transport` may serve the request.
-    pub require_transport: bool,
+    /// What the request asks of the transport choice.
+    pub hint: TransportHint,
 }
 
 /// A request whose every reference has been resolved and checked.
@@ -73,10 +58,8 @@ pub struct ValidatedRequest {
     pub remote_offset: u64,
     /// Bytes to move.
     pub length: u64,
-    /// Transport hint.
-    pub transport: Option<TransportKind>,
-    /// Whether only the hinted transport may serve it.
-    pub require_transport: bool,
+    /// What the request asks of the transport choice (decided on in `plan.rs`).
+    pub hint: TransportHint,
 }
 
 /// Resolves and checks a request. `region` and `segment` look ids up in the engine's tables.
@@ -87,11 +70,6 @@ pub fn validate(
 ) -> Result<ValidatedRequest> {
     if req.length == 0 {
         return Err(Error::InvalidArgument("length must be > 0".into()));
-    }
-    if req.require_transport && req.transport.is_none() {
-        return Err(Error::InvalidArgument(
-            "requireTransport needs the transport to require".into(),
-        ));
     }
     let local = region(req.local)?;
     check_range(req.local_offset, req.length, local.len() as u64).map_err(|e| match e {
@@ -127,15 +105,6 @@ pub fn validate(
             req.local
         )));
     }
-    if let Some(hint) = req.transport {
-        if !buffer.transports.contains(&hint) {
-            return Err(Error::TransportUnavailable(format!(
-                "remote buffer {} is not registered with {}",
-                req.remote_buffer,
-                hint.name()
-            )));
-        }
-    }
     Ok(ValidatedRequest {
         opcode: req.opcode,
         local,
@@ -144,8 +113,7 @@ pub fn validate(
         remote_buffer: req.remote_buffer,
         remote_offset: req.remote_offset,
         length: req.length,
-        transport: req.transport,
-        require_transport: req.require_transport,
+        hint: req.hint,
         descriptor,
     })
 }
@@ -153,6 +121,7 @@ pub fn validate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kind::TransportKind;
     use crate::memory::RegionTable;
     use crate::segment::{BufferDescriptor, SegmentTable};
 
@@ -174,7 +143,6 @@ mod tests {
             pid: 1,
             tcp_addr: "127.0.0.1:1".into(),
             token: "00".repeat(16),
-            shm_socket: None,
             buffers: vec![
                 BufferDescriptor {
                     id: 0,
@@ -217,8 +185,7 @@ mod tests {
             remote_buffer: 0,
             remote_offset: 4096,
             length: 4096,
-            transport: None,
-            require_transport: false,
+            hint: TransportHint::Auto,
         }
     }
 
@@ -306,13 +273,6 @@ mod tests {
                     ..good(&f)
                 },
                 "ERR_FERRY_PERMISSION_DENIED",
-            ),
-            (
-                Request {
-                    transport: Some(TransportKind::Rdma),
-                    ..good(&f)
-                },
-                "ERR_FERRY_TRANSPORT_UNAVAILABLE",
             ),
         ];
         for (req, code) in cases {

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::kind::TransportKind;
 use crate::memory::Access;
-use crate::transport::TransportKind;
 use crate::wire::Token;
 
 /// What a peer publishes about itself and its buffers.
@@ -28,9 +28,6 @@ pub struct SegmentDescriptor {
     pub tcp_addr: String,
     /// Access token for data requests, hex encoded.
     pub token: String,
-    /// Abstract unix socket that same-host peers use to map shared-memory buffers.
-    #[serde(default)]
-    pub shm_socket: Option<String>,
     /// Exposed buffers.
     pub buffers: Vec<BufferDescriptor>,
     /// What transports publish about the engine (e.g. `"rdma"`: device GIDs).
@@ -297,7 +294,6 @@ mod tests {
             pid: 1,
             tcp_addr: "127.0.0.1:1".into(),
             token: "00".repeat(16),
-            shm_socket: None,
             buffers: Vec::new(),
             transport_info: BTreeMap::new(),
         }

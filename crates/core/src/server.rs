@@ -14,10 +14,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::kind::TransportKind;
 use crate::memory::{check_range, Access, Region, RegionTable};
 use crate::net::{read_frame, read_header, tune_accepted, write_all_pair, write_frame};
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
-use crate::transport::{ControlPeers, Transport, TransportKind};
+use crate::transport::{ControlPeers, Transport};
 use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
 
 /// How long a new connection may take to say hello.
@@ -34,7 +35,6 @@ pub(crate) struct LocalSegment {
     pub regions: Arc<RegionTable>,
     /// Installed transports, in the order peers should prefer them.
     pub transports: Vec<(TransportKind, Arc<dyn Transport>)>,
-    pub shm_socket: Option<String>,
     /// Peer engines with a control connection open.
     pub control_peers: Arc<ControlPeers>,
 }
@@ -49,7 +49,6 @@ impl LocalSegment {
             pid: std::process::id(),
             tcp_addr: self.name.clone(),
             token: token_hex(&self.token),
-            shm_socket: self.shm_socket.clone(),
             buffers: self
                 .regions
                 .snapshot()

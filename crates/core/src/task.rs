@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::Error;
 use crate::failover::{DeadlineKey, Deadlines};
+use crate::kind::TransportKind;
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
-use crate::transport::TransportKind;
 
 /// Runs once when every task of a group is terminal (the Promise path).
 pub struct Group {

@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::kind::TransportKind;
 use crate::memory::{Region, RegionId, RegionTable};
 use crate::segment::Peer;
 use crate::task::Task;
@@ -16,47 +17,6 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// Reports a peer found dead by a transport (the engine declares it lost).
 pub type LostHook = Arc<dyn Fn(&Arc<Peer>, String) + Send + Sync>;
-
-/// Which transport served (or is serving) a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TransportKind {
-    /// TCP sockets.
-    Tcp = 1,
-    /// Shared memory on the same host.
-    Shm = 2,
-    /// RDMA verbs.
-    Rdma = 3,
-}
-
-impl TransportKind {
-    /// Parses a lowercase name.
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "tcp" => Some(Self::Tcp),
-            "shm" => Some(Self::Shm),
-            "rdma" => Some(Self::Rdma),
-            _ => None,
-        }
-    }
-    /// The lowercase name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Tcp => "tcp",
-            Self::Shm => "shm",
-            Self::Rdma => "rdma",
-        }
-    }
-    /// Reads the raw value stored in a task (0 = none yet).
-    pub fn from_raw(raw: u8) -> Option<Self> {
-        match raw {
-            1 => Some(Self::Tcp),
-            2 => Some(Self::Shm),
-            3 => Some(Self::Rdma),
-            _ => None,
-        }
-    }
-}
 
 /// One attempt of a task, handed to a transport.
 #[derive(Debug, Clone)]
@@ -190,7 +150,7 @@ impl Drop for ControlGuard {
     }
 }
 
-/// What a transport built outside `ferry-core` gets from the engine.
+/// What a transport gets from the engine it is built for.
 #[derive(Clone)]
 pub struct TransportContext {
     /// The engine's id.
@@ -207,9 +167,12 @@ pub struct TransportContext {
     pub lost: LostHook,
     /// Peer engines with a control connection to this one.
     pub control_peers: Arc<ControlPeers>,
+    /// The engine's access token (what peers must present for its memory).
+    pub token: crate::wire::Token,
 }
 
-/// Builds a transport for an engine (how crates such as `ferry-verbs` plug in).
+/// Builds a transport for an engine. Every transport is built this way: tcp, shm and the
+/// fault decorator here, rdma in `ferry-verbs`.
 pub trait TransportFactory: Send + Sync + std::fmt::Debug {
     /// Which transport it builds.
     fn kind(&self) -> TransportKind;

@@ -199,8 +199,7 @@ fn writes(local: &Region, seg: u64, remote: &Region, chunk: u64, n: u64) -> Vec<
             remote_buffer: remote.id(),
             remote_offset: i * chunk,
             length: chunk,
-            transport: None,
-            require_transport: false,
+            hint: ferry_core::TransportHint::Auto,
         })
         .collect()
 }

@@ -79,8 +79,7 @@ fn write(r: &Rig, i: u64) -> Request {
         remote_buffer: r.remote.id(),
         remote_offset: i * 4096,
         length: 4096,
-        transport: None,
-        require_transport: false,
+        hint: ferry_core::TransportHint::Auto,
     }
 }
 
@@ -367,8 +366,7 @@ fn a_transport_that_fails_to_install_is_never_selected() {
             remote_buffer: remote.id(),
             remote_offset: 0,
             length: 4096,
-            transport: None,
-            require_transport: false,
+            hint: ferry_core::TransportHint::Auto,
         }])
         .expect_err("no transport");
     assert_eq!(err.code(), "ERR_FERRY_TRANSPORT_UNAVAILABLE");

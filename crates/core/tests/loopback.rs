@@ -55,8 +55,7 @@ fn req(op: Opcode, local: &Region, seg: u64, remote: &Region, off: u64, len: u64
         remote_buffer: remote.id(),
         remote_offset: off,
         length: len,
-        transport: None,
-        require_transport: false,
+        hint: ferry_core::TransportHint::Auto,
     }
 }
 

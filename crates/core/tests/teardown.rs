@@ -39,8 +39,7 @@ fn create_use_close_cycles_leave_no_descriptor_behind() {
                     remote_buffer: remote.id(),
                     remote_offset: 0,
                     length: 4096,
-                    transport: Some(transport),
-                    require_transport: true,
+                    hint: ferry_core::TransportHint::Require(transport),
                 }])
                 .expect("transfer");
             assert_eq!(snaps[0].status, TransferStatus::Completed, "{transport:?}");

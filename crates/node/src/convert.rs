@@ -6,7 +6,7 @@ use ferry_core::handle::{HandleKind, Handles};
 use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{
     EngineConfig, EngineEvent, Error, EtcdConfig, Metrics, Opcode, Request, SegmentInfo,
-    TaskSnapshot, TransportKind,
+    TaskSnapshot, TransportHint, TransportKind,
 };
 use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory};
 use napi_derive::napi;
@@ -306,10 +306,10 @@ pub struct TransferRequest {
     pub remote_offset: Option<f64>,
     /// Bytes to move.
     pub length: f64,
-    /// Transport hint for the first attempt.
+    /// Transport to try first (fallback allowed).
     pub transport: Option<String>,
-    /// Only `transport` may serve the request (no fallback) [false].
-    pub require_transport: Option<bool>,
+    /// The only transport that may serve the request (no fallback).
+    pub require_transport: Option<String>,
 }
 
 /// A transport name from JS.
@@ -329,12 +329,17 @@ fn request(r: &TransferRequest, handles: &Handles) -> Result<Request, Error> {
         remote_buffer: to_u64(r.remote_buffer.unwrap_or(0.0), "remoteBuffer")?,
         remote_offset: to_u64(r.remote_offset.unwrap_or(0.0), "remoteOffset")?,
         length: to_u64(r.length, "length")?,
-        transport: r
-            .transport
-            .as_deref()
-            .map(|t| transport(t, "transport"))
-            .transpose()?,
-        require_transport: r.require_transport.unwrap_or(false),
+        hint: TransportHint::from_fields(
+            r.transport
+                .as_deref()
+                .map(|t| transport(t, "transport"))
+                .transpose()?,
+            r.require_transport
+                .as_deref()
+                .map(|t| transport(t, "requireTransport"))
+                .transpose()?,
+        )
+        .map_err(Error::InvalidArgument)?,
     })
 }
 

@@ -121,8 +121,11 @@ fn request(r: &Rig, op: Opcode, offset: u64, length: u64, require: bool) -> Requ
         remote_buffer: r.remote.id(),
         remote_offset: offset,
         length,
-        transport: Some(TransportKind::Rdma),
-        require_transport: require,
+        hint: if require {
+            ferry_core::TransportHint::Require(TransportKind::Rdma)
+        } else {
+            ferry_core::TransportHint::Prefer(TransportKind::Rdma)
+        },
     }
 }
 
@@ -335,7 +338,7 @@ fn a_failing_path_is_paused_by_the_rail_monitor_and_recovers() {
         for _ in 0..3 {
             wait_reachable(&r);
             let mut req = request(&r, Opcode::Write, 0, 64 << 10, false);
-            req.transport = None;
+            req.hint = ferry_core::TransportHint::Auto;
             let s = one(r.initiator.transfer_blocking(&[req]).expect("write"));
             assert_eq!(s.status, TransferStatus::Completed, "{s:?}");
             assert_eq!(s.transport, Some(TransportKind::Tcp), "{s:?}");
@@ -344,7 +347,7 @@ fn a_failing_path_is_paused_by_the_rail_monitor_and_recovers() {
         // Paused: tcp is tried first, without touching rdma.
         control.set_faults(EmulatedFaults::default());
         let mut req = request(&r, Opcode::Write, 0, 64 << 10, false);
-        req.transport = None;
+        req.hint = ferry_core::TransportHint::Auto;
         let s = one(r
             .initiator
             .transfer_blocking(&[req.clone()])
@@ -408,8 +411,7 @@ fn without_a_device_rdma_is_disabled_with_the_reason() {
             remote_buffer: remote.id(),
             remote_offset: 0,
             length: 4096,
-            transport: Some(TransportKind::Rdma),
-            require_transport: true,
+            hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
         };
         let e = initiator
             .transfer_blocking(&[req.clone()])
@@ -422,8 +424,7 @@ fn without_a_device_rdma_is_disabled_with_the_reason() {
             "{text}"
         );
         // The engine runs on the others.
-        req.require_transport = false;
-        req.transport = None;
+        req.hint = ferry_core::TransportHint::Auto;
         let s = one(initiator.transfer_blocking(&[req]).expect("tcp"));
         assert_eq!(s.status, TransferStatus::Completed);
         assert_eq!(s.transport, Some(TransportKind::Tcp));
@@ -479,8 +480,7 @@ fn registered_user_memory_is_served_over_rdma_on_both_ends() {
             remote_buffer: remote.id(),
             remote_offset: 0,
             length: LEN as u64,
-            transport: Some(TransportKind::Rdma),
-            require_transport: true,
+            hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
         };
         let s = one(initiator.transfer_blocking(&[req]).expect("write"));
         assert_eq!(s.status, TransferStatus::Completed, "{s:?}");

@@ -10,9 +10,10 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::error::{Error, Result};
+use crate::kind::TransportKind;
 use crate::memory::{Region, RegionId};
 use crate::segment::Peer;
-use crate::transport::{Attempt, BoxFuture, Transport, TransportKind};
+use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 
 /// What to inject. `Default` injects nothing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -42,6 +43,31 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^= z >> 31;
         (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Builds `inner`'s transport wrapped with fault injection.
+#[derive(Debug)]
+pub struct FaultFactory {
+    /// The transport to wrap.
+    pub inner: Arc<dyn TransportFactory>,
+    /// What to inject.
+    pub spec: FaultSpec,
+}
+
+impl TransportFactory for FaultFactory {
+    fn kind(&self) -> TransportKind {
+        self.inner.kind()
+    }
+
+    fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>> {
+        let handle = context.handle.clone();
+        let inner = self.inner.build(context)?;
+        Ok(Arc::new(FaultTransport::new(
+            inner,
+            self.spec.clone(),
+            handle,
+        )))
     }
 }
 

@@ -28,12 +28,13 @@ use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::kind::Opcode;
+use crate::kind::TransportKind;
 use crate::memory::{Region, RegionTable};
-use crate::request::Opcode;
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::shm::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::task::Task;
-use crate::transport::{Attempt, Transport, TransportKind};
+use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 use crate::wire::{token_eq, Token};
 
 /// Copies up to this size run on the submitting thread.
@@ -46,7 +47,7 @@ const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 // ---- serving side ---------------------------------------------------------------------
 
 /// Binds the abstract unix socket that serves this engine's memfds.
-pub(crate) fn bind(engine_id: u64) -> Result<(UnixListener, String)> {
+fn bind(engine_id: u64) -> Result<(UnixListener, String)> {
     let name = format!("ferry-shm-{engine_id:016x}-{}", std::process::id());
     let addr = SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(|e| Error::io("shm socket name", &e))?;
@@ -61,7 +62,7 @@ pub(crate) fn bind(engine_id: u64) -> Result<(UnixListener, String)> {
 }
 
 /// Serves fd requests until `cancel` fires.
-pub(crate) async fn serve(
+async fn serve(
     listener: UnixListener,
     regions: Arc<RegionTable>,
     token: Token,
@@ -212,8 +213,15 @@ impl CopyJob {
 
 /// The shared-memory transport.
 pub struct ShmTransport {
+    /// This transport, for the futures of `attach`.
+    me: std::sync::Weak<ShmTransport>,
     machine_id: String,
     local_engine_id: u64,
+    /// Served to same-host peers (their memfds), behind `token`.
+    regions: Arc<RegionTable>,
+    token: Token,
+    /// The abstract socket's name once `install` bound it.
+    socket: std::sync::OnceLock<String>,
     peers: Mutex<HashMap<u64, Arc<ShmPeer>>>,
     jobs: Mutex<Option<mpsc::Sender<CopyJob>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -223,15 +231,8 @@ pub struct ShmTransport {
 }
 
 impl ShmTransport {
-    /// A transport with `copy_threads` copy threads.
-    pub(crate) fn new(
-        machine_id: String,
-        local_engine_id: u64,
-        copy_threads: usize,
-        rt: Handle,
-        shutdown: CancellationToken,
-        on_death: DeathHook,
-    ) -> Result<Self> {
+    /// A transport with `copy_threads` copy threads, for the engine of `context`.
+    fn new(context: TransportContext, copy_threads: usize) -> Result<Arc<Self>> {
         let (tx, rx) = mpsc::channel::<CopyJob>();
         let rx = Arc::new(Mutex::new(rx));
         let mut threads = Vec::new();
@@ -249,16 +250,20 @@ impl ShmTransport {
                 .map_err(|e| Error::io("start shm copy thread", &e))?;
             threads.push(handle);
         }
-        Ok(Self {
-            machine_id,
-            local_engine_id,
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            machine_id: context.machine_id,
+            local_engine_id: context.engine_id,
+            regions: context.regions,
+            token: context.token,
+            socket: std::sync::OnceLock::new(),
             peers: Mutex::new(HashMap::new()),
             jobs: Mutex::new(Some(tx)),
             threads: Mutex::new(threads),
-            rt,
-            shutdown,
-            on_death,
-        })
+            rt: context.handle,
+            shutdown: context.shutdown,
+            on_death: context.lost,
+        }))
     }
 
     fn peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
@@ -271,9 +276,9 @@ impl ShmTransport {
 
     /// Connects to a same-host peer and maps its buffers (again, on refresh). Peers on
     /// another host, or without shm, are left alone.
-    pub(crate) async fn attach(&self, peer: &Arc<Peer>) -> Result<()> {
+    async fn attach_peer(&self, peer: &Arc<Peer>) -> Result<()> {
         let desc = peer.descriptor();
-        let Some(socket) = desc.shm_socket.clone() else {
+        let Some(socket) = socket_of(&desc) else {
             return Ok(());
         };
         if desc.machine_id != self.machine_id || desc.engine_id == self.local_engine_id {
@@ -460,9 +465,61 @@ async fn watch(peer: Arc<ShmPeer>, mut stream: UnixStream, on_death: DeathHook) 
     on_death(&peer.peer, why);
 }
 
+/// The abstract socket a peer serves its memfds on, from its descriptor.
+fn socket_of(desc: &SegmentDescriptor) -> Option<String> {
+    desc.transport_info
+        .get(TransportKind::Shm.name())?
+        .get("socket")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Builds the shared-memory transport.
+#[derive(Debug, Clone, Copy)]
+pub struct ShmFactory {
+    /// Copy threads for large copies.
+    pub copy_threads: usize,
+}
+
+impl TransportFactory for ShmFactory {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>> {
+        Ok(ShmTransport::new(context, self.copy_threads)?)
+    }
+}
+
 impl Transport for ShmTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Shm
+    }
+
+    /// Binds the abstract socket that serves this engine's memfds to same-host peers.
+    fn install(&self) -> Result<()> {
+        let _guard = self.rt.enter();
+        let (listener, name) = bind(self.local_engine_id)?;
+        self.rt.spawn(serve(
+            listener,
+            self.regions.clone(),
+            self.token,
+            self.shutdown.clone(),
+        ));
+        let _ = self.socket.set(name);
+        Ok(())
+    }
+
+    fn describe(&self) -> Option<serde_json::Value> {
+        let socket = self.socket.get()?;
+        Some(serde_json::json!({ "socket": socket }))
+    }
+
+    /// Connects to a same-host peer and maps its buffers (again, on refresh).
+    fn attach(&self, peer: &Arc<Peer>) -> Option<BoxFuture<Result<()>>> {
+        let me = self.me.upgrade()?;
+        let peer = peer.clone();
+        Some(Box::pin(async move { me.attach_peer(&peer).await }))
     }
 
     fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
@@ -478,7 +535,7 @@ impl Transport for ShmTransport {
                         desc.machine_id,
                         self.machine_id
                     ))
-                } else if desc.shm_socket.is_none() {
+                } else if socket_of(&desc).is_none() {
                     Err(format!("{} does not offer shared memory", peer.name()))
                 } else {
                     Err(format!("shared memory with {} is not set up", peer.name()))

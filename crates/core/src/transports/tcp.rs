@@ -25,12 +25,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::kind::Opcode;
+use crate::kind::TransportKind;
 use crate::memory::Region;
 use crate::net::{connect, read_header};
-use crate::request::Opcode;
 use crate::segment::Peer;
 use crate::task::Task;
-use crate::transport::{Attempt, Transport, TransportKind};
+use crate::transport::{Attempt, Transport, TransportContext, TransportFactory};
 use crate::wire::{ConnKind, Header, Op, RejectCode, Token, HEADER_LEN, MAX_DATA_PAYLOAD};
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
@@ -288,6 +289,25 @@ impl DataConn {
 struct PeerPool {
     conns: Vec<Arc<DataConn>>,
     next: AtomicUsize,
+}
+
+/// Builds the TCP transport.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpFactory(pub TcpConfig);
+
+impl TransportFactory for TcpFactory {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>> {
+        Ok(Arc::new(TcpTransport::new(
+            context.handle,
+            context.engine_id,
+            self.0,
+            context.shutdown,
+        )))
+    }
 }
 
 /// The TCP transport.

@@ -25,9 +25,9 @@ use ferry_core::control::transport_request;
 use ferry_core::memory::{Access, Region, RegionId};
 use ferry_core::segment::{Peer, SegmentDescriptor};
 use ferry_core::transport::{
-    Attempt, BoxFuture, ControlPeers, Transport, TransportContext, TransportFactory, TransportKind,
+    Attempt, BoxFuture, ControlPeers, Transport, TransportContext, TransportFactory,
 };
-use ferry_core::{Error, Opcode, Result};
+use ferry_core::{Error, Opcode, Result, TransportKind};
 use serde::{Deserialize, Serialize};
 
 pub use config::{ProviderChoice, RdmaConfig};

@@ -1,0 +1,307 @@
+//! Building an engine from its settings: the runtime, the listener, the transports (every
+//! one through a [`TransportFactory`]), the local segment, the metadata registry.
+//!
+//! A new transport is a factory: add it to [`factories`] (or pass it in
+//! `EngineConfig::extra_transports`), its kind to `kind.rs`, and nothing here changes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::BatchTable;
+use crate::config::{advertised_name, EngineConfig};
+use crate::engine::{Inner, Shell, Stats, OPEN};
+use crate::error::{Error, Result};
+use crate::events::{EngineEvent, EventHub};
+use crate::failover::Deadlines;
+use crate::handle::Handles;
+use crate::health::HealthTable;
+use crate::kind::TransportKind;
+use crate::memory::RegionTable;
+use crate::metadata::EngineIdentity;
+use crate::segment::SegmentTable;
+use crate::server::{accept_loop, LocalSegment};
+use crate::transport::{ControlPeers, LostHook, Transport, TransportContext, TransportFactory};
+use crate::transports::fault::FaultFactory;
+use crate::transports::tcp::TcpFactory;
+use crate::wire::Token;
+
+/// Every factory the settings ask for: the built-in transports, then the extra ones,
+/// each wrapped with its fault injection when `faults` names it.
+fn factories(config: &EngineConfig) -> Vec<Arc<dyn TransportFactory>> {
+    let mut all: Vec<Arc<dyn TransportFactory>> = vec![Arc::new(TcpFactory(config.tcp))];
+    #[cfg(target_os = "linux")]
+    all.push(Arc::new(crate::transports::shm::ShmFactory {
+        copy_threads: config.io_threads.clamp(1, 8),
+    }));
+    all.extend(config.extra_transports.iter().cloned());
+    all.into_iter()
+        .map(
+            |f| match config.faults.iter().find(|(k, _)| *k == f.kind()) {
+                Some((_, spec)) => Arc::new(FaultFactory {
+                    inner: f,
+                    spec: spec.clone(),
+                }) as Arc<dyn TransportFactory>,
+                None => f,
+            },
+        )
+        .collect()
+}
+
+/// Enabled transports, in the order of `config.transports`.
+type Enabled = Vec<(TransportKind, Arc<dyn Transport>)>;
+/// Why each requested transport that is not enabled is not.
+type Disabled = HashMap<TransportKind, String>;
+
+/// The transports of `config.transports`, built and installed in that order, and why each
+/// one that is not is disabled.
+fn build_transports(config: &EngineConfig, context: &TransportContext) -> (Enabled, Disabled) {
+    let factories = factories(config);
+    let mut enabled = Vec::new();
+    let mut disabled = HashMap::new();
+    for kind in &config.transports {
+        let Some(factory) = factories.iter().find(|f| f.kind() == *kind) else {
+            tracing::info!(
+                transport = kind.name(),
+                "transport not available in this build"
+            );
+            disabled.insert(*kind, "not available in this build".to_string());
+            continue;
+        };
+        let built = factory.build(context.clone()).and_then(|t| {
+            t.install().map_err(|e| {
+                t.shutdown();
+                Error::TransportUnavailable(format!("install failed: {e}"))
+            })?;
+            Ok(t)
+        });
+        match built {
+            Ok(t) => enabled.push((*kind, t)),
+            Err(e) => {
+                let why = match e {
+                    Error::TransportUnavailable(why) => why,
+                    other => other.to_string(),
+                };
+                tracing::info!(transport = kind.name(), reason = %why, "transport disabled");
+                disabled.insert(*kind, why);
+            }
+        }
+    }
+    (enabled, disabled)
+}
+
+/// Starts an engine.
+pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
+    config.validate()?;
+    let threads = Arc::new(AtomicUsize::new(0));
+    let (started, stopped) = (threads.clone(), threads.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.io_threads)
+        .thread_name("ferry-io")
+        .on_thread_start(move || {
+            started.fetch_add(1, Ordering::AcqRel);
+        })
+        .on_thread_stop(move || {
+            stopped.fetch_sub(1, Ordering::AcqRel);
+        })
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("start I/O threads", &e))?;
+    let std_listener = std::net::TcpListener::bind(&config.listen)
+        .map_err(|e| Error::InvalidArgument(format!("cannot listen on {}: {e}", config.listen)))?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io("listen", &e))?;
+    let local_addr = std_listener
+        .local_addr()
+        .map_err(|e| Error::io("listen", &e))?;
+    if !local_addr.ip().is_loopback() {
+        tracing::warn!(%local_addr, "listening on a non-loopback address without authentication");
+    }
+    let name = segment_name(&config, local_addr)?;
+    let listener = {
+        let _guard = runtime.enter();
+        tokio::net::TcpListener::from_std(std_listener).map_err(|e| Error::io("listen", &e))?
+    };
+    let engine_id = random_u64();
+    let mut token: Token = [0u8; 16];
+    token[..8].copy_from_slice(&random_u64().to_le_bytes());
+    token[8..].copy_from_slice(&random_u64().to_le_bytes());
+    let regions = Arc::new(RegionTable::default());
+    let control_peers: Arc<ControlPeers> = Arc::default();
+    let machine_id = config.machine_id.clone().unwrap_or_else(machine_identity);
+    let shutdown = CancellationToken::new();
+    let handle = runtime.handle().clone();
+    // Transports report a dead peer through the engine, which does not exist yet: the
+    // hook reads it from this slot once it does.
+    let slot: Arc<OnceLock<Weak<Inner>>> = Arc::default();
+    let lost_slot = slot.clone();
+    let lost: LostHook = Arc::new(move |peer, reason| {
+        if let Some(inner) = lost_slot.get().and_then(Weak::upgrade) {
+            inner.declare_lost(peer, crate::liveness::LossReason::Transport(reason));
+        }
+    });
+    let context = TransportContext {
+        engine_id,
+        machine_id: machine_id.clone(),
+        handle: handle.clone(),
+        shutdown: shutdown.child_token(),
+        regions: regions.clone(),
+        lost,
+        control_peers: control_peers.clone(),
+        token,
+    };
+    let (transports, disabled) = {
+        let _guard = runtime.enter();
+        build_transports(&config, &context)
+    };
+    // Every requested transport that cannot be used is reported to the first subscriber,
+    // with the reason.
+    let backlog: Vec<EngineEvent> = config
+        .transports
+        .iter()
+        .filter_map(|kind| {
+            Some(EngineEvent::TransportDisabled {
+                transport: *kind,
+                segment: None,
+                reason: disabled.get(kind)?.clone(),
+                until_ms: None,
+            })
+        })
+        .collect();
+    let local = Arc::new(LocalSegment {
+        engine_id,
+        name,
+        machine_id: machine_id.clone(),
+        token,
+        regions: regions.clone(),
+        transports: crate::kind::DEFAULT_ORDER
+            .into_iter()
+            .filter_map(|k| Some((k, transports.iter().find(|(t, _)| *t == k)?.1.clone())))
+            .collect(),
+        control_peers,
+    });
+    let metadata = match &config.metadata {
+        None => None,
+        Some(etcd) => {
+            let identity = EngineIdentity {
+                addr: &local.name,
+                engine_id,
+                machine_id: &machine_id,
+            };
+            match crate::metadata::register(&handle, etcd, identity, &shutdown) {
+                Ok(m) => Some(m),
+                Err(e) => {
+                    shutdown.cancel();
+                    for (_, t) in &transports {
+                        t.shutdown();
+                    }
+                    runtime.shutdown_background();
+                    return Err(e);
+                }
+            }
+        }
+    };
+    handle.spawn(accept_loop(listener, local.clone(), shutdown.clone()));
+    let tick = config
+        .failover
+        .attempt_timeout
+        .map(|t| (t / 10).clamp(Duration::from_millis(5), Duration::from_millis(100)))
+        .unwrap_or(Duration::from_millis(100));
+    let handles = Handles::default();
+    let stats = Arc::new(Stats::default());
+    let inner = Arc::new(Inner {
+        state: AtomicU8::new(OPEN),
+        engine_id,
+        config: config.clone(),
+        local,
+        runtime: Mutex::new(Some(runtime)),
+        handle,
+        shutdown,
+        regions,
+        segments: SegmentTable::default(),
+        batches: BatchTable::new(handles),
+        transports,
+        disabled,
+        deadlines: Arc::new(Deadlines::new(std::time::Instant::now(), tick)),
+        health: HealthTable::new(config.rail),
+        health_dirty: AtomicBool::new(false),
+        ops: Mutex::new(HashMap::new()),
+        next_op: AtomicU64::new(1),
+        stats: stats.clone(),
+        threads,
+        spawned: Arc::default(),
+        events: EventHub::with_backlog(backlog),
+        metadata,
+    });
+    let _ = slot.set(Arc::downgrade(&inner));
+    if inner.config.failover.attempt_timeout.is_some() {
+        inner.handle.spawn(crate::dispatch::sweep_deadlines(
+            Arc::downgrade(&inner),
+            inner.shutdown.clone(),
+        ));
+    }
+    tracing::debug!(segment = %inner.local.name, "engine started");
+    let name = match &inner.metadata {
+        Some(m) => m.name().to_string(),
+        None => inner.local.name.clone(),
+    };
+    Ok(Shell {
+        engine_id,
+        name,
+        local_addr,
+        config,
+        stats,
+        handles,
+        live: RwLock::new(Some(inner)),
+    })
+}
+
+/// The p2p segment name: the advertise address, else the bound one (127.0.0.1 for an
+/// unspecified one).
+fn segment_name(config: &EngineConfig, local_addr: SocketAddr) -> Result<String> {
+    Ok(match &config.advertise {
+        Some(a) => advertised_name(a, local_addr.port())?,
+        None if local_addr.ip().is_unspecified() => {
+            if config.metadata.is_some() {
+                tracing::warn!(
+                    %local_addr,
+                    "listening on all interfaces without an advertise address: the segment \
+                     is published as 127.0.0.1, which other hosts cannot reach"
+                );
+            }
+            SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), local_addr.port()).to_string()
+        }
+        None => local_addr.to_string(),
+    })
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // getrandom only fails where the OS has no entropy source; fall back to time and pid.
+    if getrandom::fill(&mut b).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        return t ^ (u64::from(std::process::id()) << 32);
+    }
+    u64::from_le_bytes(b).max(1)
+}
+
+fn machine_identity() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    format!(
+        "{}/{}",
+        read("/etc/machine-id"),
+        read("/proc/sys/kernel/random/boot_id")
+    )
+}

@@ -1,0 +1,157 @@
+//! Running attempts: start one on a transport, give it a deadline, and carry out what
+//! `attempt::on_failure` decides when it fails (events, counters, the next attempt).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::attempt::{on_failure, Failure, Next};
+use crate::engine::Inner;
+use crate::error::Error;
+use crate::events::EngineEvent;
+use crate::failover::Trampoline;
+use crate::kind::TransportKind;
+use crate::task::{Driver, Task};
+use crate::transport::Attempt;
+
+thread_local! {
+    /// Attempt failures raised on this thread while it handles one (see `Trampoline`).
+    static FAILURES: Trampoline<(Arc<Task>, Error)> = Trampoline::default();
+}
+
+impl Driver for Inner {
+    fn attempt_failed(&self, task: &Arc<Task>, _attempt: u32, error: Error) {
+        // A failure raised while handling another (the resubmission failed at submit) is
+        // queued and handled after it, so the stack stays flat whatever the budget.
+        FAILURES.with(|f| {
+            f.run((task.clone(), error), |(task, error)| {
+                self.attempt_failure(&task, error)
+            })
+        });
+    }
+
+    fn attempt_succeeded(&self, task: &Task, _attempt: u32) {
+        if self.health_dirty.load(Ordering::Relaxed) {
+            if let Some(kind) = task.transport() {
+                self.health
+                    .record_success(&(task.request().peer.handle(), kind), Instant::now());
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Starts a new attempt of `task` on `kind`.
+    pub(crate) fn start_attempt(&self, task: &Arc<Task>, kind: TransportKind) {
+        let Some(attempt) = task.begin_attempt(kind) else {
+            return;
+        };
+        if let Some(timeout) = self.config.failover.attempt_timeout {
+            let key = self
+                .deadlines
+                .add(Arc::downgrade(task), attempt, Instant::now() + timeout);
+            task.set_deadline(attempt, &self.deadlines, key);
+        }
+        tracing::debug!(
+            peer = task.request().peer.name(),
+            transport = kind.name(),
+            attempt,
+            "attempt"
+        );
+        let Some(transport) = self.transport(kind) else {
+            task.attempt_failed(attempt, Error::TransportUnavailable(kind.name().into()));
+            return;
+        };
+        let a = Attempt {
+            task: task.clone(),
+            attempt,
+        };
+        if let Some(Err(e)) = transport.submit(std::slice::from_ref(&a)).pop() {
+            task.attempt_failed(attempt, e);
+        }
+    }
+
+    fn attempt_failure(&self, task: &Arc<Task>, error: Error) {
+        let now = Instant::now();
+        let peer = &task.request().peer;
+        let current = task.transport().unwrap_or(TransportKind::Tcp);
+        let failure = Failure {
+            error: &error,
+            transport: current,
+            peer: peer.handle(),
+            peer_lost: peer.is_lost(),
+            engine_open: !self.is_closed(),
+            observer: task.observer(),
+        };
+        let actions =
+            task.with_state(|st| on_failure(&self.config.failover, &self.health, st, failure, now));
+        if actions.recorded {
+            self.health_dirty.store(true, Ordering::Relaxed);
+        }
+        if let Some(until) = actions.rail_paused_until {
+            tracing::info!(
+                peer = peer.name(),
+                transport = current.name(),
+                "transport keeps failing towards this peer: ranked last for a cooldown"
+            );
+            self.stats
+                .transports_disabled
+                .fetch_add(1, Ordering::Relaxed);
+            let wall = SystemTime::now() + until.saturating_duration_since(now);
+            self.emit(EngineEvent::TransportDisabled {
+                transport: current,
+                segment: Some(peer.name().to_string()),
+                reason: error.to_string(),
+                until_ms: wall
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .ok()
+                    .map(|d| d.as_millis() as u64),
+            });
+        }
+        match actions.next {
+            Next::Retry { to, switches } => {
+                self.stats.failovers.fetch_add(1, Ordering::Relaxed);
+                let segment = peer.name().to_string();
+                tracing::debug!(%segment, from = current.name(), to = to.name(), switches, %error, "failover");
+                self.emit(EngineEvent::Failover {
+                    segment,
+                    from: current,
+                    to,
+                    attempt: switches,
+                    reason: error.to_string(),
+                });
+                self.start_attempt(task, to);
+            }
+            Next::Fail(why) => {
+                tracing::debug!(?why, %error, "task failed");
+                task.fail(error);
+            }
+        }
+    }
+}
+
+/// Fails attempts that pass their deadline (they then fail over like any failed attempt).
+pub(crate) async fn sweep_deadlines(inner: Weak<Inner>, cancel: CancellationToken) {
+    let tick = match inner.upgrade() {
+        Some(i) => i.deadlines.tick(),
+        None => return,
+    };
+    let mut interval = tokio::time::interval(tick.max(Duration::from_millis(1)));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        for (task, attempt) in inner.deadlines.expired(Instant::now()) {
+            let Some(task) = task.upgrade() else { continue };
+            if task.attempt() == attempt && !task.status().is_terminal() {
+                inner.stats.attempt_timeouts.fetch_add(1, Ordering::Relaxed);
+                task.attempt_failed(attempt, Error::Timeout);
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The vocabulary every other module shares: which transport, which direction, and what a
+//! request asks of the transport choice. A leaf: it imports nothing from the crate.
+
+use std::fmt;
+
+/// Which transport served (or is serving) a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// TCP sockets.
+    Tcp = 1,
+    /// Shared memory on the same host.
+    Shm = 2,
+    /// RDMA verbs.
+    Rdma = 3,
+}
+
+/// The one transport order: same-host shared memory, then RDMA, then TCP. It is the
+/// default of `EngineConfig::transports`, the order of a segment's registered transports
+/// and the ranking of candidates before health applies.
+pub const DEFAULT_ORDER: [TransportKind; 3] =
+    [TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp];
+
+impl TransportKind {
+    /// Parses a lowercase name.
+    pub fn parse(name: &str) -> Option<Self> {
+        DEFAULT_ORDER.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Shm => "shm",
+            Self::Rdma => "rdma",
+        }
+    }
+
+    /// Reads the raw value stored in a task (0 = none yet).
+    pub fn from_raw(raw: u8) -> Option<Self> {
+        DEFAULT_ORDER.into_iter().find(|k| *k as u8 == raw)
+    }
+
+    /// The names, for messages ("tcp, shm or rdma").
+    pub fn names() -> String {
+        let mut names: Vec<&str> = DEFAULT_ORDER.iter().map(|k| k.name()).collect();
+        names.sort_unstable_by_key(|n| std::cmp::Reverse(*n == "tcp"));
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
+    }
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Direction of a transfer, seen from the initiator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opcode {
+    /// Copy remote bytes into local memory.
+    Read,
+    /// Copy local bytes into remote memory.
+    Write,
+}
+
+impl Opcode {
+    /// The opcode named "read" / "write" (either case); `Opcode::parse` (in `request.rs`)
+    /// is the same with the API's error.
+    pub fn from_name(s: &str) -> Option<Self> {
+        match s {
+            "read" | "READ" => Some(Self::Read),
+            "write" | "WRITE" => Some(Self::Write),
+            _ => None,
+        }
+    }
+}
+
+/// What a request asks of the transport choice. One value from the API to the planner
+/// (`plan.rs`), which alone decides what it means for the candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TransportHint {
+    /// The engine picks (default order, health applied) and fails over freely.
+    #[default]
+    Auto,
+    /// Try this transport first; fall back to the others.
+    Prefer(TransportKind),
+    /// Only this transport may serve the request: no fallback.
+    Require(TransportKind),
+}
+
+impl TransportHint {
+    /// The hinted transport, if any.
+    pub fn kind(self) -> Option<TransportKind> {
+        match self {
+            Self::Auto => None,
+            Self::Prefer(k) | Self::Require(k) => Some(k),
+        }
+    }
+
+    /// Whether fallback is forbidden.
+    pub fn is_required(self) -> bool {
+        matches!(self, Self::Require(_))
+    }
+
+    /// The hint of the API's two fields (`transport`, `requireTransport`): naming both is
+    /// fine when they agree; `Err` says why they do not.
+    pub fn from_fields(
+        prefer: Option<TransportKind>,
+        require: Option<TransportKind>,
+    ) -> Result<Self, String> {
+        match (prefer, require) {
+            (Some(p), Some(r)) if p != r => Err(format!(
+                "transport and requireTransport name different transports ({p} and {r})"
+            )),
+            (_, Some(r)) => Ok(Self::Require(r)),
+            (Some(p), None) => Ok(Self::Prefer(p)),
+            (None, None) => Ok(Self::Auto),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for k in DEFAULT_ORDER {
+            assert_eq!(TransportKind::parse(k.name()), Some(k));
+            assert_eq!(TransportKind::from_raw(k as u8), Some(k));
+        }
+        assert_eq!(TransportKind::parse("TCP"), None);
+        assert_eq!(TransportKind::from_raw(0), None);
+        assert_eq!(TransportKind::names(), "tcp, shm or rdma");
+        assert_eq!(Opcode::from_name("WRITE"), Some(Opcode::Write));
+        assert_eq!(Opcode::from_name("copy"), None);
+    }
+
+    #[test]
+    fn hint_from_the_api_fields() {
+        use TransportKind::*;
+        assert_eq!(
+            TransportHint::from_fields(None, None),
+            Ok(TransportHint::Auto)
+        );
+        assert_eq!(
+            TransportHint::from_fields(Some(Tcp), None),
+            Ok(TransportHint::Prefer(Tcp))
+        );
+        assert_eq!(
+            TransportHint::from_fields(None, Some(Shm)),
+            Ok(TransportHint::Require(Shm))
+        );
+        assert_eq!(
+            TransportHint::from_fields(Some(Shm), Some(Shm)),
+            Ok(TransportHint::Require(Shm))
+        );
+        assert!(TransportHint::from_fields(Some(Tcp), Some(Shm))
+            .expect_err("disagree")
+            .contains("different"));
+    }
+}

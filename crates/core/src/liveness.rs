@@ -1,0 +1,338 @@
+//! Peer liveness as a state machine: a link to a peer is connecting, up (pinging, and
+//! listening for any frame), or waiting to reconnect. Fed with what happened and `now`;
+//! it says what to do next. Pure: `control.rs` drives it over a socket and tokio timers,
+//! and the tests drive it on simulated time.
+//!
+//! - Up: a ping goes out on connect and every `interval` (a quarter of the timeout, at
+//!   least 20 ms). A peer not heard from for `timeout` is lost — at exactly
+//!   `last_heard + timeout`.
+//! - A broken or silent link waits a backoff before it reconnects: 100 ms, doubling to
+//!   5 s, each delay with ±20 % jitter so that peers do not reconnect in lockstep; a
+//!   connection resets it.
+//! - Loss is reported once per loss; recovery once per recovery (the peer's own flag,
+//!   shared with the other sources of loss — etcd, the same-host watcher — decides).
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// First reconnect delay after a lost link.
+pub const BACKOFF_START: Duration = Duration::from_millis(100);
+/// Longest reconnect delay (before jitter).
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Jitter applied to each delay: ± this many percent.
+pub const JITTER_PERCENT: u64 = 20;
+/// Shortest heartbeat interval.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Why a peer was declared lost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LossReason {
+    /// No frame heard for the whole timeout.
+    Silent {
+        /// The timeout, in ms.
+        timeout_ms: u64,
+    },
+    /// The peer closed the control connection.
+    Closed,
+    /// The control connection failed (read or write).
+    Broken(String),
+    /// Connecting (or the descriptor refresh after a restart) failed.
+    Unreachable(String),
+    /// Its etcd record went away (lease expired or engine closed).
+    RecordRemoved,
+    /// A transport found it dead (e.g. the same-host process exited).
+    Transport(String),
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Silent { timeout_ms } => write!(f, "no heartbeat answer for {timeout_ms} ms"),
+            Self::Closed => f.write_str("control connection closed by peer"),
+            Self::Broken(e) => write!(f, "control connection failed: {e}"),
+            Self::Unreachable(e) => f.write_str(e),
+            Self::RecordRemoved => {
+                f.write_str("etcd record removed (lease expired or engine closed)")
+            }
+            Self::Transport(e) => f.write_str(e),
+        }
+    }
+}
+
+/// Where the link is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Connecting now.
+    Connecting,
+    /// Connected: heard last at `last_heard`, next ping due at `next_ping`.
+    Up {
+        /// When the last frame came.
+        last_heard: Instant,
+        /// When the next ping is due.
+        next_ping: Instant,
+    },
+    /// Waiting to reconnect until then.
+    Waiting {
+        /// When to connect again.
+        until: Instant,
+    },
+}
+
+/// What the driver does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send a ping now.
+    Ping,
+    /// Connect now.
+    Connect,
+    /// Declare the peer lost (the driver drops the connection).
+    Lost(LossReason),
+}
+
+/// A link's state machine.
+#[derive(Debug, Clone)]
+pub struct Link {
+    timeout: Duration,
+    interval: Duration,
+    state: LinkState,
+    backoff: Duration,
+    rng: u64,
+}
+
+impl Link {
+    /// A link that starts connecting; `seed` drives its jitter.
+    pub fn new(timeout: Duration, seed: u64) -> Self {
+        Self {
+            timeout,
+            interval: (timeout / 4).max(MIN_INTERVAL),
+            state: LinkState::Connecting,
+            backoff: BACKOFF_START,
+            rng: seed,
+        }
+    }
+
+    /// Where the link is.
+    pub fn state(&self) -> LinkState {
+        self.state
+    }
+
+    /// The heartbeat interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// When `poll` has something to do next (`None` while connecting: the connect's own
+    /// timeout bounds it).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match self.state {
+            LinkState::Connecting => None,
+            LinkState::Up {
+                last_heard,
+                next_ping,
+            } => Some(next_ping.min(last_heard + self.timeout)),
+            LinkState::Waiting { until } => Some(until),
+        }
+    }
+
+    /// The connection is up (the descriptor is fresh). Returns whether to report the peer
+    /// recovered: when `peer_lost` (it had been declared lost, by this link or another
+    /// source). The first ping is due now.
+    pub fn connected(&mut self, now: Instant, peer_lost: bool) -> bool {
+        self.state = LinkState::Up {
+            last_heard: now,
+            next_ping: now,
+        };
+        self.backoff = BACKOFF_START;
+        peer_lost
+    }
+
+    /// A frame came in.
+    pub fn heard(&mut self, now: Instant) {
+        if let LinkState::Up { last_heard, .. } = &mut self.state {
+            *last_heard = (*last_heard).max(now);
+        }
+    }
+
+    /// The connection (or the attempt to make one) failed. Returns the loss to report,
+    /// unless the peer is already declared lost; the link then waits a backoff.
+    pub fn broken(&mut self, reason: LossReason, now: Instant, peer_lost: bool) -> Option<Action> {
+        let delay = self.jittered(self.backoff);
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+        self.state = LinkState::Waiting { until: now + delay };
+        (!peer_lost).then_some(Action::Lost(reason))
+    }
+
+    /// What is due at `now`: a ping, the loss of a silent peer, or a reconnect.
+    pub fn poll(&mut self, now: Instant, peer_lost: bool) -> Option<Action> {
+        match self.state {
+            LinkState::Up {
+                last_heard,
+                next_ping,
+            } => {
+                if now >= last_heard + self.timeout {
+                    let timeout_ms = self.timeout.as_millis() as u64;
+                    return self.broken(LossReason::Silent { timeout_ms }, now, peer_lost);
+                }
+                if now >= next_ping {
+                    // Pings keep their cadence; a late poll does not send a burst.
+                    let mut next = next_ping + self.interval;
+                    if next <= now {
+                        next = now + self.interval;
+                    }
+                    self.state = LinkState::Up {
+                        last_heard,
+                        next_ping: next,
+                    };
+                    return Some(Action::Ping);
+                }
+                None
+            }
+            LinkState::Waiting { until } if now >= until => {
+                self.state = LinkState::Connecting;
+                Some(Action::Connect)
+            }
+            LinkState::Waiting { .. } | LinkState::Connecting => None,
+        }
+    }
+
+    /// `d` ± `JITTER_PERCENT` %, drawn from the link's generator (SplitMix64).
+    fn jittered(&mut self, d: Duration) -> Duration {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let span = 2 * JITTER_PERCENT + 1; // -J ..= +J
+        let percent = 100 - JITTER_PERCENT + z % span;
+        d * percent as u32 / 100
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_millis(3000);
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn silence_is_lost_at_exactly_the_timeout() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 1);
+        assert!(!link.connected(t0, false));
+        assert_eq!(link.poll(t0, false), Some(Action::Ping));
+        link.heard(t0 + ms(10));
+        let deadline = t0 + ms(10) + T;
+        // Pings due on the way are all there is until the deadline.
+        let mut at = t0 + ms(10);
+        while at < deadline - ms(1) {
+            at = link.next_deadline().expect("up").min(deadline - ms(1));
+            if let Some(a) = link.poll(at, false) {
+                assert_eq!(a, Action::Ping, "at {:?}", at - t0);
+            }
+        }
+        assert_eq!(link.poll(deadline - Duration::from_nanos(1), false), None);
+        assert_eq!(
+            link.poll(deadline, false),
+            Some(Action::Lost(LossReason::Silent { timeout_ms: 3000 }))
+        );
+        assert!(matches!(link.state(), LinkState::Waiting { .. }));
+        assert_eq!(
+            LossReason::Silent { timeout_ms: 3000 }.to_string(),
+            "no heartbeat answer for 3000 ms"
+        );
+    }
+
+    #[test]
+    fn pings_go_out_on_connect_and_every_quarter_timeout() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 1);
+        assert_eq!(link.interval(), ms(750));
+        link.connected(t0, false);
+        let mut pings = Vec::new();
+        let mut now = t0;
+        while now < t0 + ms(2999) {
+            if link.poll(now, false) == Some(Action::Ping) {
+                pings.push((now - t0).as_millis());
+                link.heard(now); // answered at once
+            }
+            now = link.next_deadline().expect("up");
+        }
+        assert_eq!(pings, [0, 750, 1500, 2250]);
+        // A late poll sends one ping, not the missed ones.
+        let mut late = Link::new(T, 1);
+        late.connected(t0, false);
+        assert_eq!(late.poll(t0, false), Some(Action::Ping));
+        late.heard(t0 + ms(2000));
+        assert_eq!(late.poll(t0 + ms(2000), false), Some(Action::Ping));
+        assert_eq!(late.poll(t0 + ms(2001), false), None);
+        assert_eq!(late.next_deadline(), Some(t0 + ms(2750)));
+        // Short timeouts keep a floor on the cadence.
+        assert_eq!(Link::new(ms(40), 1).interval(), MIN_INTERVAL);
+    }
+
+    #[test]
+    fn reconnect_backoff_doubles_to_the_cap_with_bounded_jitter_and_resets() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 42);
+        let mut base = BACKOFF_START;
+        let mut now = t0;
+        let mut delays = Vec::new();
+        for _ in 0..12 {
+            link.broken(LossReason::Unreachable("refused".into()), now, true);
+            let LinkState::Waiting { until } = link.state() else {
+                panic!("waits")
+            };
+            let d = until - now;
+            let lo = base * (100 - JITTER_PERCENT as u32) / 100;
+            let hi = base * (100 + JITTER_PERCENT as u32) / 100;
+            assert!(d >= lo && d <= hi, "{d:?} not within {lo:?}..={hi:?}");
+            delays.push(d);
+            assert_eq!(link.poll(until - Duration::from_nanos(1), true), None);
+            assert_eq!(link.poll(until, true), Some(Action::Connect));
+            now = until;
+            base = (base * 2).min(BACKOFF_MAX);
+        }
+        // 100 ms doubling reaches the 5 s cap by the 8th delay and stays there.
+        assert!(delays[7..].iter().all(|d| *d >= BACKOFF_MAX * 4 / 5));
+        // Jitter differs between links with different seeds.
+        let mut other = Link::new(T, 43);
+        other.broken(LossReason::Closed, t0, true);
+        let mut same = Link::new(T, 42);
+        same.broken(LossReason::Closed, t0, true);
+        assert_ne!(other.state(), same.state());
+        // A connection resets the backoff.
+        link.connected(now, true);
+        link.broken(LossReason::Closed, now, false);
+        let LinkState::Waiting { until } = link.state() else {
+            panic!("waits")
+        };
+        assert!(until - now <= BACKOFF_START * 6 / 5);
+    }
+
+    #[test]
+    fn loss_and_recovery_are_reported_once_each() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 7);
+        link.connected(t0, false);
+        // The first break reports the loss; the peer is then lost, and further breaks
+        // (failed reconnects) report nothing.
+        assert_eq!(
+            link.broken(LossReason::Closed, t0, false),
+            Some(Action::Lost(LossReason::Closed))
+        );
+        assert_eq!(
+            link.broken(LossReason::Unreachable("refused".into()), t0, true),
+            None
+        );
+        // Reconnected: recovered once; a second connect with the peer alive reports none.
+        assert!(link.connected(t0 + ms(500), true));
+        assert!(!link.connected(t0 + ms(600), false));
+        // Silence while another source already declared it lost: nothing new to report.
+        link.heard(t0 + ms(600));
+        assert_eq!(link.poll(t0 + ms(600) + T, true), None);
+    }
+}

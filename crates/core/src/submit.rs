@@ -1,0 +1,171 @@
+//! Submission: requests become tasks. Every request of a call is validated (`request.rs`)
+//! and planned (`plan.rs`) before any starts, so a bad one leaves no trace; then each task
+//! starts its first attempt.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use crate::engine::Inner;
+use crate::error::{Error, Result};
+use crate::plan::{plan, PeerView, Plan};
+use crate::request::{validate, Request, ValidatedRequest};
+use crate::status::TransferStatus;
+use crate::task::{Driver, Group, Observer, Task, TaskSnapshot};
+
+impl Inner {
+    /// Validates and plans every request; the first bad one fails the call.
+    fn prepare(&self, requests: &[Request]) -> Result<Vec<(ValidatedRequest, Plan)>> {
+        self.check_open()?;
+        if requests.is_empty() {
+            return Err(Error::InvalidArgument("no requests given".into()));
+        }
+        let now = Instant::now();
+        requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let v = validate(r, |id| self.regions.get(id), |h| self.segments.get(h))
+                    .map_err(|e| annotate(e, i))?;
+                let p = self.plan(&v, now).map_err(|e| annotate(e, i))?;
+                Ok((v, p))
+            })
+            .collect()
+    }
+
+    /// The plan of a validated request, from what the engine knows of its peer now.
+    fn plan(&self, v: &ValidatedRequest, now: Instant) -> Result<Plan> {
+        let registered = v
+            .descriptor
+            .buffer(v.remote_buffer)
+            .map(|b| b.transports.clone())
+            .unwrap_or_default();
+        let path = |k| self.path(k, &v.peer);
+        let peer = v.peer.handle();
+        let dirty = self.health_dirty.load(Ordering::Relaxed);
+        let paused = |k, at| dirty && self.health.is_paused(&(peer, k), at);
+        let view = PeerView {
+            name: v.peer.name(),
+            buffer: v.remote_buffer,
+            registered: &registered,
+            path: &path,
+            lost: v.peer.is_lost().then(|| v.peer.lost_error()),
+            paused: &paused,
+        };
+        plan(v.hint, &view, now)
+    }
+
+    fn make_tasks(
+        self: &Arc<Self>,
+        prepared: Vec<(ValidatedRequest, Plan)>,
+        group: Option<&Arc<Group>>,
+        observer: Observer,
+    ) -> Vec<Arc<Task>> {
+        let driver: Weak<dyn Driver> = Arc::downgrade(self) as Weak<dyn Driver>;
+        prepared
+            .into_iter()
+            .map(|(v, p)| {
+                Task::with_driver(
+                    v,
+                    group.cloned(),
+                    self.stats.counters.clone(),
+                    observer,
+                    Some(driver.clone()),
+                    p.candidates,
+                    p.pinned,
+                )
+            })
+            .collect()
+    }
+
+    fn launch(&self, tasks: &[Arc<Task>]) {
+        self.stats
+            .submitted
+            .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+        for task in tasks {
+            match task.with_state(|st| st.candidates.first().copied()) {
+                Some(kind) => self.start_attempt(task, kind),
+                // A plan is never empty; kept total all the same.
+                None => {
+                    task.fail(Error::TransportUnavailable("no candidate transport".into()));
+                }
+            }
+        }
+    }
+
+    pub(crate) fn submit_transfer(
+        self: &Arc<Self>,
+        batch: u64,
+        requests: &[Request],
+    ) -> Result<usize> {
+        self.check_open()?;
+        let b = self.batches.get(batch).map_err(|e| self.or_closed(e))?;
+        b.check_room(batch, requests.len())?;
+        let prepared = self.prepare(requests)?;
+        let tasks = self.make_tasks(prepared, None, Observer::Poll);
+        let first = b.push(batch, tasks.clone())?;
+        self.launch(&tasks);
+        Ok(first)
+    }
+
+    pub(crate) fn transfer<F>(self: &Arc<Self>, requests: &[Request], on_done: F) -> Result<u64>
+    where
+        F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
+    {
+        let prepared = self.prepare(requests)?;
+        let op = self.next_op.fetch_add(1, Ordering::Relaxed);
+        let weak = Arc::downgrade(self);
+        let holder: Arc<Mutex<Vec<Arc<Task>>>> = Arc::default();
+        let holder_cb = holder.clone();
+        let group = Group::new(
+            prepared.len(),
+            Box::new(move || {
+                let tasks =
+                    std::mem::take(&mut *holder_cb.lock().unwrap_or_else(|p| p.into_inner()));
+                if let Some(inner) = weak.upgrade() {
+                    inner
+                        .ops
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&op);
+                }
+                on_done(tasks.iter().map(|t| t.snapshot()).collect());
+            }),
+        );
+        let tasks = self.make_tasks(prepared, Some(&group), Observer::Progress);
+        *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
+        self.ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(op, tasks.clone());
+        self.launch(&tasks);
+        Ok(op)
+    }
+
+    pub(crate) fn cancel(&self, op: u64) -> bool {
+        let tasks = self
+            .ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&op)
+            .cloned();
+        let Some(tasks) = tasks else { return false };
+        let mut any = false;
+        for t in tasks {
+            any |= t.finish(TransferStatus::Canceled, Some(Error::Canceled));
+        }
+        any
+    }
+}
+
+/// Names the request an error is about.
+fn annotate(e: Error, index: usize) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("request {index}: {m}")),
+        Error::OutOfRange(m) => Error::OutOfRange(format!("request {index}: {m}")),
+        Error::TransportUnavailable(m) => {
+            Error::TransportUnavailable(format!("request {index}: {m}"))
+        }
+        other => other,
+    }
+}
