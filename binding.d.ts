@@ -433,8 +433,8 @@ export interface TransferRequest {
   remoteOffset?: number
   /** Bytes to move. */
   length: number
-  /** Transport hint for the first attempt. */
+  /** Transport to try first (fallback allowed). */
   transport?: string
-  /** Only `transport` may serve the request (no fallback) [false]. */
-  requireTransport?: boolean
+  /** The only transport that may serve the request (no fallback). */
+  requireTransport?: string
 }

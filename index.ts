@@ -637,8 +637,38 @@ export class Engine extends EventEmitter {
         if (this.#unheard.length < 64) this.#unheard.push(event)
         return
       }
+      if (event.kind === 'peerLost') {
+        this.#announceLoss(event.segment, event.reason)
+        return
+      }
+      if (event.kind === 'peerRecovered') this.#lost.delete(event.segment)
       super.emit(event.kind, event)
     })
+  }
+
+  /** Segments whose `peerLost` was emitted and that have not recovered since. */
+  readonly #lost = new Set<string>()
+
+  /** Emits `peerLost` for `segment` unless it was emitted for this loss already. */
+  #announceLoss(segment: string, reason: string): void {
+    if (this.#lost.has(segment)) return
+    this.#lost.add(segment)
+    super.emit('peerLost', { kind: 'peerLost', segment, reason })
+  }
+
+  /**
+   * The core emits `peerLost` before it fails the work the loss explains, but the event and
+   * a Promise's settlement reach JS through different native queues, in either order. So a
+   * status that shows such a failure emits the event first if it has not arrived yet (the
+   * native one is then not emitted again).
+   */
+  #explainLosses(tasks: TaskStatus[]): void {
+    for (const t of tasks) {
+      if (t.code !== 'ERR_FERRY_PEER_LOST' || t.message === undefined) continue
+      // The core's wording: "peer <segment> lost: <reason>".
+      const m = /^peer (.+?) lost: (.*)$/s.exec(t.message)
+      if (m) this.#announceLoss(m[1], m[2])
+    }
   }
 
   /**
@@ -751,12 +781,16 @@ export class Engine extends EventEmitter {
   getTransferStatus(batch: number, task: number): TaskStatus {
     checkNumber('batch', batch, false)
     checkNumber('task', task, false)
-    return toTaskStatus(this.native((n) => n.getTransferStatus(batch, task)))
+    const status = toTaskStatus(this.native((n) => n.getTransferStatus(batch, task)))
+    this.#explainLosses([status])
+    return status
   }
 
   /** Status of every task of a batch. */
   getTransferStatusList(batch: number): TaskStatus[] {
-    return this.native((n) => n.getTransferStatusList(batch)).map(toTaskStatus)
+    const list = this.native((n) => n.getTransferStatusList(batch)).map(toTaskStatus)
+    this.#explainLosses(list)
+    return list
   }
 
   /** Aggregate status of a batch. */
@@ -814,6 +848,7 @@ export class Engine extends EventEmitter {
       signal?.removeEventListener('abort', onAbort)
     }
     const tasks = raw.map(toTaskStatus)
+    this.#explainLosses(tasks)
     const failed = tasks.find((t) => t.status !== TransferStatus.COMPLETED)
     if (!failed) {
       return { bytes: tasks.reduce((a, t) => a + t.transferredBytes, 0), tasks }

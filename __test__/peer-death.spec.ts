@@ -16,6 +16,11 @@ function stream(engine: Engine, opts: { local: ReturnType<Engine['allocate']>; s
   let completed = 0
   const settled: Array<{ at: number; ok: boolean; code?: string }> = []
   const pending = new Set<Promise<TransferResult | void>>()
+  // How many Promises had settled when peerLost was emitted.
+  let lostAt: number | undefined
+  engine.once('peerLost', () => {
+    lostAt = settled.length
+  })
   let i = 0
   const launch = () => {
     if (!running) return
@@ -52,6 +57,9 @@ function stream(engine: Engine, opts: { local: ReturnType<Engine['allocate']>; s
     settled,
     get completed() {
       return completed
+    },
+    get lostAt() {
+      return lostAt
     },
     /** Stops launching; returns the Promises still pending at that moment. */
     stop() {
@@ -147,5 +155,39 @@ test('SIGSTOP of the target (a hung peer): in-flight writes fail with ERR_FERRY_
     process.kill(target.pid, 'SIGCONT')
     await engine.close()
     await target.kill()
+  }
+})
+
+test('SIGKILL of the target: peerLost is emitted before any write towards it rejects, every time', async (t) => {
+  t.timeout(120_000)
+  // The core emits the event first; the data connections usually notice the death before
+  // the control link, and the event and the rejections reach JS through different
+  // queues. Several rounds, since the old order broke in some runs only.
+  for (let round = 0; round < 4; round++) {
+    const target = await startTarget({ FERRY_TARGET_BYTES: String(16 * MiB) })
+    const engine = await Engine.create({ peerTimeoutMs: 3000, transports: ['tcp'] })
+    const order: string[] = []
+    engine.on('peerLost', () => order.push('peerLost'))
+    try {
+      const local = engine.allocate(16 * MiB)
+      const seg = await engine.openSegment(target.segment)
+      const s = stream(engine, { local, seg, buffer: target.buffer, window: 32 })
+      const warm = Date.now() + 10_000
+      while (s.completed < 20 && Date.now() < warm) await delay(5)
+      const seen = s.settled.length
+      await target.kill('SIGKILL')
+      const inFlight = s.stop()
+      await Promise.race([Promise.all(inFlight), delay(5000)])
+      for (const x of s.settled.slice(seen)) if (!x.ok) order.push(`rejected ${x.code}`)
+      // Settlement order: rejections were pushed to `settled` as they happened, and the
+      // event into `order` as it was emitted; interleave by replaying the event's position.
+      const firstRejection = s.settled.slice(seen).findIndex((x) => !x.ok)
+      t.true(firstRejection >= 0, `round ${round}: writes rejected`)
+      t.true(s.lostAt !== undefined && s.lostAt <= seen + firstRejection, `round ${round}: peerLost at ${s.lostAt}, first rejection at ${seen + firstRejection}`)
+      t.true(order.includes('peerLost'))
+    } finally {
+      await engine.close()
+      await target.kill()
+    }
   }
 })

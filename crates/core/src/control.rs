@@ -132,6 +132,8 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
             events.peer_lost(&peer, reason);
         }
     };
+    // Whatever ends the link, failures it held end with their own errors.
+    let _vouch = VouchOnDrop(&peer);
     loop {
         match link.state() {
             LinkState::Connecting => {
@@ -204,11 +206,13 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
     let (mut rd, mut wr) = stream.into_split();
     // Frames are read by their own task, so that a ping or a deadline never interrupts a
     // half-read frame; it ends with the connection, or when this function returns.
-    let (tx, mut heard) = tokio::sync::mpsc::channel::<std::result::Result<(), LossReason>>(16);
+    // Each frame heard is reported with the ping it answers (0 for other frames).
+    let (tx, mut heard) = tokio::sync::mpsc::channel::<std::result::Result<u64, LossReason>>(16);
     let reader = tokio::spawn(async move {
         loop {
             let got = match read_frame(&mut rd).await {
-                Ok(Some(_)) => Ok(()),
+                Ok(Some((h, _))) if h.op == Op::Pong => Ok(h.request_id),
+                Ok(Some(_)) => Ok(0),
                 Ok(None) => Err(LossReason::Closed),
                 Err(e) => Err(LossReason::Broken(e.to_string())),
             };
@@ -220,6 +224,9 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
     });
     let _abort = AbortOnDrop(reader);
     let mut seq = 0u64;
+    // Failures held until the peer's fate is known are released by the answer to a ping
+    // sent after they were held: the first ping numbered `vouching` or later.
+    let mut vouching: Option<u64> = None;
     loop {
         let now = Instant::now();
         match link.poll(now, peer.is_lost()) {
@@ -247,12 +254,33 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
         let deadline = link.next_deadline()?;
         tokio::select! {
             got = heard.recv() => match got {
-                Some(Ok(())) => link.heard(Instant::now()),
+                Some(Ok(answered)) => {
+                    link.heard(Instant::now());
+                    if vouching.is_some_and(|first| answered >= first) {
+                        vouching = None;
+                        peer.vouch_alive();
+                    }
+                }
                 Some(Err(reason)) => return link.broken(reason, Instant::now(), peer.is_lost()),
                 None => return link.broken(LossReason::Closed, Instant::now(), peer.is_lost()),
             },
             _ = tokio::time::sleep_until(deadline.into()) => {}
+            _ = peer.probe.notified() => {
+                if peer.holds() {
+                    vouching.get_or_insert(seq + 1);
+                    link.probe(Instant::now());
+                }
+            }
         }
+    }
+}
+
+/// Releases a peer's held failures when the link ends.
+struct VouchOnDrop<'a>(&'a Peer);
+
+impl Drop for VouchOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.vouch_alive();
     }
 }
 

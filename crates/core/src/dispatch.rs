@@ -124,12 +124,29 @@ impl Inner {
                 });
                 self.start_attempt(task, to);
             }
+            Next::Fail(why) if may_mean_peer_died(&error) => {
+                tracing::debug!(?why, %error, "task failed; held until the peer's fate is known");
+                let task = task.clone();
+                peer.hold_until_fate(Box::new(move |loss| {
+                    task.fail(loss.unwrap_or(error));
+                }));
+            }
             Next::Fail(why) => {
                 tracing::debug!(?why, %error, "task failed");
                 task.fail(error);
             }
         }
     }
+}
+
+/// Whether a final failure may be the first sign of the peer's death (a broken or refused
+/// connection, a dead process, no answer in time): such a failure waits for the link's
+/// verdict, so that `PeerLost` is always emitted before the work it explains fails.
+fn may_mean_peer_died(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::PeerLost { .. } | Error::Connect { .. } | Error::Io(_) | Error::Timeout
+    )
 }
 
 /// Fails attempts that pass their deadline (they then fail over like any failed attempt).

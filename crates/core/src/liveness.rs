@@ -146,6 +146,13 @@ impl Link {
         peer_lost
     }
 
+    /// A proof of life is wanted: ping now (when up).
+    pub fn probe(&mut self, now: Instant) {
+        if let LinkState::Up { next_ping, .. } = &mut self.state {
+            *next_ping = (*next_ping).min(now);
+        }
+    }
+
     /// A frame came in.
     pub fn heard(&mut self, now: Instant) {
         if let LinkState::Up { last_heard, .. } = &mut self.state {
@@ -270,6 +277,10 @@ mod tests {
         assert_eq!(late.poll(t0 + ms(2000), false), Some(Action::Ping));
         assert_eq!(late.poll(t0 + ms(2001), false), None);
         assert_eq!(late.next_deadline(), Some(t0 + ms(2750)));
+        // A probe pings at once, then the cadence resumes from there.
+        late.probe(t0 + ms(2100));
+        assert_eq!(late.poll(t0 + ms(2100), false), Some(Action::Ping));
+        assert_eq!(late.next_deadline(), Some(t0 + ms(2850)));
         // Short timeouts keep a floor on the cadence.
         assert_eq!(Link::new(ms(40), 1).interval(), MIN_INTERVAL);
     }

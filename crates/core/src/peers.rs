@@ -113,6 +113,7 @@ impl Inner {
             segment: peer.name().to_string(),
             reason,
         });
+        peer.loss_announced();
         for (_, t) in &self.transports {
             t.fail_peer(peer, peer.lost_error());
         }

@@ -93,6 +93,21 @@ pub struct Peer {
     lost_count: AtomicU64,
     /// Cancels the control link (heartbeats, reconnects) of this peer.
     pub(crate) link_cancel: CancellationToken,
+    /// Final failures that may mean the peer died, held until its fate is known.
+    fate: Mutex<Fate>,
+    /// Asks the link for a fresh proof of life (a ping answered after now).
+    pub(crate) probe: tokio::sync::Notify,
+}
+
+/// What a held failure learns: `Some(loss)` once the loss is announced, `None` when the
+/// peer proved alive (or its link ended).
+pub(crate) type Verdict = Box<dyn FnOnce(Option<Error>) + Send>;
+
+#[derive(Default)]
+struct Fate {
+    /// The loss was announced (the `PeerLost` event emitted) and not recovered since.
+    announced: bool,
+    held: Vec<Verdict>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -121,7 +136,56 @@ impl Peer {
             lost_reason: Mutex::new(String::new()),
             lost_count: AtomicU64::new(0),
             link_cancel,
+            fate: Mutex::default(),
+            probe: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Holds `verdict` until the peer's fate is known: a failure that may mean the peer
+    /// died must not reach the user before the `PeerLost` event that explains it. Runs it
+    /// at once when the loss is already announced; else asks the link for a proof of life,
+    /// which comes within the peer timeout either way.
+    pub(crate) fn hold_until_fate(&self, verdict: Verdict) {
+        let mut fate = self.fate.lock().unwrap_or_else(|p| p.into_inner());
+        if fate.announced {
+            drop(fate);
+            verdict(Some(self.lost_error()));
+            return;
+        }
+        fate.held.push(verdict);
+        drop(fate);
+        self.probe.notify_one();
+    }
+
+    /// The loss was announced: held failures end with it.
+    pub(crate) fn loss_announced(&self) {
+        let held = {
+            let mut fate = self.fate.lock().unwrap_or_else(|p| p.into_inner());
+            fate.announced = true;
+            std::mem::take(&mut fate.held)
+        };
+        for verdict in held {
+            verdict(Some(self.lost_error()));
+        }
+    }
+
+    /// The peer answered a ping sent after the failures were held (or its link ended):
+    /// they end with their own errors.
+    pub(crate) fn vouch_alive(&self) {
+        let held = std::mem::take(&mut self.fate.lock().unwrap_or_else(|p| p.into_inner()).held);
+        for verdict in held {
+            verdict(None);
+        }
+    }
+
+    /// Whether failures are being held.
+    pub(crate) fn holds(&self) -> bool {
+        !self
+            .fate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .held
+            .is_empty()
     }
 
     /// Local handle of this segment.
@@ -192,6 +256,10 @@ impl Peer {
     /// Marks the peer alive again; returns whether it was lost (so a recovery is reported
     /// once even when the control link and the metadata watch both notice it).
     pub(crate) fn mark_alive(&self) -> bool {
+        self.fate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .announced = false;
         self.lost.swap(false, Ordering::AcqRel)
     }
 }
