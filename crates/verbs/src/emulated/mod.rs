@@ -41,6 +41,7 @@
 mod device;
 mod faults;
 mod qp;
+mod target;
 #[cfg(test)]
 mod tests;
 mod wire;
