@@ -414,7 +414,12 @@ impl QpShared {
         Ok(())
     }
 
-    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
+    /// Queues work requests for the worker, which copies their local memory (through the
+    /// lkey's `MrEntry`) when it sends or completes them.
+    ///
+    /// # Safety
+    /// As `QueuePair::post_send`.
+    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
         const VERB: &str = "ibv_post_send";
         let mut g = lock(&self.inner);
         let mut result = Ok(());
