@@ -11,32 +11,10 @@ use super::device::hooks;
 use super::qp::modeled_timeout;
 use super::*;
 use crate::provider::{AddressVector, QpState, Sge, WcStatus, WorkCompletion, WrOpcode};
+use ferry_testkit::within;
 
 const BOUND: Duration = Duration::from_secs(20);
 const ALL: u32 = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
-
-/// Runs `f` on its own thread and fails the test if it takes longer than `bound`.
-fn within<T: Send + 'static>(
-    bound: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = mpsc::channel();
-    let h = std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(bound) {
-        Ok(v) => {
-            let _ = h.join();
-            v
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => match h.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => panic!("{what}: finished without a result"),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still running after {bound:?}"),
-    }
-}
 
 fn caps(wr: u32, sge: u32) -> QpCaps {
     QpCaps {
