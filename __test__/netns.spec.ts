@@ -8,7 +8,7 @@ import { Engine, FerryError, type PeerLostEvent, type PeerRecoveredEvent } from 
 import { delay, killAll, spawnNode, startTarget, type TargetProcess } from './helpers'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
-import { createNetwork, netnsUnavailable, sweep, type Network } from './netns'
+import { createNetwork, netnsUnavailable, sweep, type Network } from '../support/netns'
 import { startEtcd, stopAllEtcd } from './etcd'
 import { createHash } from 'node:crypto'
 

@@ -4,7 +4,7 @@
  *
  *   sigkill      the target process is SIGKILLed; time from the kill until the initiator
  *                sees a write end FAILED. Goal: median <= 1000 ms.
- *   silent-loss  the target runs in its own network namespace (__test__/netns.ts) and its
+ *   silent-loss  the target runs in its own network namespace (support/netns.ts) and its
  *                end of the veth link is taken down: no reset, no EOF, only silence. Time
  *                from link-down until the initiator sees a write end FAILED, with
  *                peerTimeoutMs = --peer-timeout-ms (default 3000, the engine's default).
@@ -22,7 +22,7 @@
  * pid and every namespace removed, also on failure and on SIGINT/SIGTERM.
  */
 import { Engine, type FerryError, type Region, type Segment } from '../../index'
-import { createNetwork, netnsUnavailable } from '../../__test__/netns'
+import { createNetwork, netnsUnavailable } from '../../support/netns'
 import { atCleanup } from '../lib/children'
 import { log } from '../lib/log'
 import { MiB, startTarget, type Target } from '../lib/rig'

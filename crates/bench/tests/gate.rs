@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use ferry_bench::{Failure, Gate, GateHooks, RunError, StopSignal};
 use ferry_core::TransferStatus;
-
-mod common;
-use common::within;
+use ferry_testkit::within;
 
 const BOUND: Duration = Duration::from_secs(10);
 

@@ -10,8 +10,7 @@ use ferry_bench::{
 };
 use ferry_core::{Engine, EngineConfig, Opcode, Request, TransferStatus, TransportKind};
 
-mod common;
-use common::within;
+use ferry_testkit::{request, within, Pair};
 
 const BOUND: Duration = Duration::from_secs(20);
 
@@ -25,28 +24,23 @@ fn tcp(io_threads: usize) -> EngineConfig {
 }
 
 struct Rig {
-    target: Engine,
-    initiator: Engine,
+    pair: Pair,
     spec: BenchSpec,
 }
 
 /// A target and an initiator with `stripes` stripes of `stripe_len` bytes on each side.
 fn rig(stripes: u64, stripe_len: u64, block: u64, batch: usize, duration: Duration) -> Rig {
     let target = Engine::new(tcp(2)).expect("target");
-    let remote = target.allocate(stripes * stripe_len).expect("remote");
     let initiator = Engine::new(tcp(2)).expect("initiator");
-    let local = initiator.allocate(stripes * stripe_len).expect("local");
-    let seg = initiator
-        .open_segment_blocking(target.segment_name())
-        .expect("open");
+    let pair = Pair::new(target, initiator, stripes * stripe_len);
     let spec = BenchSpec {
         opcode: Opcode::Write,
         block_size: block,
         batch_size: batch,
-        local: local.id(),
-        segment: seg.handle,
-        peer: seg.name,
-        remote_buffer: remote.id(),
+        local: pair.local.id(),
+        segment: pair.seg,
+        peer: pair.peer.clone(),
+        remote_buffer: pair.remote.id(),
         extra_targets: Vec::new(),
         stripe: Stripe {
             base: 0,
@@ -58,17 +52,14 @@ fn rig(stripes: u64, stripe_len: u64, block: u64, batch: usize, duration: Durati
         request_interval_us: 0,
         stall_timeout: DEFAULT_STALL_TIMEOUT,
     };
-    Rig {
-        target,
-        initiator,
-        spec,
-    }
+    Rig { pair, spec }
 }
 
 #[test]
 fn workers_run_end_to_end_over_loopback() {
     let rig = rig(2, 1 << 20, 64 << 10, 2, Duration::from_millis(300));
-    let gate = Arc::new(bench_gate(rig.initiator.clone(), 2, GateHooks::default()).expect("gate"));
+    let gate =
+        Arc::new(bench_gate(rig.pair.initiator.clone(), 2, GateHooks::default()).expect("gate"));
     for opcode in [Opcode::Write, Opcode::Read] {
         let spec = BenchSpec {
             opcode,
@@ -112,14 +103,14 @@ fn workers_run_end_to_end_over_loopback() {
     }
     assert_eq!(gate.retirements().retired, [1, 1]);
     gate.stop();
-    rig.initiator.close();
-    rig.target.close();
+    rig.pair.initiator.close();
+    rig.pair.target.close();
 }
 
 #[test]
 fn a_batch_that_does_not_fit_fails_invalid_without_moving_anything() {
     let rig = rig(1, 1 << 20, 64 << 10, 2, Duration::from_millis(100));
-    let gate = bench_gate(rig.initiator.clone(), 1, GateHooks::default()).expect("gate");
+    let gate = bench_gate(rig.pair.initiator.clone(), 1, GateHooks::default()).expect("gate");
     // The remote buffer is one stripe; a second worker's stripe would lie past its end,
     // but here one worker asks for a block bigger than the stripe itself.
     let spec = BenchSpec {
@@ -132,7 +123,7 @@ fn a_batch_that_does_not_fit_fails_invalid_without_moving_anything() {
     }
     // A stripe that the engine refuses (past the remote buffer's end): INVALID from
     // submit_transfer, with the engine's code and the request named.
-    let gate = bench_gate(rig.initiator.clone(), 1, GateHooks::default()).expect("gate");
+    let gate = bench_gate(rig.pair.initiator.clone(), 1, GateHooks::default()).expect("gate");
     let spec = BenchSpec {
         stripe: Stripe {
             base: 1 << 20,
@@ -148,15 +139,16 @@ fn a_batch_that_does_not_fit_fails_invalid_without_moving_anything() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(rig.initiator.metrics().tasks_submitted, 0);
-    rig.initiator.close();
-    rig.target.close();
+    assert_eq!(rig.pair.initiator.metrics().tasks_submitted, 0);
+    rig.pair.initiator.close();
+    rig.pair.target.close();
 }
 
 #[test]
 fn target_death_mid_run_fails_with_status_transport_and_peer() {
     let rig = rig(4, 1 << 20, 64 << 10, 1, Duration::from_secs(60));
-    let gate = Arc::new(bench_gate(rig.initiator.clone(), 4, GateHooks::default()).expect("gate"));
+    let gate =
+        Arc::new(bench_gate(rig.pair.initiator.clone(), 4, GateHooks::default()).expect("gate"));
     let (tx, rx) = mpsc::channel();
     let (g, spec) = (gate.clone(), rig.spec.clone());
     std::thread::spawn(move || {
@@ -164,13 +156,13 @@ fn target_death_mid_run_fails_with_status_transport_and_peer() {
     });
     // Wait (bounded) until work is flowing, then kill the target.
     let deadline = Instant::now() + BOUND;
-    while rig.initiator.metrics().tasks_completed < 50 {
+    while rig.pair.initiator.metrics().tasks_completed < 50 {
         assert!(Instant::now() < deadline, "no work completed");
         std::thread::sleep(Duration::from_millis(1));
     }
-    let peer = rig.target.segment_name().to_string();
+    let peer = rig.pair.target.segment_name().to_string();
     let killed = Instant::now();
-    rig.target.close();
+    rig.pair.target.close();
     let result = rx
         .recv_timeout(BOUND)
         .expect("run returned after target death");
@@ -188,24 +180,25 @@ fn target_death_mid_run_fails_with_status_transport_and_peer() {
     assert!(took < Duration::from_secs(5), "failure took {took:?}");
     assert_eq!(gate.retirements().retired, [1; 4]);
     within(BOUND, "stop", move || gate.stop());
-    rig.initiator.close();
+    rig.pair.initiator.close();
 }
 
 #[test]
 fn initiator_close_under_eight_workers_ends_the_run_canceled() {
     let rig = rig(8, 256 << 10, 16 << 10, 4, Duration::from_secs(60));
-    let gate = Arc::new(bench_gate(rig.initiator.clone(), 8, GateHooks::default()).expect("gate"));
+    let gate =
+        Arc::new(bench_gate(rig.pair.initiator.clone(), 8, GateHooks::default()).expect("gate"));
     let (tx, rx) = mpsc::channel();
     let (g, spec) = (gate.clone(), rig.spec.clone());
     std::thread::spawn(move || {
         let _ = tx.send(g.run(spec));
     });
     let deadline = Instant::now() + BOUND;
-    while rig.initiator.metrics().tasks_completed < 50 {
+    while rig.pair.initiator.metrics().tasks_completed < 50 {
         assert!(Instant::now() < deadline, "no work completed");
         std::thread::sleep(Duration::from_millis(1));
     }
-    rig.initiator.close();
+    rig.pair.initiator.close();
     match rx.recv_timeout(BOUND).expect("run returned after close") {
         Err(RunError::Failed(f)) => {
             assert_eq!(f.status, TransferStatus::Canceled, "{f}");
@@ -215,7 +208,7 @@ fn initiator_close_under_eight_workers_ends_the_run_canceled() {
     }
     assert_eq!(gate.retirements().retired, [1; 8]);
     within(BOUND, "stop", move || gate.stop());
-    rig.target.close();
+    rig.pair.target.close();
 }
 
 /// Iterations of the close-while-polling race. Each builds and closes an initiator engine
@@ -259,19 +252,13 @@ fn pollers_while_the_engine_closes(iterations: usize) -> Tally {
             .expect("open");
         let batch = initiator.allocate_batch(16).expect("batch");
         let reqs: Vec<Request> = (0..16u64)
-            .map(|i| Request {
-                opcode: if i % 2 == 0 {
+            .map(|i| {
+                let opcode = if i % 2 == 0 {
                     Opcode::Write
                 } else {
                     Opcode::Read
-                },
-                local: local.id(),
-                local_offset: i << 16,
-                segment: seg.handle,
-                remote_buffer: remote.id(),
-                remote_offset: i << 16,
-                length: 1 << 16,
-                hint: ferry_core::TransportHint::Auto,
+                };
+                request(opcode, &local, seg.handle, &remote, i << 16, 1 << 16)
             })
             .collect();
         initiator.submit_transfer(batch, &reqs).expect("submit");

@@ -13,6 +13,7 @@ use ferry_core::{
     Engine, EngineConfig, EngineEvent, EtcdConfig, Opcode, Region, Request, TransferStatus,
     TransportKind,
 };
+use ferry_testkit::{bytes_at, fill, request};
 
 /// A throwaway single-member etcd on free loopback ports. Killed by pid and its data
 /// directory removed on drop; `stop` and `start` restart it on the same ports and data.
@@ -173,46 +174,24 @@ fn wait_event(
     }
 }
 
-fn fill(region: &Region, seed: u8) {
-    let p = region.range_ptr(0, region.len() as u64).expect("range");
-    // SAFETY: the region is live and no transfer touches it now.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(p, region.len()) };
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
-    }
-}
-
-fn same(a: &Region, b: &Region, len: usize) -> bool {
-    let pa = a.range_ptr(0, len as u64).expect("a");
-    let pb = b.range_ptr(0, len as u64).expect("b");
-    // SAFETY: both ranges lie in live regions and no transfer touches them now.
-    unsafe { std::slice::from_raw_parts(pa, len) == std::slice::from_raw_parts(pb, len) }
-}
-
 fn writes(local: &Region, seg: u64, remote: &Region, chunk: u64, n: u64) -> Vec<Request> {
     (0..n)
-        .map(|i| Request {
-            opcode: Opcode::Write,
-            local: local.id(),
-            local_offset: i * chunk,
-            segment: seg,
-            remote_buffer: remote.id(),
-            remote_offset: i * chunk,
-            length: chunk,
-            hint: ferry_core::TransportHint::Auto,
-        })
+        .map(|i| request(Opcode::Write, local, seg, remote, i * chunk, chunk))
         .collect()
 }
 
 fn write_and_verify(initiator: &Engine, seg: u64, remote: &Region, seed: u8) {
     let len = remote.len();
     let local = initiator.allocate(len as u64).expect("local");
-    fill(&local, seed);
+    fill(&local, u64::from(seed));
     let done = initiator
         .transfer_blocking(&writes(&local, seg, remote, len as u64, 1))
         .expect("transfer");
     assert_eq!(done[0].status, TransferStatus::Completed, "{done:?}");
-    assert!(same(&local, remote, len), "bytes differ after the write");
+    assert!(
+        bytes_at(&local, 0, len as u64) == bytes_at(remote, 0, len as u64),
+        "bytes differ after the write"
+    );
     initiator.release(local.id()).expect("release");
 }
 
@@ -370,7 +349,7 @@ fn an_etcd_outage_spares_transfers_and_cached_segments_and_ends_when_etcd_return
         done.iter().all(|s| s.status == TransferStatus::Completed),
         "{done:?}"
     );
-    assert!(same(&local, &remote, (CHUNK * N) as usize));
+    assert!(bytes_at(&local, 0, CHUNK * N) == bytes_at(&remote, 0, CHUNK * N));
 
     // A cached name still opens (descriptor from the peer itself); a new one cannot.
     initiator

@@ -1,15 +1,14 @@
 //! Failover over real transports with the fault decorator (TENT's failover behaviours plus
 //! Ferry's departures: submit-stage failover, attempt deadlines).
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::failover::FailoverPolicy;
 use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{
-    Engine, EngineConfig, EngineEvent, Opcode, Region, Request, TaskSnapshot, TransferStatus,
-    TransportKind,
+    Engine, EngineConfig, EngineEvent, Opcode, Request, TaskSnapshot, TransferStatus, TransportKind,
 };
+use ferry_testkit::{self as testkit, bytes_at, fill, Pair};
 
 fn config(budget: u32, on_poll: bool, fault: FaultSpec) -> EngineConfig {
     EngineConfig {
@@ -24,82 +23,25 @@ fn config(budget: u32, on_poll: bool, fault: FaultSpec) -> EngineConfig {
     }
 }
 
-struct Rig {
-    target: Engine,
-    initiator: Engine,
-    remote: Arc<Region>,
-    local: Arc<Region>,
-    seg: u64,
-    events: Arc<Mutex<Vec<EngineEvent>>>,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.initiator.close();
-        self.target.close();
-    }
-}
-
-fn rig(cfg: EngineConfig) -> Rig {
+/// A target with default settings and an initiator with `cfg`, 4 MiB on each side.
+fn rig(cfg: EngineConfig) -> Pair {
     let target = Engine::new(EngineConfig::default()).expect("target");
-    let remote = target.allocate(4 << 20).expect("remote");
     let initiator = Engine::new(cfg).expect("initiator");
-    let local = initiator.allocate(4 << 20).expect("local");
-    let p = local.range_ptr(0, 4 << 20).expect("range");
-    // SAFETY: the region is ours and idle.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(p, 4 << 20) };
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = (i * 7 % 251) as u8;
-    }
-    let seg = initiator
-        .open_segment_blocking(target.segment_name())
-        .expect("open")
-        .handle;
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let sink = events.clone();
-    initiator.set_event_sink(Some(Arc::new(move |e| {
-        sink.lock().expect("events").push(e);
-    })));
-    Rig {
-        target,
-        initiator,
-        remote,
-        local,
-        seg,
-        events,
-    }
+    let r = Pair::new(target, initiator, 4 << 20);
+    fill(&r.local, 7);
+    r
 }
 
-fn write(r: &Rig, i: u64) -> Request {
-    Request {
-        opcode: Opcode::Write,
-        local: r.local.id(),
-        local_offset: i * 4096,
-        segment: r.seg,
-        remote_buffer: r.remote.id(),
-        remote_offset: i * 4096,
-        length: 4096,
-        hint: ferry_core::TransportHint::Auto,
-    }
+fn write(r: &Pair, i: u64) -> Request {
+    r.request(Opcode::Write, i * 4096, 4096)
 }
 
 fn wait_batch(e: &Engine, batch: u64) -> Vec<TaskSnapshot> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let s = e.batch_status(batch).expect("status");
-        if s.status.is_terminal() {
-            return e.transfer_status_list(batch).expect("list");
-        }
-        assert!(Instant::now() < deadline, "batch never ended");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    testkit::wait_batch(e, batch, Duration::from_secs(20))
 }
 
-fn landed(r: &Rig, i: u64) -> bool {
-    let a = r.remote.range_ptr(i * 4096, 4096).expect("remote");
-    let b = r.local.range_ptr(i * 4096, 4096).expect("local");
-    // SAFETY: both ranges are inside live regions and no transfer touches them now.
-    unsafe { std::slice::from_raw_parts(a, 4096) == std::slice::from_raw_parts(b, 4096) }
+fn landed(r: &Pair, i: u64) -> bool {
+    bytes_at(&r.remote, i * 4096, 4096) == bytes_at(&r.local, i * 4096, 4096)
 }
 
 fn always_failing_submit() -> FaultSpec {
@@ -131,7 +73,7 @@ fn budget_one_allows_exactly_one_switch() {
     assert_eq!(snaps[0].status, TransferStatus::Failed);
     assert_eq!(snaps[0].attempts, 2);
     assert_eq!(r.initiator.metrics().failovers, 1);
-    let events = r.events.lock().expect("events").clone();
+    let events = r.events();
     assert!(
         matches!(
             events.as_slice(),
@@ -351,27 +293,13 @@ fn a_transport_that_fails_to_install_is_never_selected() {
         },
     );
     let target = Engine::new(EngineConfig::default()).expect("target");
-    let remote = target.allocate(4096).expect("remote");
     let initiator = Engine::new(cfg).expect("initiator");
-    let local = initiator.allocate(4096).expect("local");
-    let seg = initiator
-        .open_segment_blocking(target.segment_name())
-        .expect("open");
-    let err = initiator
-        .transfer_blocking(&[Request {
-            opcode: Opcode::Write,
-            local: local.id(),
-            local_offset: 0,
-            segment: seg.handle,
-            remote_buffer: remote.id(),
-            remote_offset: 0,
-            length: 4096,
-            hint: ferry_core::TransportHint::Auto,
-        }])
+    let r = Pair::new(target, initiator, 4096);
+    let err = r
+        .initiator
+        .transfer_blocking(&[write(&r, 0)])
         .expect_err("no transport");
     assert_eq!(err.code(), "ERR_FERRY_TRANSPORT_UNAVAILABLE");
-    initiator.close();
-    target.close();
 }
 
 /// Both engines on this host: shm first, tcp second.
@@ -402,7 +330,7 @@ fn status_corruption_fails_over_to_the_secondary() {
     assert_eq!(snaps[0].transport, Some(TransportKind::Tcp));
     assert_eq!(snaps[0].attempts, 2);
     assert!(landed(&r, 0));
-    let events = r.events.lock().expect("events").clone();
+    let events = r.events();
     assert!(
         matches!(
             events.as_slice(),
@@ -448,9 +376,7 @@ fn both_transports_failing_alternate_until_the_budget_is_spent() {
         (TransferStatus::Failed, 4)
     );
     let hops: Vec<_> = r
-        .events
-        .lock()
-        .expect("events")
+        .events()
         .iter()
         .filter_map(|e| match e {
             EngineEvent::Failover { from, to, .. } => Some((*from, *to)),

@@ -6,27 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_core::wire::{ConnKind, Header, Op, HEADER_LEN, MAX_DATA_PAYLOAD};
-use ferry_core::{Engine, EngineConfig, Opcode, Region, Request, TransferStatus};
-
-fn fill(region: &Region, seed: u64) {
-    let p = region.range_ptr(0, region.len() as u64).expect("range");
-    // SAFETY: the whole region is ours and nothing transfers into it during the fill.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(p, region.len()) };
-    let mut x = seed | 1;
-    for chunk in bytes.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        chunk.copy_from_slice(&b[..chunk.len()]);
-    }
-}
-
-fn bytes(region: &Region) -> &[u8] {
-    let p = region.range_ptr(0, region.len() as u64).expect("range");
-    // SAFETY: read after every transfer into the region has completed.
-    unsafe { std::slice::from_raw_parts(p, region.len()) }
-}
+use ferry_core::{Engine, EngineConfig, Opcode, Request, TransferStatus};
+use ferry_testkit::{bytes_of, fill, request};
 
 fn tcp_only() -> EngineConfig {
     EngineConfig {
@@ -46,19 +27,6 @@ fn pair() -> (Engine, Engine) {
     )
 }
 
-fn req(op: Opcode, local: &Region, seg: u64, remote: &Region, off: u64, len: u64) -> Request {
-    Request {
-        opcode: op,
-        local: local.id(),
-        local_offset: off,
-        segment: seg,
-        remote_buffer: remote.id(),
-        remote_offset: off,
-        length: len,
-        hint: ferry_core::TransportHint::Auto,
-    }
-}
-
 #[test]
 fn moves_64_mib_each_way_with_bytes_verified() {
     const SIZE: u64 = 64 << 20;
@@ -74,7 +42,7 @@ fn moves_64_mib_each_way_with_bytes_verified() {
     // WRITE 64 MiB as 1 MiB requests in one batch, polled.
     let batch = initiator.allocate_batch(64).expect("batch");
     let reqs: Vec<_> = (0..64)
-        .map(|i| req(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
+        .map(|i| request(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
         .collect();
     initiator.submit_transfer(batch, &reqs).expect("submit");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -93,12 +61,12 @@ fn moves_64_mib_each_way_with_bytes_verified() {
         .iter()
         .all(|t| t.transport == Some(ferry_core::TransportKind::Tcp) && t.attempts == 1));
     initiator.free_batch(batch).expect("free");
-    assert_eq!(bytes(&remote), bytes(&local));
+    assert_eq!(bytes_of(&remote), bytes_of(&local));
 
     // READ it back into a fresh region through the callback path, one 64 MiB request.
     let back = initiator.allocate(SIZE).expect("back");
     let snaps = initiator
-        .transfer_blocking(&[req(Opcode::Read, &back, seg.handle, &remote, 0, SIZE)])
+        .transfer_blocking(&[request(Opcode::Read, &back, seg.handle, &remote, 0, SIZE)])
         .expect("read");
     assert_eq!(
         snaps[0].status,
@@ -107,7 +75,7 @@ fn moves_64_mib_each_way_with_bytes_verified() {
         snaps[0].error
     );
     assert_eq!(snaps[0].transferred, SIZE);
-    assert!(bytes(&back) == bytes(&local), "read-back differs");
+    assert!(bytes_of(&back) == bytes_of(&local), "read-back differs");
     let m = initiator.metrics();
     assert_eq!(m.tasks_completed, 65);
     assert_eq!(m.bytes_transferred, 2 * SIZE);
@@ -127,7 +95,7 @@ fn target_close_fails_in_flight_work_quickly() {
     // Keep a stream of writes going, then kill the target.
     for round in 0..8u64 {
         let reqs: Vec<_> = (0..64)
-            .map(|i| req(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
+            .map(|i| request(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
             .collect();
         initiator.submit_transfer(batch, &reqs).expect("submit");
         if round == 4 {
@@ -151,7 +119,7 @@ fn target_close_fails_in_flight_work_quickly() {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
         let snaps = initiator
-            .transfer_blocking(&[req(Opcode::Write, &local, seg.handle, &remote, 0, 4096)])
+            .transfer_blocking(&[request(Opcode::Write, &local, seg.handle, &remote, 0, 4096)])
             .expect("submit after loss");
         assert_eq!(snaps[0].status, TransferStatus::Failed);
         if snaps[0].error.as_ref().map(|e| e.code()) == Some("ERR_FERRY_PEER_LOST") {
@@ -177,7 +145,7 @@ fn bad_input_is_refused_and_moves_nothing() {
     let seg = initiator
         .open_segment_blocking(target.segment_name())
         .expect("open");
-    let good = req(Opcode::Write, &local, seg.handle, &remote, 0, 4096);
+    let good = request(Opcode::Write, &local, seg.handle, &remote, 0, 4096);
     let batch = initiator.allocate_batch(4).expect("batch");
     let bad_cases = [
         (
@@ -218,7 +186,7 @@ fn bad_input_is_refused_and_moves_nothing() {
     }
     assert_eq!(initiator.batch_status(batch).expect("status").tasks, 0);
     assert!(
-        bytes(&remote).iter().all(|&b| b == 0),
+        bytes_of(&remote).iter().all(|&b| b == 0),
         "a refused request moved bytes"
     );
     // stale, freed and foreign batch ids
@@ -312,7 +280,7 @@ fn malformed_frames_drop_the_connection_and_touch_nothing() {
     // the connection survives a rejected request: a ping still answers
     s.write_all(&Header::new(Op::Ping).encode()).expect("ping");
     assert_eq!(read_reply(&mut s).expect("pong").op, Op::Pong);
-    assert!(bytes(&remote).iter().all(|&b| b == 0));
+    assert!(bytes_of(&remote).iter().all(|&b| b == 0));
     // 5. the engine still serves a real peer afterwards
     let initiator = Engine::new(tcp_only()).expect("initiator");
     let local = initiator.allocate(4096).expect("local");
@@ -321,10 +289,10 @@ fn malformed_frames_drop_the_connection_and_touch_nothing() {
         .open_segment_blocking(target.segment_name())
         .expect("open");
     let snaps = initiator
-        .transfer_blocking(&[req(Opcode::Write, &local, seg.handle, &remote, 0, 4096)])
+        .transfer_blocking(&[request(Opcode::Write, &local, seg.handle, &remote, 0, 4096)])
         .expect("write");
     assert_eq!(snaps[0].status, TransferStatus::Completed);
-    assert_eq!(bytes(&remote), bytes(&local));
+    assert_eq!(bytes_of(&remote), bytes_of(&local));
     initiator.close();
     target.close();
 }
@@ -340,7 +308,7 @@ fn close_wakes_every_waiter_while_threads_poll() {
     let batch = initiator.allocate_batch(4096).expect("batch");
     let reqs: Vec<_> = (0..256)
         .map(|i| {
-            req(
+            request(
                 Opcode::Write,
                 &local,
                 seg.handle,
@@ -426,7 +394,7 @@ fn a_restarted_peer_is_refetched_and_served_again() {
     // requests against the new buffer succeed without reopening the segment.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let attempt = initiator.transfer_blocking(&[req(
+        let attempt = initiator.transfer_blocking(&[request(
             Opcode::Write,
             &local,
             seg.handle,
@@ -445,7 +413,7 @@ fn a_restarted_peer_is_refetched_and_served_again() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(bytes(&remote), bytes(&local));
+    assert_eq!(bytes_of(&remote), bytes_of(&local));
     let reopened = initiator.open_segment_blocking(&addr).expect("reopen");
     assert_eq!(reopened.handle, seg.handle);
     assert_eq!(reopened.engine_id, second.engine_id());
@@ -465,7 +433,7 @@ fn work_towards_a_lost_peer_fails_without_failover_and_events_report_it() {
         .open_segment_blocking(target.segment_name())
         .expect("open");
     let reqs: Vec<_> = (0..16)
-        .map(|i| req(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
+        .map(|i| request(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
         .collect();
     let done = initiator.transfer_blocking(&reqs).expect("transfer");
     assert!(done.iter().all(|s| s.status == TransferStatus::Completed));

@@ -606,7 +606,9 @@ impl QueuePair for IbvQp {
         Ok(())
     }
 
-    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
+    /// # Safety
+    /// As `QueuePair::post_send`: the HCA reads or writes the SGEs' memory after this returns.
+    unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
         if wrs.is_empty() {
             return Ok(());
         }
@@ -654,7 +656,8 @@ impl QueuePair for IbvQp {
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: live QP; the chain and its SGE arrays outlive the call (the provider
-        // copies WQEs before returning).
+        // copies WQEs before returning); the memory the SGEs name is the caller's to keep
+        // valid and unaliased until the completions, per this function's contract.
         let rc = unsafe { rdma_sys::ibv_post_send(self.qp, base, &mut bad) };
         if rc == 0 {
             return Ok(());

@@ -503,7 +503,23 @@ pub trait QueuePair: Send + Sync {
     /// attribute mask each transition requires.
     fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> VerbsResult<()>;
     /// Posts work requests in order; stops at the first one refused.
-    fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostSendError>;
+    ///
+    /// The device reads (RDMA WRITE) or writes (RDMA READ) the local memory of a posted work
+    /// request later, outside any borrow the caller holds, as `ibv_post_send` does.
+    ///
+    /// # Safety
+    /// For every work request this call accepts (those before `PostSendError::index` on
+    /// failure):
+    /// - the memory of each SGE lies inside the memory region its `lkey` names and stays
+    ///   valid until the request's completion has been polled from the send CQ, or until
+    ///   that region is deregistered (deregistration waits for the device to let go);
+    /// - nothing else writes that memory meanwhile, and for an RDMA READ nothing else reads
+    ///   it either (the device writes it at a time the caller does not see);
+    /// - `remote_addr .. remote_addr + length` is a range the `rkey` grants for the
+    ///   operation. The responder checks the key, so a wrong range ends in
+    ///   `WcStatus::RemAccessErr` rather than touching other memory; but a key of memory in
+    ///   this process must have been registered under `ProtectionDomain::reg_mr`'s contract.
+    unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostSendError>;
 }
 
 #[cfg(test)]

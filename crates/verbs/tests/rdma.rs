@@ -2,6 +2,7 @@
 //! verified, and the failure paths (stale rkey, silent loss, a closed peer, the rail
 //! monitor, no device at all).
 
+use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,23 +11,11 @@ use ferry_core::failover::FailoverPolicy;
 use ferry_core::health::RailPolicy;
 use ferry_core::transport::{Transport, TransportContext, TransportFactory};
 use ferry_core::{
-    Engine, EngineConfig, EngineEvent, Opcode, Region, Request, TaskSnapshot, TransferStatus,
-    TransportKind,
+    Engine, EngineConfig, EngineEvent, Opcode, Request, TransferStatus, TransportKind,
 };
+use ferry_testkit::{bytes_of, fill, one, within, Pair};
 use ferry_verbs::emulated::{EmulatedFaults, EmulatedProvider};
 use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory, RdmaTransport};
-
-/// Runs `f` on its own thread and fails the test if it does not return within `limit`.
-fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(r) => r,
-        Err(_) => panic!("test body did not return within {limit:?}"),
-    }
-}
 
 fn provider(faults: EmulatedFaults) -> Arc<EmulatedProvider> {
     Arc::new(EmulatedProvider::new(faults))
@@ -50,87 +39,29 @@ fn engine_with(
     Engine::new(cfg).expect("engine")
 }
 
-struct Rig {
-    target: Engine,
-    initiator: Engine,
-    remote: Arc<Region>,
-    local: Arc<Region>,
-    seg: u64,
-    events: Arc<Mutex<Vec<EngineEvent>>>,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.initiator.close();
-        self.target.close();
-    }
-}
-
-/// A copy of a region's bytes.
-fn bytes_of(r: &Region) -> Vec<u8> {
-    let p = r.range_ptr(0, r.len() as u64).expect("range");
-    // SAFETY: the region is valid for its length; tests read it only between transfers.
-    unsafe { std::slice::from_raw_parts(p, r.len()) }.to_vec()
-}
-
-/// Fills a region with a pattern derived from `seed` (0 = zeros).
-fn fill(r: &Region, seed: u8) {
-    let p = r.range_ptr(0, r.len() as u64).expect("range");
-    // SAFETY: the region is valid for its length; tests write it only between transfers.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(p, r.len()) };
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = if seed == 0 {
-            0
-        } else {
-            (i as u64 * 131 + u64::from(seed)).wrapping_rem(251) as u8
-        };
-    }
-}
-
-fn rig_with(len: u64, initiator: Engine) -> Rig {
+/// A target on the emulated device (no faults) and `initiator`, `len` bytes on each side,
+/// filled with different patterns.
+fn rig_with(len: u64, initiator: Engine) -> Pair {
     let target = engine_with(provider(EmulatedFaults::default()), |_, _| {});
-    let remote = target.allocate(len).expect("remote");
-    let local = initiator.allocate(len).expect("local");
-    fill(&local, 1);
-    fill(&remote, 2);
-    let seg = initiator
-        .open_segment_blocking(target.segment_name())
-        .expect("open")
-        .handle;
-    let events = Arc::new(Mutex::new(Vec::new()));
-    let sink = events.clone();
-    initiator.set_event_sink(Some(Arc::new(move |e| {
-        sink.lock().expect("events").push(e);
-    })));
-    Rig {
-        target,
-        initiator,
-        remote,
-        local,
-        seg,
-        events,
-    }
+    let r = Pair::new(target, initiator, len);
+    fill(&r.local, 1);
+    fill(&r.remote, 2);
+    r
 }
 
-fn request(r: &Rig, op: Opcode, offset: u64, length: u64, require: bool) -> Request {
+fn request(r: &Pair, op: Opcode, offset: u64, length: u64, require: bool) -> Request {
     Request {
-        opcode: op,
-        local: r.local.id(),
-        local_offset: offset,
-        segment: r.seg,
-        remote_buffer: r.remote.id(),
-        remote_offset: offset,
-        length,
         hint: if require {
             ferry_core::TransportHint::Require(TransportKind::Rdma)
         } else {
             ferry_core::TransportHint::Prefer(TransportKind::Rdma)
         },
+        ..r.request(op, offset, length)
     }
 }
 
 /// Waits (bounded) until an rdma endpoint to the target is up again after a reset.
-fn wait_reachable(r: &Rig) {
+fn wait_reachable(r: &Pair) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match r.initiator.transport_reachable(r.seg, TransportKind::Rdma) {
@@ -141,13 +72,9 @@ fn wait_reachable(r: &Rig) {
     }
 }
 
-fn one(snaps: Vec<TaskSnapshot>) -> TaskSnapshot {
-    snaps.into_iter().next().expect("one task")
-}
-
 #[test]
 fn write_and_read_256_mib_move_the_right_bytes() {
-    within(Duration::from_secs(120), || {
+    within(Duration::from_secs(120), "test body", || {
         const LEN: u64 = 256 << 20;
         let initiator = engine_with(provider(EmulatedFaults::default()), |_, _| {});
         let r = rig_with(LEN, initiator);
@@ -188,7 +115,7 @@ fn write_and_read_256_mib_move_the_right_bytes() {
 
 #[test]
 fn a_stale_rkey_fails_with_a_remote_access_error_and_touches_nothing() {
-    within(Duration::from_secs(60), || {
+    within(Duration::from_secs(60), "test body", || {
         let initiator = engine_with(provider(EmulatedFaults::default()), |c, _| {
             c.transports = vec![TransportKind::Rdma];
         });
@@ -237,7 +164,7 @@ fn a_stale_rkey_fails_with_a_remote_access_error_and_touches_nothing() {
 
 #[test]
 fn silent_loss_hits_the_slice_deadline_and_fails_over_to_tcp() {
-    within(Duration::from_secs(60), || {
+    within(Duration::from_secs(60), "test body", || {
         let lossy = provider(EmulatedFaults {
             silent_loss: 1.0,
             ..EmulatedFaults::default()
@@ -262,7 +189,7 @@ fn silent_loss_hits_the_slice_deadline_and_fails_over_to_tcp() {
             "took {took:?}"
         );
         assert!(bytes_of(&r.local) == bytes_of(&r.remote));
-        let events = r.events.lock().expect("events").clone();
+        let events = r.events();
         assert!(
             events.iter().any(|e| matches!(
                 e,
@@ -279,7 +206,7 @@ fn silent_loss_hits_the_slice_deadline_and_fails_over_to_tcp() {
 
 #[test]
 fn a_closed_peer_fails_rdma_work_within_the_peer_timeout() {
-    within(Duration::from_secs(60), || {
+    within(Duration::from_secs(60), "test body", || {
         // Completions are delayed so that work is in flight when the target goes away.
         let slow = provider(EmulatedFaults {
             delay: Duration::from_millis(200),
@@ -315,7 +242,7 @@ fn a_closed_peer_fails_rdma_work_within_the_peer_timeout() {
 
 #[test]
 fn a_failing_path_is_paused_by_the_rail_monitor_and_recovers() {
-    within(Duration::from_secs(60), || {
+    within(Duration::from_secs(60), "test body", || {
         let flaky = provider(EmulatedFaults {
             remote_access: 1.0,
             ..EmulatedFaults::default()
@@ -376,7 +303,7 @@ fn a_failing_path_is_paused_by_the_rail_monitor_and_recovers() {
 
 #[test]
 fn without_a_device_rdma_is_disabled_with_the_reason() {
-    within(Duration::from_secs(30), || {
+    within(Duration::from_secs(30), "test body", || {
         let cfg = EngineConfig {
             transports: vec![TransportKind::Rdma, TransportKind::Tcp],
             extra_transports: vec![Arc::new(RdmaFactory {
@@ -396,23 +323,10 @@ fn without_a_device_rdma_is_disabled_with_the_reason() {
             return;
         }
         let target = Engine::new(EngineConfig::default()).expect("target");
-        let remote = target.allocate(4096).expect("remote");
         let initiator = Engine::new(cfg).expect("the engine starts without rdma");
-        let local = initiator.allocate(4096).expect("local");
-        let seg = initiator
-            .open_segment_blocking(target.segment_name())
-            .expect("open")
-            .handle;
-        let mut req = Request {
-            opcode: Opcode::Write,
-            local: local.id(),
-            local_offset: 0,
-            segment: seg,
-            remote_buffer: remote.id(),
-            remote_offset: 0,
-            length: 4096,
-            hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
-        };
+        let r = Pair::new(target, initiator, 4096);
+        let initiator = &r.initiator;
+        let mut req = request(&r, Opcode::Write, 0, 4096, true);
         let e = initiator
             .transfer_blocking(&[req.clone()])
             .expect_err("rdma required");
@@ -428,16 +342,12 @@ fn without_a_device_rdma_is_disabled_with_the_reason() {
         let s = one(initiator.transfer_blocking(&[req]).expect("tcp"));
         assert_eq!(s.status, TransferStatus::Completed);
         assert_eq!(s.transport, Some(TransportKind::Tcp));
-        initiator.close();
-        target.close();
     });
 }
 
-use std::path::Path;
-
 #[test]
 fn registered_user_memory_is_served_over_rdma_on_both_ends() {
-    within(Duration::from_secs(60), || {
+    within(Duration::from_secs(60), "test body", || {
         const LEN: usize = 3 << 20;
         let target = engine_with(provider(EmulatedFaults::default()), |_, _| {});
         let initiator = engine_with(provider(EmulatedFaults::default()), |_, _| {});
@@ -493,7 +403,7 @@ fn registered_user_memory_is_served_over_rdma_on_both_ends() {
 
 #[test]
 fn a_device_allowlist_that_matches_nothing_disables_rdma_and_says_so() {
-    within(Duration::from_secs(30), || {
+    within(Duration::from_secs(30), "test body", || {
         let engine = engine_with(provider(EmulatedFaults::default()), |_, rdma| {
             rdma.devices = vec!["mlx5_9".into()];
         });
@@ -541,7 +451,7 @@ impl TransportFactory for Recording {
 
 #[test]
 fn the_target_side_of_a_departed_peer_is_released_and_a_connected_one_is_kept() {
-    within(Duration::from_secs(60), || {
+    within(Duration::from_secs(60), "test body", || {
         let built = Arc::new(Mutex::new(None));
         let target = Engine::new(EngineConfig {
             transports: vec![TransportKind::Rdma, TransportKind::Tcp],

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock, Weak};
 use std::thread::JoinHandle;
 
 use super::faults::Rng;
-use super::qp::QpShared;
+use super::target::TargetQp;
 use super::wire::{self, Op, Request, Response, Status};
 use crate::provider::{access, Gid, QpState, VerbsError, VerbsResult};
 
@@ -113,7 +113,7 @@ struct Keys {
 /// Everything the device knows, shared with its responder threads.
 pub(crate) struct Registry {
     pub(crate) gid: Gid,
-    qps: Mutex<HashMap<u32, Arc<QpShared>>>,
+    qps: Mutex<HashMap<u32, Arc<dyn TargetQp>>>,
     keys: Mutex<Keys>,
     rng: Mutex<Rng>,
     next_pd: AtomicU64,
@@ -192,7 +192,7 @@ impl Registry {
     }
 
     /// Adds a QP under a fresh 24-bit number (not 0 or 1, which verbs reserves).
-    pub(crate) fn add_qp(&self, make: impl FnOnce(u32) -> Arc<QpShared>) -> Arc<QpShared> {
+    pub(crate) fn add_qp<Q: TargetQp + 'static>(&self, make: impl FnOnce(u32) -> Arc<Q>) -> Arc<Q> {
         let mut qps = lock(&self.qps);
         let mut rng = lock(&self.rng);
         let qpn = loop {
@@ -202,7 +202,7 @@ impl Registry {
             }
         };
         let qp = make(qpn);
-        qps.insert(qpn, qp.clone());
+        qps.insert(qpn, qp.clone() as Arc<dyn TargetQp>);
         qp
     }
 
@@ -210,7 +210,7 @@ impl Registry {
         lock(&self.qps).remove(&qpn);
     }
 
-    fn qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
+    fn qp(&self, qpn: u32) -> Option<Arc<dyn TargetQp>> {
         lock(&self.qps).get(&qpn).cloned()
     }
 }
@@ -455,7 +455,7 @@ fn execute(registry: &Registry, req: &Request, payload: &[u8]) -> Option<(Status
             );
             return None;
         }
-        (qp.pd, inner.access_flags)
+        (qp.pd(), inner.access_flags)
     };
     let needed = match req.op {
         Op::Write => access::REMOTE_WRITE,

@@ -41,6 +41,7 @@
 mod device;
 mod faults;
 mod qp;
+mod target;
 #[cfg(test)]
 mod tests;
 mod wire;
@@ -400,8 +401,13 @@ impl QueuePair for EmuQp {
         self.shared.modify(attr, mask)
     }
 
-    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
-        self.shared.post_send(wrs)
+    /// # Safety
+    /// As `QueuePair::post_send`: the QP's worker copies from or into the SGEs' memory after
+    /// this returns.
+    unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
+        // SAFETY: the caller upholds `QueuePair::post_send`'s contract, which is
+        // `QpShared::post_send`'s.
+        unsafe { self.shared.post_send(wrs) }
     }
 }
 

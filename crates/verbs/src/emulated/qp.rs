@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::device::{lock, responder_name, Registry};
 use super::faults::{Fault, FaultState};
+use super::target::{PeerView, TargetQp};
 use super::wire::{self, Op, Request, Response, Status};
 use super::CqShared;
 use crate::provider::{
@@ -37,14 +38,6 @@ const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
 /// write to a live responder that does not read waits as long as the peer lives and the
 /// QP stays connected).
 const WRITE_SLICE: Duration = Duration::from_millis(20);
-
-/// What the responder needs to know about a target QP.
-pub(crate) struct PeerView {
-    pub(crate) state: QpState,
-    pub(crate) dest_qpn: u32,
-    pub(crate) dgid: Option<Gid>,
-    pub(crate) access_flags: u32,
-}
 
 #[derive(Debug, Clone, Copy)]
 struct Attrs {
@@ -174,6 +167,22 @@ fn mask_names(mask: u32) -> String {
     names.join("|")
 }
 
+impl TargetQp for QpShared {
+    fn pd(&self) -> u64 {
+        self.pd
+    }
+
+    fn peer_view(&self) -> PeerView {
+        let g = lock(&self.inner);
+        PeerView {
+            state: g.state,
+            dest_qpn: g.attrs.dest_qpn,
+            dgid: g.attrs.dgid,
+            access_flags: g.attrs.access_flags,
+        }
+    }
+}
+
 impl QpShared {
     /// Creates the QP, registers it on the device and starts its worker.
     pub(crate) fn create(
@@ -225,16 +234,6 @@ impl QpShared {
                     format!("emulated QP thread: {e}"),
                 ))
             }
-        }
-    }
-
-    pub(crate) fn peer_view(&self) -> PeerView {
-        let g = lock(&self.inner);
-        PeerView {
-            state: g.state,
-            dest_qpn: g.attrs.dest_qpn,
-            dgid: g.attrs.dgid,
-            access_flags: g.attrs.access_flags,
         }
     }
 
@@ -415,7 +414,12 @@ impl QpShared {
         Ok(())
     }
 
-    pub(crate) fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
+    /// Queues work requests for the worker, which copies their local memory (through the
+    /// lkey's `MrEntry`) when it sends or completes them.
+    ///
+    /// # Safety
+    /// As `QueuePair::post_send`.
+    pub(crate) unsafe fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
         const VERB: &str = "ibv_post_send";
         let mut g = lock(&self.inner);
         let mut result = Ok(());

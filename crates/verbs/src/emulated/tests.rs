@@ -11,32 +11,10 @@ use super::device::hooks;
 use super::qp::modeled_timeout;
 use super::*;
 use crate::provider::{AddressVector, QpState, Sge, WcStatus, WorkCompletion, WrOpcode};
+use ferry_testkit::within;
 
 const BOUND: Duration = Duration::from_secs(20);
 const ALL: u32 = access::LOCAL_WRITE | access::REMOTE_WRITE | access::REMOTE_READ;
-
-/// Runs `f` on its own thread and fails the test if it takes longer than `bound`.
-fn within<T: Send + 'static>(
-    bound: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = mpsc::channel();
-    let h = std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(bound) {
-        Ok(v) => {
-            let _ = h.join();
-            v
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => match h.join() {
-            Err(p) => std::panic::resume_unwind(p),
-            Ok(()) => panic!("{what}: finished without a result"),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: still running after {bound:?}"),
-    }
-}
 
 fn caps(wr: u32, sge: u32) -> QpCaps {
     QpCaps {
@@ -140,6 +118,25 @@ fn reg(pd: &Arc<dyn ProtectionDomain>, buf: &mut [u8], access_flags: u32) -> Arc
     // SAFETY: every test declares its buffers before their MRs and keeps them unmoved, so
     // the memory outlives the registration and the work requests that use it.
     unsafe { pd.reg_mr(buf.as_mut_ptr(), buf.len(), access_flags) }.expect("reg_mr")
+}
+
+/// `QueuePair::post_send` for these tests, which own their buffers for the whole test.
+trait Post {
+    fn post(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError>;
+}
+
+impl Post for dyn QueuePair {
+    fn post(&self, wrs: &[SendWr<'_>]) -> Result<(), PostSendError> {
+        // SAFETY: every test declares its buffers before their MRs and keeps them unmoved
+        // until its end (see `reg`), so the memory outlives the work requests on it; the
+        // emulated device reaches it only through live MRs named by the SGEs' keys (an
+        // unknown key or a range outside the MR completes in error). A test looks at a
+        // buffer the device may write (a WRITE's target, a READ's destination) only once
+        // the work requests on it have completed, been flushed or been refused, and only
+        // reads a WRITE's source meanwhile. Remote ranges are registered test buffers, or
+        // deliberately bad keys and ranges that the emulated responder refuses.
+        unsafe { self.post_send(wrs) }
+    }
 }
 
 fn sge(mr: &Arc<dyn MemoryRegion>, offset: u64, length: u32) -> Sge {
@@ -314,7 +311,7 @@ fn qp_state_machine_misuse_is_refused() {
     let sg: [Sge; 0] = [];
     let post = |what: &str| {
         let e = qp
-            .post_send(&[SendWr {
+            .post(&[SendWr {
                 wr_id: 1,
                 opcode: WrOpcode::RdmaWrite,
                 sg_list: &sg,
@@ -404,21 +401,21 @@ fn wr_and_sge_limits_and_err_flushes_everything() {
         let dmr = reg(&b.pd, &mut dst, ALL);
         let three = [sge(&smr, 0, 8), sge(&smr, 8, 8), sge(&smr, 16, 8)];
         let e =
-            a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &three, &dmr, 0)])
+            a.qp.post(&[wr(1, WrOpcode::RdmaWrite, &three, &dmr, 0)])
                 .expect_err("3 SGEs");
         assert_eq!((e.index, errno_of(&e.error)), (0, libc::EINVAL));
         let one = [sge(&smr, 0, 8)];
         let wrs: Vec<_> = (10..15)
             .map(|id| wr(id, WrOpcode::RdmaWrite, &one, &dmr, 0))
             .collect();
-        let e = a.qp.post_send(&wrs).expect_err("5 WRs on a 4-deep SQ");
+        let e = a.qp.post(&wrs).expect_err("5 WRs on a 4-deep SQ");
         assert_eq!((e.index, errno_of(&e.error)), (4, libc::ENOMEM));
         assert!(collect_for(&a.cq, Duration::from_millis(50)).is_empty());
         a.qp.modify(&QpAttr::state(QpState::Err), QpAttrMask::STATE)
             .expect("ERR");
         let mut wcs = wait_wcs(&a.cq, 4, BOUND);
         // Flushing freed the slots; a WR posted in ERR is accepted and flushed too.
-        a.qp.post_send(&[wr(20, WrOpcode::RdmaWrite, &one, &dmr, 0)])
+        a.qp.post(&[wr(20, WrOpcode::RdmaWrite, &one, &dmr, 0)])
             .expect("posting in ERR is accepted");
         wcs.extend(wait_wcs(&a.cq, 1, BOUND));
         let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
@@ -446,7 +443,7 @@ fn cq_overflow_makes_poll_fail() {
         let wrs: Vec<_> = (0..4)
             .map(|id| wr(id, WrOpcode::RdmaWrite, &one, &dmr, 0))
             .collect();
-        a.qp.post_send(&wrs).expect("post");
+        a.qp.post(&wrs).expect("post");
         let deadline = Instant::now() + BOUND;
         let err = loop {
             // Poll with an empty slice so nothing is consumed until the CQ fails.
@@ -502,7 +499,7 @@ fn local_key_errors_complete_loc_prot_err() {
             bring_up(&*a.qp, ALL, b.qp.qpn(), b.gid, 14).expect("reconnect");
             let sg = [s];
             let ok = [sge(&smr, 0, 8)];
-            a.qp.post_send(&[
+            a.qp.post(&[
                 wr(1, op, &sg, &dmr, 0),
                 wr(2, WrOpcode::RdmaWrite, &ok, &dmr, 0),
             ])
@@ -583,7 +580,7 @@ fn remote_access_errors_leave_the_target_untouched() {
         ];
         for (what, w, target_access) in cases {
             connect(&a, &b, target_access, 14);
-            a.qp.post_send(&[w]).expect("post");
+            a.qp.post(&[w]).expect("post");
             let wcs = wait_wcs(&a.cq, 1, BOUND);
             assert_eq!(wcs[0].status, WcStatus::RemAccessErr, "{what}");
             assert!(dst.iter().all(|&x| x == 0x11), "{what}: target changed");
@@ -623,7 +620,7 @@ fn write_and_read_mebibytes_between_two_contexts() {
             ..wr(1, WrOpcode::RdmaWrite, &first, &dmr, 0)
         };
         let w2 = wr(2, WrOpcode::RdmaWrite, &second, &dmr, u64::from(half));
-        a.qp.post_send(&[w1, w2]).expect("post writes");
+        a.qp.post(&[w1, w2]).expect("post writes");
         let wcs = wait_wcs(&a.cq, 1, BOUND);
         assert_eq!(
             (wcs[0].wr_id, wcs[0].status, wcs[0].opcode),
@@ -632,7 +629,7 @@ fn write_and_read_mebibytes_between_two_contexts() {
         assert_eq!(wcs[0].byte_len, half);
         assert!(dst == src, "written bytes differ");
         let into = [sge(&bmr, 0, half), sge(&bmr, u64::from(half), half)];
-        a.qp.post_send(&[wr(3, WrOpcode::RdmaRead, &into, &dmr, 0)])
+        a.qp.post(&[wr(3, WrOpcode::RdmaRead, &into, &dmr, 0)])
             .expect("post read");
         let wcs = wait_wcs(&a.cq, 1, BOUND);
         assert_eq!(
@@ -673,7 +670,7 @@ fn many_small_wrs_complete_in_posting_order() {
                 wr(i as u64, op, s, &dmr, i as u64 * 16)
             })
             .collect();
-        a.qp.post_send(&wrs).expect("post");
+        a.qp.post(&wrs).expect("post");
         let wcs = wait_wcs(&a.cq, 256, BOUND);
         let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
         assert_eq!(ids, (0..256).collect::<Vec<_>>());
@@ -697,7 +694,7 @@ fn unanswered_wr_ends_retry_exceeded_after_the_modeled_timeout() {
         let sg = [sge(&smr, 0, 64)];
         let t = modeled_timeout(14, 7);
         let start = Instant::now();
-        a.qp.post_send(&[
+        a.qp.post(&[
             wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0),
             wr(2, WrOpcode::RdmaWrite, &sg, &dmr, 0),
         ])
@@ -729,7 +726,7 @@ fn unreachable_responder_ends_retry_exceeded() {
         let sg = [sge(&smr, 0, 64)];
         let t = modeled_timeout(12, 7);
         let start = Instant::now();
-        a.qp.post_send(&[SendWr {
+        a.qp.post(&[SendWr {
             wr_id: 7,
             opcode: WrOpcode::RdmaWrite,
             sg_list: &sg,
@@ -766,7 +763,7 @@ fn a_responder_held_past_the_retry_budget_still_completes() {
         let stall = hooks::Stall::new(b.qp.qpn());
         let from = [sge(&smr, 0, 4096)];
         let into = [sge(&bmr, 0, 4096)];
-        a.qp.post_send(&[
+        a.qp.post(&[
             wr(1, WrOpcode::RdmaWrite, &from, &dmr, 0),
             wr(2, WrOpcode::RdmaRead, &into, &dmr, 0),
         ])
@@ -810,7 +807,7 @@ fn a_responder_gone_while_held_ends_retry_exceeded_in_the_modeled_window() {
         // Gone at once (the responder's connection closes unanswered, as when its process
         // dies): the budget counts from the send.
         let start = Instant::now();
-        a.qp.post_send(&[
+        a.qp.post(&[
             wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0),
             wr(2, WrOpcode::RdmaWrite, &sg, &dmr, 0),
         ])
@@ -830,7 +827,7 @@ fn a_responder_gone_while_held_ends_retry_exceeded_in_the_modeled_window() {
         // soon as the loss is seen (the budget from the send has long run out).
         stall.hold_again();
         connect(&a, &b, ALL, 12);
-        a.qp.post_send(&[wr(3, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(3, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post");
         assert!(stall.wait_arrived(2, BOUND), "never reached the responder");
         let held = collect_for(&a.cq, t * 2);
@@ -866,7 +863,7 @@ fn a_target_qp_destroyed_while_held_ends_retry_exceeded_in_the_modeled_window() 
         let sg = [sge(&smr, 0, 64)];
         let stall = hooks::Stall::new(b.qp.qpn());
         let start = Instant::now();
-        a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post");
         assert!(stall.wait_arrived(1, BOUND), "never reached the responder");
         // The target QP goes away while the responder holds its packet; the device then
@@ -933,7 +930,7 @@ fn a_responder_whose_backlog_stays_full_is_waited_for() {
         let mut src = vec![3u8; 64];
         let smr = reg(&a.pd, &mut src, ALL);
         let sg = [sge(&smr, 0, 64)];
-        a.qp.post_send(&[SendWr {
+        a.qp.post(&[SendWr {
             wr_id: 9,
             opcode: WrOpcode::RdmaWrite,
             sg_list: &sg,
@@ -999,10 +996,10 @@ fn fault_silent_loss_never_completes_while_others_do() {
         let smr = reg(&a.pd, &mut src, ALL);
         let dmr = reg(&b.pd, &mut dst, ALL);
         let sg = [sge(&smr, 0, 64)];
-        a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post lost");
         p.set_faults(EmulatedFaults::default());
-        a.qp.post_send(&[
+        a.qp.post(&[
             wr(2, WrOpcode::RdmaWrite, &sg, &dmr, 0),
             wr(3, WrOpcode::RdmaRead, &sg, &dmr, 0),
         ])
@@ -1035,10 +1032,10 @@ fn fault_silent_loss_is_seeded() {
             let wrs: Vec<_> = (0..32)
                 .map(|id| wr(id, WrOpcode::RdmaWrite, &sg, &dmr, 0))
                 .collect();
-            a.qp.post_send(&wrs).expect("post");
+            a.qp.post(&wrs).expect("post");
             // A marker posted without faults completes after every surviving WR (RC order).
             p.set_faults(EmulatedFaults::default());
-            a.qp.post_send(&[wr(999, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+            a.qp.post(&[wr(999, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
                 .expect("marker");
             let mut ids = Vec::new();
             let deadline = Instant::now() + BOUND;
@@ -1076,7 +1073,7 @@ fn fault_retry_exceeded_and_remote_access_and_delay() {
         let sg = [sge(&smr, 0, 64)];
         let t = modeled_timeout(12, 7);
         let start = Instant::now();
-        a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post");
         let wcs = wait_wcs(&a.cq, 1, BOUND);
         let took = start.elapsed();
@@ -1089,7 +1086,7 @@ fn fault_retry_exceeded_and_remote_access_and_delay() {
             ..Default::default()
         });
         connect(&a, &b, ALL, 12);
-        a.qp.post_send(&[wr(2, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(2, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post");
         let wcs = wait_wcs(&a.cq, 1, BOUND);
         assert_eq!((wcs[0].wr_id, wcs[0].status), (2, WcStatus::RemAccessErr));
@@ -1105,7 +1102,7 @@ fn fault_retry_exceeded_and_remote_access_and_delay() {
         });
         connect(&a, &b, ALL, 12);
         let start = Instant::now();
-        a.qp.post_send(&[wr(3, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(3, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post");
         let wcs = wait_wcs(&a.cq, 1, BOUND);
         assert_eq!((wcs[0].wr_id, wcs[0].status), (3, WcStatus::Success));
@@ -1138,7 +1135,7 @@ fn dropping_a_qp_stops_its_threads() {
         let smr = reg(&a.pd, &mut src, ALL);
         let dmr = reg(&b.pd, &mut dst, ALL);
         let sg = [sge(&smr, 0, 64)];
-        a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post");
         wait_wcs(&a.cq, 1, BOUND);
         let qpn = a.qp.qpn();
@@ -1168,7 +1165,7 @@ fn responder_drops_a_malformed_connection_and_keeps_serving() {
         let smr = reg(&a.pd, &mut src, ALL);
         let dmr = reg(&b.pd, &mut dst, ALL);
         let sg = [sge(&smr, 0, 64)];
-        a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post");
         assert_eq!(wait_wcs(&a.cq, 1, BOUND)[0].status, WcStatus::Success);
         drop((smr, dmr));
@@ -1213,7 +1210,7 @@ fn leak_check_child() {
         let smr = reg(&a.pd, &mut src, ALL);
         let dmr = reg(&b.pd, &mut dst, ALL);
         let sg = [sge(&smr, 0, 64)];
-        a.qp.post_send(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
+        a.qp.post(&[wr(1, WrOpcode::RdmaWrite, &sg, &dmr, 0)])
             .expect("post");
         assert_eq!(wait_wcs(&a.cq, 1, BOUND)[0].status, WcStatus::Success);
         assert!(
@@ -1429,7 +1426,7 @@ fn cross_process_write_read_then_target_killed() {
             }]
         }
         let into = [sge(&bmr, 0, CHILD_LEN as u32)];
-        a.qp.post_send(&remote(1, WrOpcode::RdmaRead, &into, raddr, rkey))
+        a.qp.post(&remote(1, WrOpcode::RdmaRead, &into, raddr, rkey))
             .expect("read original");
         assert_eq!(wait_wcs(&a.cq, 1, BOUND)[0].status, WcStatus::Success);
         assert!(
@@ -1437,9 +1434,9 @@ fn cross_process_write_read_then_target_killed() {
             "read the target's original bytes"
         );
         let from = [sge(&smr, 0, CHILD_LEN as u32)];
-        a.qp.post_send(&remote(2, WrOpcode::RdmaWrite, &from, raddr, rkey))
+        a.qp.post(&remote(2, WrOpcode::RdmaWrite, &from, raddr, rkey))
             .expect("write");
-        a.qp.post_send(&remote(3, WrOpcode::RdmaRead, &into, raddr, rkey))
+        a.qp.post(&remote(3, WrOpcode::RdmaRead, &into, raddr, rkey))
             .expect("read back");
         let wcs = wait_wcs(&a.cq, 2, BOUND);
         assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
@@ -1451,9 +1448,9 @@ fn cross_process_write_read_then_target_killed() {
         wait_stopped(pid);
         let t = modeled_timeout(14, 7);
         let start = Instant::now();
-        a.qp.post_send(&remote(4, WrOpcode::RdmaWrite, &from, raddr, rkey))
+        a.qp.post(&remote(4, WrOpcode::RdmaWrite, &from, raddr, rkey))
             .expect("post to stopped");
-        a.qp.post_send(&remote(5, WrOpcode::RdmaRead, &into, raddr, rkey))
+        a.qp.post(&remote(5, WrOpcode::RdmaRead, &into, raddr, rkey))
             .expect("post to stopped");
         child.0.kill().expect("SIGKILL");
         child.0.wait().expect("reap");

@@ -217,14 +217,18 @@ fn hw_loopback_write_and_read() {
         length: LEN as u32,
         lkey: smr.lkey(),
     }];
-    a.post_send(&[SendWr {
-        wr_id: 1,
-        opcode: WrOpcode::RdmaWrite,
-        sg_list: &sg,
-        signaled: true,
-        remote_addr: dmr.addr(),
-        rkey: dmr.rkey(),
-    }])
+    // SAFETY: `src` and `dst` outlive their MRs, and neither is touched until the
+    // completion below has been polled; `dmr`'s rkey grants LEN bytes from `dmr.addr()`.
+    unsafe {
+        a.post_send(&[SendWr {
+            wr_id: 1,
+            opcode: WrOpcode::RdmaWrite,
+            sg_list: &sg,
+            signaled: true,
+            remote_addr: dmr.addr(),
+            rkey: dmr.rkey(),
+        }])
+    }
     .expect("post write");
     let wcs = wait(1);
     assert_eq!(
@@ -237,14 +241,17 @@ fn hw_loopback_write_and_read() {
         length: LEN as u32,
         lkey: bmr.lkey(),
     }];
-    a.post_send(&[SendWr {
-        wr_id: 2,
-        opcode: WrOpcode::RdmaRead,
-        sg_list: &sg,
-        signaled: true,
-        remote_addr: dmr.addr(),
-        rkey: dmr.rkey(),
-    }])
+    // SAFETY: as above; `back` is only read after the READ's completion.
+    unsafe {
+        a.post_send(&[SendWr {
+            wr_id: 2,
+            opcode: WrOpcode::RdmaRead,
+            sg_list: &sg,
+            signaled: true,
+            remote_addr: dmr.addr(),
+            rkey: dmr.rkey(),
+        }])
+    }
     .expect("post read");
     let wcs = wait(1);
     assert_eq!(

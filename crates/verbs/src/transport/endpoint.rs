@@ -151,7 +151,18 @@ impl Endpoint {
             remote_addr: w.remote_addr,
             rkey: w.rkey,
         };
-        if let Err(e) = self.qp.post_send(std::slice::from_ref(&wr)) {
+        // SAFETY: the slice lies inside `w.local`'s region (the engine checked the request's
+        // range against it, and the lkey is that region's MR on this device). `w.local`
+        // keeps the region mapped and registered: it moves into the slot below and stays
+        // there until the completion is taken (`complete`) or the QP has been moved to ERR
+        // (`break_all` after `handshake::to_error`), and the MR deregisters, fencing the
+        // device off the memory, only when its last holder drops. Aliasing: region memory is
+        // reached only through raw pointers (the transports' copies, the JS Buffer over it),
+        // never through a Rust reference, so the device's accesses break no borrow; what a
+        // user's concurrent write does to the bytes is the user's, as with every transport.
+        // The rkey is the one the peer published for this buffer, and the peer's device
+        // checks the remote range against it.
+        if let Err(e) = unsafe { self.qp.post_send(std::slice::from_ref(&wr)) } {
             st.free.push(index);
             return Err(e.error);
         }

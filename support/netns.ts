@@ -1,9 +1,10 @@
 /**
  * Several "hosts" on one machine: network namespaces joined by veth pairs, for tests and the
- * liveness benchmark. Needs root and iproute2.
+ * liveness benchmark (outside __test__ so both may import it, and ava never runs it as a
+ * test file). Needs root and iproute2.
  *
  *   const net = createNetwork()            // host "a" = this (root) namespace, host "b" = a new one
- *   spawnIn(net.b, 'node', [...])          // a process inside b, listening on net.b.address
+ *   [...net.prefix(net.b), 'node', ...]    // a command line that runs inside b (ip netns exec)
  *   net.linkDown() / net.linkUp()          // takes b's end of the link down: silent loss, no reset
  *   net.destroy()                          // removes the namespace and the link (idempotent)
  *

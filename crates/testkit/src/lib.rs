@@ -1,0 +1,17 @@
+//! Support for Ferry's integration tests (a dev-dependency of the crates that have them).
+//!
+//! Only ferry-core's public API is used, so the tests built on it check what users see.
+//!
+//! - [`within`]: runs a test body under a watchdog;
+//! - [`Pair`]: a target and an initiator engine, a region on each, the target's segment
+//!   opened from the initiator, the initiator's events recorded; both engines close on drop;
+//! - [`fill`], [`bytes_of`], [`bytes_at`]: write a pattern into a region, copy bytes out;
+//! - [`request`], [`wait_batch`], [`one`]: requests and bounded waits on their outcome.
+
+mod pair;
+mod region;
+mod wait;
+
+pub use pair::{request, Pair};
+pub use region::{bytes_at, bytes_of, fill};
+pub use wait::{one, wait_batch, within};
