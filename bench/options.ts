@@ -187,7 +187,8 @@ export function helpLines(schema: Schema, width = 26): string[] {
   const lines: string[] = []
   for (const [name, spec] of Object.entries(schema)) {
     if (spec.refused !== undefined) continue
-    const metavar = spec.type === 'boolean' ? '' : `=${spec.metavar ?? spec.type.toUpperCase()}`
+    const valueName = spec.metavar ?? (spec.choices ? spec.choices.filter((c) => c !== '').join('|') : spec.type.toUpperCase())
+    const metavar = spec.type === 'boolean' ? '' : `=${valueName}`
     const flag = `--${name}${metavar}`
     const dflt = spec.type === 'string' ? JSON.stringify(spec.default) : String(spec.default)
     const head = `  ${flag.padEnd(width)} `

@@ -353,6 +353,7 @@ function failovers(n: number): string {
  */
 class Output {
   #header = ''
+  #mooncakeThreads = 0
   constructor(readonly format: OutputFormat) {}
 
   #json(r: AnyRecord): void {
@@ -364,7 +365,9 @@ class Output {
     this.#header = ''
     if (this.format === 'json') return
     if (this.format === 'mooncake') {
-      process.stdout.write(benchMooncakeHeader() + '\n')
+      // Mooncake prints its header once per thread count, also when mix alternates ops.
+      if (this.#mooncakeThreads !== threads) process.stdout.write(benchMooncakeHeader() + '\n')
+      this.#mooncakeThreads = threads
       return
     }
     const title = `${op.toUpperCase()}, ${threads} thread${threads === 1 ? '' : 's'}, requested transport ${requested}`
