@@ -837,4 +837,6 @@ module.exports.__napiBindingTarget = __napiStampBindingTarget(nativeBinding, __n
 module.exports = nativeBinding
 module.exports.NativeBench = nativeBinding.NativeBench
 module.exports.NativeEngine = nativeBinding.NativeEngine
+module.exports.benchMooncakeHeader = nativeBinding.benchMooncakeHeader
+module.exports.benchMooncakeLine = nativeBinding.benchMooncakeLine
 module.exports.startEngine = nativeBinding.startEngine

@@ -9,6 +9,46 @@
  */
 export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
 
+/**
+ * One result row: a (block size, batch size) case.
+ *
+ * The counts are `f64`/`u32` rather than `u64`/`usize` so that the row crosses into
+ * JavaScript as it is (the binding hands this very type to JS, where `BenchRow` names it; napi would
+ * turn a `u64` into a BigInt). Block sizes and operation counts stay far below 2^53.
+ */
+export interface ReportRow {
+  /** Bytes per request. */
+  blockSize: number
+  /** Requests per batch. */
+  batchSize: number
+  /** Worker threads. */
+  threads: number
+  /** Measured operations (batches) over all threads. */
+  ops: number
+  /** BW (GB/S): block × batch × ops / mean per-thread wall time, 10^9 B/s. */
+  bwGbps: number
+  /** Avg Inst GB/s: mean over operations of block × batch / operation time. */
+  avgInstGbps: number
+  /** Avg Lat (us): mean per-thread wall time × threads / ops. */
+  avgLatUs: number
+  /** Avg Tx (us): mean operation time. */
+  avgTxUs: number
+  /** P99 Tx (us). */
+  p99TxUs: number
+  /** P999 Tx (us). */
+  p999TxUs: number
+}
+
+/** One transport's part of a case. */
+export interface TransportShare {
+  /** Transport name (`tcp`, `shm`, `rdma`). */
+  transport: string
+  /** Bytes it moved for the case (f64 for JS, as in the report row). */
+  bytes: number
+  /** Its share of the case's bytes, in percent. */
+  percent: number
+}
+
 /** A gate of native benchmark worker threads bound to one engine. */
 export declare class NativeBench {
   /** Starts `threads` worker threads on `engine`'s core. */
@@ -117,6 +157,8 @@ export interface BenchCase {
   warmupMs: number
   /** Pacing before each batch, in µs. */
   requestIntervalUs: number
+  /** An operation without progress for this long fails with TIMEOUT (default 30 s). */
+  stallTimeoutMs?: number
 }
 
 /** Why a case failed. */
@@ -137,41 +179,33 @@ export interface BenchFailure {
   reason: string
 }
 
+/** Mooncake's table header (`--format=mooncake`): the column names and a dashed line. */
+export declare function benchMooncakeHeader(): string
+
+/** A row in Mooncake's layout. */
+export declare function benchMooncakeLine(row: ReportRow): string
+
 /**
  * Outcome of a case: "ok" with a row, "failed" with the first failure, or "stopped"
- * (with a row from the workers that finished, if any).
+ * (with a row when measured operations exist), and what served it.
  */
 export interface BenchResult {
   /** "ok", "failed" or "stopped". */
   outcome: string
-  /** The row, for "ok" (and "stopped" when partial results exist). */
-  row?: BenchRow
+  /** The row, for "ok" (and "stopped" when measured operations exist). */
+  row?: ReportRow
   /** The failure, for "failed". */
   failure?: BenchFailure
-}
-
-/** tebench's columns for one case. */
-export interface BenchRow {
-  /** Bytes per request. */
-  blockSize: number
-  /** Requests per batch. */
-  batchSize: number
-  /** Worker threads. */
-  threads: number
-  /** Measured operations (batches) over all threads. */
-  ops: number
-  /** BW (GB/s). */
-  bwGbps: number
-  /** Avg Inst GB/s. */
-  avgInstGbps: number
-  /** Avg Lat (µs). */
-  avgLatUs: number
-  /** Avg Tx (µs). */
-  avgTxUs: number
-  /** P99 Tx (µs). */
-  p99TxUs: number
-  /** P999 Tx (µs). */
-  p999TxUs: number
+  /** Transports that moved the case's bytes, largest share first. */
+  served: Array<TransportShare>
+  /** The same as text: `shm (100 %)`, `tcp 90 %, shm 10 %`, `none`. */
+  servedLabel: string
+  /** Attempts that failed over during the case. */
+  failovers: number
+  /** When the first worker failed, ms since the Unix epoch. */
+  firstFailureAtMs?: number
+  /** When the last worker ended, ms since the Unix epoch. */
+  endedAtMs: number
 }
 
 /** A further target segment of a case. */

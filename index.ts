@@ -558,12 +558,24 @@ export interface BenchCase {
   requestIntervalUs: number
 }
 
-/** tebench's columns for one case. */
-export type BenchRow = Native.BenchRow
+/** tebench's columns for one case (the bench crate's report row, as it is). */
+export type BenchRow = Native.ReportRow
+/** One transport's part of a case: bytes and percent. */
+export type TransportShare = Native.TransportShare
 /** Why a case failed: status, transport, peer and request. */
 export type BenchFailure = Native.BenchFailure
 /** A case's outcome. */
 export type BenchResult = Native.BenchResult
+
+/** Mooncake's table header, two lines: the column names and a line of 160 `-`. */
+export function benchMooncakeHeader(): string {
+  return native.benchMooncakeHeader()
+}
+
+/** A row in Mooncake's layout (left-aligned fixed widths, 6 decimals for GB/s, 1 for µs). */
+export function benchMooncakeLine(row: BenchRow): string {
+  return call(() => native.benchMooncakeLine(row))
+}
 
 /**
  * Native benchmark workers (the tebench runner): `threads` threads that loop allocate →

@@ -77,11 +77,21 @@ function startWriter(segment: string, xport: string, extra: string[] = []) {
   )
 }
 
-/** Waits (bounded) for the table header, printed right before the first case starts. */
+/** Waits (bounded) for the table's title, printed right before the first case starts. */
 async function waitForTable(w: ReturnType<typeof watch>, limitMs = 15_000): Promise<boolean> {
   const started = Date.now()
-  while (!w.out().includes('BlkSize') && Date.now() - started < limitMs) await delay(20)
-  return w.out().includes('BlkSize')
+  const title = /^(READ|WRITE), /m
+  while (!title.test(w.out()) && Date.now() - started < limitMs) await delay(20)
+  return title.test(w.out())
+}
+
+/** The case records of a --json run (other records: transportDisabled notes). */
+function caseRows(stdout: string): Array<Record<string, unknown>> {
+  return stdout
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+    .filter((x) => x.record === 'case')
 }
 
 test.after.always(() => {
@@ -100,10 +110,7 @@ test('--local --json: one JSON object per case with the columns, exit 0', async 
     '--json',
   ]).done
   t.is(r.code, 0, r.stderr)
-  const rows = r.stdout
-    .trim()
-    .split('\n')
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
+  const rows = caseRows(r.stdout)
   t.deepEqual(
     rows.map((x) => x.blockSize),
     [4096, 8192, 16384, 32768, 65536],
@@ -131,10 +138,7 @@ test('--local --xport_type=rdma on the emulated verbs device: every case over rd
     ]),
   ).done
   t.is(r.code, 0, r.stderr)
-  const rows = r.stdout
-    .trim()
-    .split('\n')
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
+  const rows = caseRows(r.stdout)
   t.is(rows.length, 10, 'write and read for each of 5 block sizes')
   for (const row of rows) {
     t.true((row.ops as number) > 0, JSON.stringify(row))
@@ -310,10 +314,7 @@ test('etcd: a target registered under --local_server_name is benchmarked by name
     t.truthy(r, 'initiator did not finish')
     if (!r) return
     t.is(r.code, 0, r.stdout + r.stderr)
-    const rows = r.stdout
-      .trim()
-      .split('\n')
-      .map((l) => JSON.parse(l) as Record<string, unknown>)
+    const rows = caseRows(r.stdout)
     t.deepEqual(
       rows.map((x) => x.op),
       ['write', 'read'],

@@ -12,42 +12,71 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import * as readline from 'node:readline'
-import { parseArgs } from 'node:util'
-import { Engine, type Bench, type BenchFailure, type BenchRow, type Region, type Segment, type TransportName } from '../index'
+import {
+  Engine,
+  benchMooncakeHeader,
+  benchMooncakeLine,
+  type Bench,
+  type BenchFailure,
+  type BenchResult,
+  type BenchRow,
+  type Region,
+  type Segment,
+  type TransportName,
+  type TransportShare,
+} from '../index'
+import { helpLines, parseFlags, refusedLines, SHARED, UsageError, type Schema } from './options'
 
 // ---------------------------------------------------------------------------------------
-// Options: declared once.
-
-interface OptionSpec {
-  type: 'string' | 'boolean'
-  default: string | boolean
-  help: string
-}
+// Options: declared once, in the schema format of bench/options.ts.
 
 const GiB = 1 << 30
 const MiB = 1 << 20
+
+const GPU = 'GPU memory is not supported (DRAM only)'
+const DEADLINES = 'per-transfer deadlines are not supported (a silent peer fails work after --peer_timeout_ms)'
 
 export const OPTIONS = {
   target_seg_name: {
     type: 'string',
     default: '',
+    metavar: 'SEG[,SEG]',
     help: 'target segment(s), comma list: worker i works against target i % count; empty = target mode',
   },
-  seg_type: { type: 'string', default: 'DRAM', help: 'memory kind (DRAM only)' },
-  op_type: { type: 'string', default: 'read', help: 'read, write or mix (a write case, then a read case)' },
-  check_consistency: { type: 'boolean', default: false, help: 'with mix: write a pattern, read it back, verify' },
-  total_buffer_size: { type: 'string', default: String(GiB), help: 'buffer bytes per side (K/M/G suffixes allowed)' },
-  start_block_size: { type: 'string', default: '4096', help: 'first block size in bytes (doubling sweep)' },
-  max_block_size: { type: 'string', default: String(64 * MiB), help: 'last block size in bytes' },
-  start_batch_size: { type: 'string', default: '1', help: 'first batch size (doubling sweep)' },
-  max_batch_size: { type: 'string', default: '1', help: 'last batch size' },
-  start_num_threads: { type: 'string', default: '1', help: 'first thread count (doubling sweep)' },
-  max_num_threads: { type: 'string', default: '1', help: 'last thread count' },
-  duration: { type: 'string', default: '5', help: 'measured seconds per case, after a 1 s warm-up' },
-  request_interval_us: { type: 'string', default: '0', help: 'per-thread pacing before each batch (µs)' },
+  seg_name: {
+    type: 'string',
+    default: '',
+    metavar: 'HOST[:PORT]',
+    help: 'target: the address peers are told (Mooncake\'s local segment name; in p2p the segment name), for a target behind --listen=0.0.0.0; empty = the listen address',
+  },
+  listen: {
+    type: 'string',
+    default: '127.0.0.1',
+    metavar: 'ADDR[:PORT]',
+    help: 'target: the address to listen on; without a port, --rpc_server_port',
+  },
+  rpc_server_port: { type: 'integer', default: 0, min: 0, max: 65535, metavar: 'PORT', help: 'target: listen port; 0 = any' },
+  seg_type: { type: 'string', default: 'DRAM', choices: ['DRAM'], refusedChoices: { VRAM: GPU }, help: 'memory kind (DRAM only)' },
+  op_type: { type: 'string', default: 'read', choices: ['read', 'write', 'mix'], help: 'read, write or mix (a write case, then a read case)' },
+  check_consistency: {
+    type: 'boolean',
+    default: false,
+    help: 'verify the data: write a pattern, read it back and compare (read: the target is filled with the pattern first; write: read back after each case)',
+  },
+  total_buffer_size: { type: 'size', default: GiB, min: 1, help: 'buffer bytes per side (K/M/G suffixes allowed)' },
+  start_block_size: { type: 'size', default: 4096, min: 1, help: 'first block size in bytes (doubling sweep)' },
+  max_block_size: { type: 'size', default: 64 * MiB, min: 1, help: 'last block size in bytes' },
+  start_batch_size: { type: 'integer', default: 1, min: 1, help: 'first batch size (doubling sweep)' },
+  max_batch_size: { type: 'integer', default: 1, min: 1, help: 'last batch size' },
+  start_num_threads: { type: 'integer', default: 1, min: 1, max: 1024, help: 'first thread count (doubling sweep)' },
+  max_num_threads: { type: 'integer', default: 1, min: 1, max: 1024, help: 'last thread count' },
+  duration: SHARED.durationS,
+  request_interval_us: { type: 'integer', default: 0, min: 0, help: 'per-thread pacing before each batch (µs)' },
   metadata_type: {
     type: 'string',
     default: 'p2p',
+    choices: ['p2p', 'etcd'],
+    refusedChoices: { redis: 'Ferry keeps metadata in etcd or p2p', http: 'Ferry keeps metadata in etcd or p2p' },
     help: 'p2p (segment names are host:port) or etcd (names are looked up in --metadata_url_list)',
   },
   metadata_url_list: { type: 'string', default: '', help: 'with etcd: the etcd servers, http://host:port[,host:port]' },
@@ -56,17 +85,65 @@ export const OPTIONS = {
     default: '',
     help: 'with etcd: the name a target registers under (Mooncake\'s flag); empty = its host:port',
   },
-  rpc_server_port: { type: 'string', default: '0', help: 'target listen port on 127.0.0.1; 0 = any' },
-  xport_type: { type: 'string', default: '', help: 'pin one transport: rdma, shm, tcp (empty = engine default)' },
-  peer_timeout_ms: { type: 'string', default: '3000', help: 'Ferry: a silent peer is declared lost (FAILED) after this many ms' },
+  xport_type: {
+    type: 'string',
+    default: '',
+    choices: ['', 'rdma', 'shm', 'tcp'],
+    refusedChoices: Object.fromEntries(
+      ['mnnvl', 'gds', 'iouring', 'sunrise_link', 'nvlink'].map((x) => [x, 'not a Ferry transport (rdma, shm or tcp)']),
+    ),
+    help: 'pin one transport: rdma, shm, tcp (empty = engine default, with failover)',
+  },
+  backend: {
+    type: 'string',
+    default: 'tent',
+    choices: ['tent'],
+    refusedChoices: { classic: 'Ferry is one engine, of TENT\'s design; the classic TE backend is not offered' },
+    help: 'Mooncake\'s backend choice: tent only',
+  },
+  peer_timeout_ms: { ...SHARED.peerTimeoutMs, help: `Ferry: ${SHARED.peerTimeoutMs.help}` },
   local: { type: 'boolean', default: false, help: 'start a target child on 127.0.0.1 and bench against it' },
-  json: { type: 'boolean', default: false, help: 'one JSON object per case per line instead of a table' },
-  help: { type: 'boolean', default: false, help: 'show this help' },
-} as const satisfies Record<string, OptionSpec>
+  inject: {
+    type: 'string',
+    default: '',
+    metavar: 'kill|stop[:AFTER_MS]',
+    help: 'with --local: SIGKILL or SIGSTOP the target AFTER_MS (default 500) into the first measured case, report the time to the first FAILED and to the last request\'s end, exit 1',
+  },
+  format: { type: 'string', default: 'table', choices: ['table', 'mooncake', 'json'], help: 'table, mooncake (Mooncake\'s own layout) or json' },
+  json: { type: 'boolean', default: false, help: 'the same as --format=json: every outcome as a JSON line on stdout' },
+  help: { type: 'boolean', default: false, aliases: ['h'], help: 'show this help' },
+  // Mooncake's flags that Ferry refuses, by name, rather than ignore.
+  auth_secret_file: {
+    type: 'string',
+    default: '',
+    refused: 'not supported yet: the cluster secret comes with authenticated clusters',
+  },
+  notifi: { type: 'boolean', default: false, refused: 'RDMA notifications are not supported yet: --notifi comes with notifications' },
+  local_gpu_id: { type: 'integer', default: 0, refused: GPU },
+  target_gpu_id: { type: 'integer', default: 0, refused: GPU },
+  target_offset: { type: 'integer', default: 0, refused: 'not supported: stripes start at offset 0 of the target buffer' },
+  deadline_us: { type: 'integer', default: 0, refused: DEADLINES },
+  deadline_tight_threads: { type: 'integer', default: 0, refused: DEADLINES },
+  deadline_bw_arbitration: { type: 'boolean', default: false, refused: DEADLINES },
+  tent_transport_hint: { type: 'string', default: 'unspec', refused: 'not supported: pin a transport with --xport_type' },
+  tent_intent_type: { type: 'string', default: 'unspec', refused: 'request intents are not supported' },
+} as const satisfies Schema
 
-type OptionName = keyof typeof OPTIONS
+/** Mooncake's flag families that Ferry refuses by prefix. */
+const REFUSED_PREFIXES = [
+  ['qos_', 'QoS flags are not supported (Ferry has no QoS scheduler)'],
+  ['receiver_', 'receiver-credit experiments are not supported'],
+] as const
 
-export class UsageError extends Error {}
+export { UsageError }
+
+export type OutputFormat = 'table' | 'mooncake' | 'json'
+
+export interface Injection {
+  signal: 'SIGKILL' | 'SIGSTOP'
+  /** ms into the first measured case. */
+  afterMs: number
+}
 
 export interface Config {
   targetSegNames: string[]
@@ -85,151 +162,168 @@ export interface Config {
   metadataType: 'p2p' | 'etcd'
   metadataUrlList: string
   localServerName: string
+  /** Target: `host:port`. */
+  listen: string
+  /** Target: the address peers are told; undefined = the bound address. */
+  advertise?: string
   rpcServerPort: number
   xportType?: TransportName
   peerTimeoutMs: number
   local: boolean
-  json: boolean
+  inject?: Injection
+  format: OutputFormat
   help: boolean
 }
 
 export function helpText(): string {
-  const lines = [
-    'Usage: tebench [--flag=value ...]',
+  return [
+    'Usage: tebench [--flag=value ...]   (gflags forms: --flag value, --flag=true|false, --noflag)',
     '',
     'Without --target_seg_name (and without --local) runs as a target: allocates a buffer,',
     'prints the command line initiators should run, and waits for Ctrl-C.',
     '',
     'Flags:',
-  ]
-  for (const [name, spec] of Object.entries(OPTIONS) as Array<[OptionName, OptionSpec]>) {
-    const dflt = spec.type === 'boolean' ? (spec.default ? 'true' : 'false') : JSON.stringify(spec.default)
-    lines.push(`  --${name.padEnd(22)} ${spec.help} (default ${dflt})`)
-  }
-  lines.push(
+    ...helpLines(OPTIONS),
+    '',
+    'Mooncake flags refused (never silently ignored):',
+    ...refusedLines(OPTIONS, { refusedPrefixes: REFUSED_PREFIXES }),
     '',
     'Columns: BlkSize (B) | Batch | BW (GB/S) | Avg Inst GB/s | Avg Lat (us) | Avg Tx (us) | P99 Tx (us) | P999 Tx (us)',
     'Exit codes: 0 success, 1 transfer failure, 2 bad usage, 130 interrupted (partial results printed).',
-  )
-  return lines.join('\n') + '\n'
+  ].join('\n') + '\n'
 }
 
-function parseSize(name: string, v: string, min = 1): number {
-  const m = /^(\d+)([kKmMgG]?)[iI]?[bB]?$/.exec(v.trim())
-  if (!m) throw new UsageError(`--${name}: expected a whole number of bytes (K/M/G suffix allowed), got "${v}"`)
-  const mult = { '': 1, k: 1024, m: MiB, g: GiB }[m[2].toLowerCase() as '' | 'k' | 'm' | 'g']
-  const n = Number(m[1]) * mult
-  if (!Number.isSafeInteger(n) || n < min) throw new UsageError(`--${name}: must be an integer >= ${min}, got "${v}"`)
-  return n
+/** `host`, `host:port` or `[v6]:port` → `host:port`, the port defaulting to `port`. */
+function listenAddress(text: string, port: number): string {
+  const t = text.trim()
+  const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-_]+)(?::(\d{1,5}))?$/.exec(t)
+  if (!m) throw new UsageError(`--listen: expected ADDR[:PORT], got "${text}"`)
+  const p = m[2] === undefined ? port : Number(m[2])
+  if (p > 65535) throw new UsageError(`--listen: port ${p} is out of range`)
+  return `${m[1]}:${p}`
 }
 
-function parseInteger(name: string, v: string, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  if (!/^\d+$/.test(v.trim())) throw new UsageError(`--${name}: expected a whole number, got "${v}"`)
-  const n = Number(v)
-  if (n < min || n > max) throw new UsageError(`--${name}: must be between ${min} and ${max}, got ${v}`)
-  return n
+function parseInjection(text: string, durationS: number): Injection | undefined {
+  if (text === '') return undefined
+  const m = /^(kill|stop)(?::(\d+))?$/.exec(text.trim())
+  if (!m) throw new UsageError(`--inject: expected kill or stop, optionally :AFTER_MS, got "${text}"`)
+  const afterMs = m[2] === undefined ? 500 : Number(m[2])
+  if (afterMs >= durationS * 1000) {
+    throw new UsageError(`--inject: ${afterMs} ms is past the measured case (--duration=${durationS})`)
+  }
+  return { signal: m[1] === 'kill' ? 'SIGKILL' : 'SIGSTOP', afterMs }
 }
 
 /** Flags → Config. Throws UsageError on bad usage. */
 export function parseConfig(argv: string[]): Config {
-  let values: Record<string, string | boolean | undefined>
-  try {
-    const options = Object.fromEntries(
-      Object.entries(OPTIONS).map(([k, s]) => [k, { type: s.type, default: s.default }]),
-    ) as Record<string, { type: 'string' | 'boolean'; default: string | boolean }>
-    values = parseArgs({ args: argv, options, strict: true, allowPositionals: false }).values as Record<
-      string,
-      string | boolean | undefined
-    >
-  } catch (err) {
-    throw new UsageError((err as Error).message)
-  }
-  const s = (k: OptionName) => String(values[k] ?? OPTIONS[k].default)
-  const b = (k: OptionName) => Boolean(values[k] ?? OPTIONS[k].default)
-
-  const segType = s('seg_type')
-  if (segType.toUpperCase() !== 'DRAM') throw new UsageError(`--seg_type=${segType} is not supported (DRAM only)`)
-  const opType = s('op_type')
-  if (opType !== 'read' && opType !== 'write' && opType !== 'mix') {
-    throw new UsageError(`--op_type must be read, write or mix, got "${opType}"`)
-  }
-  const metadataType = s('metadata_type')
-  if (metadataType !== 'p2p' && metadataType !== 'etcd') {
-    throw new UsageError(`--metadata_type must be p2p or etcd, got "${metadataType}"`)
-  }
-  const urls = s('metadata_url_list').trim()
-  if (metadataType === 'etcd') {
+  const { values: v, given } = parseFlags(OPTIONS, argv, { refusedPrefixes: REFUSED_PREFIXES })
+  const urls = v.metadata_url_list.trim()
+  if (v.metadata_type === 'etcd') {
     if (urls === '') throw new UsageError('--metadata_type=etcd needs --metadata_url_list=http://host:port[,host:port]')
     for (const u of urls.split(',')) {
       if (!/^(http:\/\/)?[A-Za-z0-9.\-_[\]:]+:\d{1,5}\/?$/.test(u.trim())) {
         throw new UsageError(`--metadata_url_list: expected http://host:port entries, got "${u}"`)
       }
     }
-  } else if (s('local_server_name') !== '') {
+  } else if (v.local_server_name !== '') {
     throw new UsageError('--local_server_name needs --metadata_type=etcd')
   }
-  const xport = s('xport_type')
-  if (xport !== '' && xport !== 'rdma' && xport !== 'shm' && xport !== 'tcp') {
-    throw new UsageError(`--xport_type must be rdma, shm or tcp, got "${xport}"`)
-  }
-  const duration = Number(s('duration'))
-  if (!Number.isFinite(duration) || duration <= 0 || s('duration').trim() === '') {
-    throw new UsageError(`--duration must be a positive number of seconds, got "${s('duration')}"`)
+  if (given.has('json') && given.has('format') && v.json !== (v.format === 'json')) {
+    throw new UsageError(`--json and --format=${v.format} contradict each other`)
   }
   const cfg: Config = {
-    targetSegNames: s('target_seg_name')
+    targetSegNames: v.target_seg_name
       .split(',')
       .map((x) => x.trim())
       .filter((x) => x !== ''),
     segType: 'DRAM',
-    opType,
-    checkConsistency: b('check_consistency'),
-    totalBufferSize: parseSize('total_buffer_size', s('total_buffer_size')),
-    startBlockSize: parseSize('start_block_size', s('start_block_size')),
-    maxBlockSize: parseSize('max_block_size', s('max_block_size')),
-    startBatchSize: parseInteger('start_batch_size', s('start_batch_size'), 1),
-    maxBatchSize: parseInteger('max_batch_size', s('max_batch_size'), 1),
-    startNumThreads: parseInteger('start_num_threads', s('start_num_threads'), 1, 1024),
-    maxNumThreads: parseInteger('max_num_threads', s('max_num_threads'), 1, 1024),
-    durationS: duration,
-    requestIntervalUs: parseInteger('request_interval_us', s('request_interval_us'), 0),
-    metadataType,
+    opType: v.op_type as Config['opType'],
+    checkConsistency: v.check_consistency,
+    totalBufferSize: v.total_buffer_size,
+    startBlockSize: v.start_block_size,
+    maxBlockSize: v.max_block_size,
+    startBatchSize: v.start_batch_size,
+    maxBatchSize: v.max_batch_size,
+    startNumThreads: v.start_num_threads,
+    maxNumThreads: v.max_num_threads,
+    durationS: v.duration,
+    requestIntervalUs: v.request_interval_us,
+    metadataType: v.metadata_type as Config['metadataType'],
     metadataUrlList: urls,
-    localServerName: s('local_server_name'),
-    rpcServerPort: parseInteger('rpc_server_port', s('rpc_server_port'), 0, 65535),
-    xportType: xport === '' ? undefined : (xport as TransportName),
-    peerTimeoutMs: parseInteger('peer_timeout_ms', s('peer_timeout_ms'), 10, 3_600_000),
-    local: b('local'),
-    json: b('json'),
-    help: b('help'),
+    localServerName: v.local_server_name,
+    listen: listenAddress(v.listen, v.rpc_server_port),
+    advertise: v.seg_name.trim() || undefined,
+    rpcServerPort: v.rpc_server_port,
+    xportType: v.xport_type === '' ? undefined : (v.xport_type as TransportName),
+    peerTimeoutMs: v.peer_timeout_ms,
+    local: v.local,
+    inject: parseInjection(v.inject, v.duration),
+    format: v.json ? 'json' : (v.format as OutputFormat),
+    help: v.help,
   }
   if (cfg.startBlockSize > cfg.maxBlockSize) throw new UsageError('--start_block_size is larger than --max_block_size')
   if (cfg.startBatchSize > cfg.maxBatchSize) throw new UsageError('--start_batch_size is larger than --max_batch_size')
   if (cfg.startNumThreads > cfg.maxNumThreads) throw new UsageError('--start_num_threads is larger than --max_num_threads')
-  if (cfg.checkConsistency && cfg.opType !== 'mix') throw new UsageError('--check_consistency needs --op_type=mix')
   if (cfg.local && cfg.targetSegNames.length > 0) throw new UsageError('--local and --target_seg_name exclude each other')
   if (cfg.local && cfg.metadataType === 'etcd') throw new UsageError('--local uses p2p; drop --metadata_type=etcd')
+  if (cfg.inject && !cfg.local) throw new UsageError('--inject needs --local (it signals the target tebench started)')
+  const initiator = cfg.local || cfg.targetSegNames.length > 0
+  if (initiator && !cfg.local && (given.has('listen') || given.has('seg_name'))) {
+    throw new UsageError('--listen and --seg_name are target flags; an initiator connects out')
+  }
   return cfg
 }
 
 // ---------------------------------------------------------------------------------------
-// Results: data first.
+// Results: data first. With --format=json each is one line on stdout, tagged by `record`.
 
-export interface CaseRecord {
+/** A case's row: the native row's columns and what served the case. */
+export interface CaseRecord extends BenchRow {
+  record: 'case'
   op: 'read' | 'write'
+  /** What served the case: one transport's name, or the shares (`tcp 90 %, shm 10 %`). */
   transport: string
-  threads: number
-  blockSize: number
-  batchSize: number
-  ops: number
-  bwGbps: number
-  avgInstGbps: number
-  avgLatUs: number
-  avgTxUs: number
-  p99TxUs: number
-  p999TxUs: number
+  /** The transport asked for: `auto` or the --xport_type. */
+  requested: string
+  served: TransportShare[]
+  failovers: number
   partial?: boolean
 }
+
+export interface FailedRecord {
+  record: 'failed'
+  status: string
+  code?: string
+  transport: string
+  peer: string
+  request: string
+  reason: string
+}
+
+export interface InjectRecord {
+  record: 'inject'
+  signal: Injection['signal']
+  targetPid: number
+  afterMs: number
+  /** From the fault to the first FAILED; null when nothing failed. */
+  firstFailedMs: number | null
+  /** From the fault to the last request's terminal status. */
+  lastTerminalMs: number | null
+}
+
+export interface DisabledRecord {
+  record: 'transportDisabled'
+  transport: string
+  reason: string
+}
+
+export interface UsageRecord {
+  record: 'usage'
+  code: 'ERR_USAGE'
+  error: string
+}
+
+type AnyRecord = CaseRecord | FailedRecord | InjectRecord | DisabledRecord | UsageRecord
 
 const COLUMNS: Array<[string, (r: CaseRecord) => string]> = [
   ['BlkSize (B)', (r) => String(r.blockSize)],
@@ -247,29 +341,88 @@ function tableLine(cells: string[]): string {
   return cells.map((c, i) => c.padStart(WIDTHS[i])).join(' | ')
 }
 
-/** Writes results on stdout: a table (one header per op/threads group) or JSON lines. */
-class Output {
-  #group = ''
-  constructor(private readonly json: boolean) {}
+function failovers(n: number): string {
+  return `${n} failover${n === 1 ? '' : 's'}`
+}
 
-  row(r: CaseRecord): void {
-    if (this.json) {
-      process.stdout.write(JSON.stringify(r) + '\n')
+/**
+ * Writes results: Ferry's table (a title per op/threads group, printed as the group starts,
+ * and a header naming what served the rows under it), Mooncake's layout (its header per
+ * group; what served goes to stderr) or JSON lines. Failures and notes go to stderr except
+ * with JSON, where every outcome is a line on stdout.
+ */
+class Output {
+  #header = ''
+  #mooncakeThreads = 0
+  constructor(readonly format: OutputFormat) {}
+
+  #json(r: AnyRecord): void {
+    process.stdout.write(JSON.stringify(r) + '\n')
+  }
+
+  /** A group of cases (one op, one thread count) starts. */
+  groupStart(op: string, threads: number, requested: string): void {
+    this.#header = ''
+    if (this.format === 'json') return
+    if (this.format === 'mooncake') {
+      // Mooncake prints its header once per thread count, also when mix alternates ops.
+      if (this.#mooncakeThreads !== threads) process.stdout.write(benchMooncakeHeader() + '\n')
+      this.#mooncakeThreads = threads
       return
     }
-    this.header(r.op, r.threads, r.transport)
+    const title = `${op.toUpperCase()}, ${threads} thread${threads === 1 ? '' : 's'}, requested transport ${requested}`
+    process.stdout.write(`\n${title}\n`)
+  }
+
+  /** A case's row; `native` is the same in the binding's form, `label` what served it. */
+  row(r: CaseRecord, native: BenchRow, label: string): void {
+    if (this.format === 'json') return this.#json(r)
+    const served = `transport ${label}, ${failovers(r.failovers)}`
+    if (this.format === 'mooncake') {
+      process.stdout.write(benchMooncakeLine(native) + '\n')
+      process.stderr.write(`tebench: ${r.op} ${r.blockSize} B × ${r.batchSize}, ${r.threads} thread(s): ${served}\n`)
+      return
+    }
+    if (served !== this.#header) {
+      this.#header = served
+      process.stdout.write(`${served}\n${tableLine(COLUMNS.map(([h]) => h))}\n`)
+      process.stdout.write(WIDTHS.map((w) => '-'.repeat(w)).join('-+-') + '\n')
+    }
     process.stdout.write(tableLine(COLUMNS.map(([, f]) => f(r))) + (r.partial ? '  (partial)' : '') + '\n')
   }
 
-  header(op: string, threads: number, transport: string): void {
-    if (this.json) return
-    const group = `${op}/${threads}/${transport}`
-    if (group === this.#group) return
-    this.#group = group
-    const title = `${op.toUpperCase()}, ${threads} thread${threads === 1 ? '' : 's'}, transport ${transport}`
-    process.stdout.write(`\n${title}\n${tableLine(COLUMNS.map(([h]) => h))}\n`)
-    process.stdout.write(WIDTHS.map((w) => '-'.repeat(w)).join('-+-') + '\n')
+  failed(f: FailedRecord): void {
+    if (this.format === 'json') return this.#json(f)
+    const code = f.code ? ` (${f.code})` : ''
+    process.stderr.write(`tebench: ${f.status}${code} over ${f.transport} to ${f.peer} — ${f.request}: ${f.reason}\n`)
   }
+
+  injected(r: InjectRecord): void {
+    if (this.format === 'json') return this.#json(r)
+    const ms = (v: number | null) => (v === null ? 'never' : `${v} ms`)
+    process.stderr.write(
+      `tebench: --inject: ${r.signal} to the target (pid ${r.targetPid}) ${r.afterMs} ms into the first measured case; ` +
+        `first FAILED after ${ms(r.firstFailedMs)}, last request ended after ${ms(r.lastTerminalMs)}\n`,
+    )
+  }
+
+  disabled(r: DisabledRecord): void {
+    if (this.format === 'json') return this.#json(r)
+    process.stderr.write(`tebench: transport ${r.transport} disabled: ${r.reason}\n`)
+  }
+
+  usage(message: string): void {
+    if (this.format === 'json') return this.#json({ record: 'usage', code: 'ERR_USAGE', error: message })
+    process.stderr.write(`tebench: ${message} (see --help)\n`)
+  }
+}
+
+/** Whether argv asks for JSON, read before parsing so that bad usage can be reported as JSON. */
+function wantsJson(argv: string[]): boolean {
+  return argv.some(
+    (a, i) =>
+      /^--?json(=(true|1|yes|t|y))?$/i.test(a) || a === '--format=json' || (a === '--format' && argv[i + 1] === 'json'),
+  )
 }
 
 const progress = {
@@ -282,9 +435,16 @@ const progress = {
   },
 }
 
-function failureLine(f: BenchFailure): string {
-  const code = f.code ? ` (${f.code})` : ''
-  return `tebench: ${f.statusName}${code} over ${f.transport} to ${f.peer} — ${f.request}: ${f.reason}`
+function failedRecord(f: BenchFailure): FailedRecord {
+  return {
+    record: 'failed',
+    status: f.statusName,
+    code: f.code ?? undefined,
+    transport: f.transport,
+    peer: f.peer,
+    request: f.request,
+    reason: f.reason,
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -323,6 +483,13 @@ function metadataOptions(cfg: Config): { metadata?: `etcd://${string}`; segmentN
   return { metadata: `etcd://${cfg.metadataUrlList}`, segmentName: cfg.localServerName || undefined }
 }
 
+/** Reports every transport that was enabled but could not be installed, with the reason. */
+function reportDisabled(engine: Engine, out: Output): void {
+  engine.on('transportDisabled', (e) => {
+    if (e.segment === undefined) out.disabled({ record: 'transportDisabled', transport: e.transport, reason: e.reason })
+  })
+}
+
 function initiatorCommand(cfg: Config, segment: string): string {
   const parts = ['npx tebench', `--target_seg_name=${segment}`]
   if (cfg.metadataType === 'etcd') parts.push('--metadata_type=etcd', `--metadata_url_list=${cfg.metadataUrlList}`)
@@ -331,11 +498,14 @@ function initiatorCommand(cfg: Config, segment: string): string {
   return parts.join(' ')
 }
 
-async function runTarget(cfg: Config): Promise<number> {
-  const engine = await Engine.create({ listen: `127.0.0.1:${cfg.rpcServerPort}`, ...metadataOptions(cfg) })
+async function runTarget(cfg: Config, out: Output): Promise<number> {
+  const engine = await Engine.create({ listen: cfg.listen, advertise: cfg.advertise, ...metadataOptions(cfg) })
   try {
+    reportDisabled(engine, new Output(out.format === 'json' ? 'json' : 'table'))
     const region = engine.allocate(cfg.totalBufferSize)
     void region
+    // The command names the segment as peers must spell it: the advertised address in
+    // p2p, the registered name with etcd.
     process.stdout.write(initiatorCommand(cfg, engine.segmentName) + '\n')
     progress.show(`tebench: target ${engine.segmentName} ready (${cfg.totalBufferSize} B); Ctrl-C to stop`)
     await new Promise<void>((resolve) => {
@@ -372,9 +542,11 @@ function doubling(start: number, max: number): number[] {
 const PATTERN = Buffer.from(Array.from({ length: 255 }, (_, i) => i + 1)) // never 0, period 255
 
 /**
- * Checks the read-back region against the pattern: every block of every stripe is either
- * untouched (all zero: not reached in the measured time) or equal to the pattern.
- * Returns an error message, or undefined when consistent.
+ * Checks the read-back region against the pattern: every unit of `block` bytes of every
+ * stripe is either untouched (all zero: not reached) or equal to the pattern. Called with
+ * the sweep's first block size: every block of every case is made of whole such units
+ * (block sizes double from it, stripes are whole blocks), so a unit is never half written
+ * by cases of different block sizes. Returns an error message, or undefined when consistent.
  */
 function verify(expect: Region, got: Region, threads: number, stripeLen: number, block: number): string | undefined {
   const zero = Buffer.alloc(block)
@@ -403,6 +575,37 @@ function verify(expect: Region, got: Region, threads: number, stripeLen: number,
 }
 
 /**
+ * Unmeasured seconds before each case (Mooncake's 1 s). FERRY_TEBENCH_WARMUP_MS is a test
+ * hook: a long warm-up lets a test interrupt a case before anything was measured.
+ */
+const WARMUP_MS = Number(process.env.FERRY_TEBENCH_WARMUP_MS) > 0 ? Number(process.env.FERRY_TEBENCH_WARMUP_MS) : 1000
+
+/** Bytes one unmeasured copy (priming a target, reading one back) moves per request. */
+const COPY_CHUNK = 16 * MiB
+
+/**
+ * Unmeasured copies for --check_consistency: `op` the first `bytes` of `local` to or from
+ * every target, worker i's stripe to or from target i % targets, as the bench moved them.
+ */
+async function copyStripes(
+  engine: Engine,
+  op: 'read' | 'write',
+  local: Region,
+  targets: Array<{ remote: Segment; remoteBuffer: number }>,
+  threads: number,
+  stripeLen: number,
+): Promise<void> {
+  for (let t = 0; t < threads; t++) {
+    const { remote, remoteBuffer } = targets[t % targets.length]
+    for (let off = t * stripeLen; off < (t + 1) * stripeLen; off += COPY_CHUNK) {
+      const length = Math.min(COPY_CHUNK, (t + 1) * stripeLen - off)
+      const req = { local, localOffset: off, remote, remoteBuffer, remoteOffset: off, length }
+      await (op === 'write' ? engine.write(req) : engine.read(req))
+    }
+  }
+}
+
+/**
  * Engine transports for `--xport_type`: only that transport (no fallback), else the
  * engine's default set.
  */
@@ -410,60 +613,89 @@ function engineTransports(xport: TransportName | undefined): TransportName[] | u
   return xport ? [xport] : undefined
 }
 
+/** The local target of --local, as runInitiator needs it for --inject. */
+interface FaultTarget {
+  pid: number
+  signal(sig: Injection['signal']): void
+}
+
 interface InitiatorResult {
   code: number
 }
 
-async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> {
+function toRecord(
+  op: 'read' | 'write',
+  requested: string,
+  result: BenchResult,
+  row: BenchRow,
+  partial: boolean,
+): CaseRecord {
+  const r: CaseRecord = {
+    record: 'case',
+    op,
+    transport: result.served.length === 1 ? result.served[0].transport : result.servedLabel,
+    requested,
+    served: result.served,
+    failovers: result.failovers,
+    ...row,
+  }
+  if (partial) r.partial = true
+  return r
+}
+
+async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget): Promise<InitiatorResult> {
   const engine = await Engine.create({
     transports: engineTransports(cfg.xportType),
     peerTimeoutMs: cfg.peerTimeoutMs,
     ...metadataOptions(cfg),
   })
+  reportDisabled(engine, out)
   let bench: Bench | undefined
   const stopBench = () => bench?.stop()
   interrupt.onStop.add(stopBench)
+  const requested = cfg.xportType ?? 'auto'
+  const segName = cfg.targetSegNames.join(',')
+  const fail = (status: string, request: string, reason: string, code?: string, peer = segName) =>
+    out.failed({ record: 'failed', status, code, transport: requested, peer, request, reason })
   try {
     // Every target of the comma list; worker i works against target i % targets.
     const targets: Array<{ remote: Segment; remoteBuffer: number }> = []
-    for (const segName of cfg.targetSegNames) {
+    for (const name of cfg.targetSegNames) {
       let segment: Segment
       try {
-        segment = await engine.openSegment(segName)
+        segment = await engine.openSegment(name)
       } catch (err) {
         const e = err as { code?: string; message?: string }
-        process.stderr.write(`tebench: cannot open segment ${segName}: ${e.code ?? 'error'}: ${e.message}\n`)
+        fail('FAILED', `openSegment ${name}`, `cannot open segment ${name}: ${e.message}`, e.code ?? 'error', name)
         return { code: 1 }
       }
       const remote = segment.buffers[0]
       if (!remote) {
-        process.stderr.write(`tebench: segment ${segName} exposes no buffer\n`)
+        fail('FAILED', `openSegment ${name}`, `segment ${name} exposes no buffer`, undefined, name)
         return { code: 1 }
       }
       if (remote.length < cfg.totalBufferSize) {
-        process.stderr.write(
-          `tebench: segment ${segName} exposes ${remote.length} B, less than --total_buffer_size=${cfg.totalBufferSize}\n`,
-        )
+        out.usage(`segment ${name} exposes ${remote.length} B, less than --total_buffer_size=${cfg.totalBufferSize}`)
         return { code: 2 }
       }
       targets.push({ remote: segment, remoteBuffer: remote.id })
     }
     const [first, ...extraTargets] = targets
-    const segName = cfg.targetSegNames.join(',')
-    const segment = first.remote
-    const remote = { id: first.remoteBuffer }
     const local = engine.allocate(cfg.totalBufferSize)
     let readBack: Region | undefined
     if (cfg.checkConsistency) {
       local.fill(PATTERN)
       readBack = engine.allocate(cfg.totalBufferSize)
     }
+    // Whether the targets hold the pattern (a read case with --check_consistency needs it).
+    let primed = false
     const ops: Array<'read' | 'write'> = cfg.opType === 'mix' ? ['write', 'read'] : [cfg.opType]
-    const transportLabel = cfg.xportType ?? 'auto'
+    let inject = cfg.inject && faultTarget ? { ...cfg.inject, target: faultTarget } : undefined
 
     for (const threads of doubling(cfg.startNumThreads, cfg.maxNumThreads)) {
       if (interrupt.stopped) break
       bench = engine.bench(threads)
+      let group = ''
       try {
         for (const block of doubling(cfg.startBlockSize, cfg.maxBlockSize)) {
           for (const batch of doubling(cfg.startBatchSize, cfg.maxBatchSize)) {
@@ -471,45 +703,85 @@ async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> 
             const stripeLen = Math.floor(cfg.totalBufferSize / threads / block) * block
             for (const op of ops) {
               if (interrupt.stopped) return { code: 130 }
+              const what = `${op} ${block} B × ${batch}, ${threads} thread(s)`
+              if (op === 'read' && readBack && !primed) {
+                for (const t of targets) await copyStripes(engine, 'write', local, [t], 1, cfg.totalBufferSize)
+                primed = true
+              }
               const target = op === 'read' && readBack ? readBack : local
               if (op === 'read' && readBack) readBack.fill(0)
-              out.header(op, threads, transportLabel)
-              progress.show(`tebench: ${op} ${block} B × ${batch}, ${threads} thread(s) over ${transportLabel}…`)
+              if (group !== `${op}/${threads}`) out.groupStart(op, threads, requested)
+              group = `${op}/${threads}`
+              progress.show(`tebench: ${what} over ${requested}…`)
+              const warmupMs = WARMUP_MS
+              // --inject: the fault lands in the first measured case, afterMs past its warm-up.
+              let faultAt: number | undefined
+              let faultTimer: NodeJS.Timeout | undefined
+              const fault = inject
+              if (fault) {
+                faultTimer = setTimeout(() => {
+                  faultAt = Date.now()
+                  fault.target.signal(fault.signal)
+                }, warmupMs + fault.afterMs)
+              }
               const result = await bench.runCase({
                 opcode: op,
                 blockSize: block,
                 batchSize: batch,
                 local: target,
-                remote: segment,
-                remoteBuffer: remote.id,
+                remote: first.remote,
+                remoteBuffer: first.remoteBuffer,
                 extraTargets,
                 stripeBase: 0,
                 stripeLen,
                 transport: cfg.xportType,
                 durationMs: Math.round(cfg.durationS * 1000),
-                warmupMs: 1000,
+                warmupMs,
                 requestIntervalUs: cfg.requestIntervalUs,
               })
+              clearTimeout(faultTimer)
               progress.clear()
+              if (fault) {
+                inject = undefined
+                const since = (t: number | null | undefined) => (t == null || faultAt === undefined ? null : Math.max(0, t - faultAt))
+                out.injected({
+                  record: 'inject',
+                  signal: fault.signal,
+                  targetPid: fault.target.pid,
+                  afterMs: fault.afterMs,
+                  firstFailedMs: since(result.firstFailureAtMs),
+                  lastTerminalMs: result.outcome === 'failed' ? since(result.endedAtMs) : null,
+                })
+              }
               if (result.outcome === 'failed') {
                 const f = result.failure
-                process.stderr.write(
-                  (f ? failureLine(f) : `tebench: FAILED over ${transportLabel} to ${segName} — ${op} ${block} B × ${batch}`) +
-                    '\n',
-                )
+                if (f) out.failed(failedRecord(f))
+                else fail('FAILED', what, 'the case failed')
                 return { code: 1 }
               }
-              if (result.row) out.row(toRecord(op, transportLabel, result.row, result.outcome === 'stopped'))
+              if (fault) {
+                // The fault did not fail the case: the promise it checks was not kept.
+                fail('FAILED', what, `${fault.signal} of the target did not fail the case`)
+                return { code: 1 }
+              }
+              if (result.row) {
+                const record = toRecord(op, requested, result, result.row, result.outcome === 'stopped')
+                out.row(record, result.row, result.servedLabel)
+              }
               if (result.outcome === 'stopped' || interrupt.stopped) return { code: 130 }
-              if (op === 'read' && readBack) {
-                const problem = verify(local, readBack, threads, stripeLen, block)
+              if (readBack && op === 'write' && cfg.opType === 'write') {
+                readBack.fill(0)
+                await copyStripes(engine, 'read', readBack, targets, threads, stripeLen)
+                primed = true
+              }
+              if (readBack && (op === 'read' || cfg.opType === 'write')) {
+                const problem = verify(local, readBack, threads, stripeLen, cfg.startBlockSize)
                 if (problem) {
-                  process.stderr.write(
-                    `tebench: consistency check FAILED over ${transportLabel} to ${segName} — ${block} B × ${batch}, ${threads} thread(s): ${problem}\n`,
-                  )
+                  fail('INCONSISTENT', what, `consistency check FAILED: ${problem}`, 'ERR_TEBENCH_CONSISTENCY')
                   return { code: 1 }
                 }
               }
+              if (op === 'write') primed = true
             }
           }
         }
@@ -526,29 +798,10 @@ async function runInitiator(cfg: Config, out: Output): Promise<InitiatorResult> 
   }
 }
 
-function toRecord(op: 'read' | 'write', transport: string, row: BenchRow, partial: boolean): CaseRecord {
-  const r: CaseRecord = {
-    op,
-    transport,
-    threads: row.threads,
-    blockSize: row.blockSize,
-    batchSize: row.batchSize,
-    ops: row.ops,
-    bwGbps: row.bwGbps,
-    avgInstGbps: row.avgInstGbps,
-    avgLatUs: row.avgLatUs,
-    avgTxUs: row.avgTxUs,
-    p99TxUs: row.p99TxUs,
-    p999TxUs: row.p999TxUs,
-  }
-  if (partial) r.partial = true
-  return r
-}
-
 // ---------------------------------------------------------------------------------------
 // --local: a target child of this same script.
 
-interface LocalTarget {
+interface LocalTarget extends FaultTarget {
   segment: string
   stop(): Promise<void>
   killNow(): void
@@ -565,6 +818,8 @@ function startLocalTarget(cfg: Config, timeoutMs = 30_000): Promise<LocalTarget>
   child.stderr?.on('data', (d) => (stderr += d))
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()))
   const alive = () => child.exitCode === null && child.signalCode === null
+  // A target stopped by --inject=stop cannot handle SIGTERM: it is killed at once.
+  let stopped = false
   const killNow = () => {
     if (alive() && child.pid) {
       try {
@@ -574,9 +829,19 @@ function startLocalTarget(cfg: Config, timeoutMs = 30_000): Promise<LocalTarget>
       }
     }
   }
+  const signal = (sig: Injection['signal']) => {
+    if (!alive() || !child.pid) return
+    if (sig === 'SIGSTOP') stopped = true
+    try {
+      process.kill(child.pid, sig)
+    } catch {
+      // gone
+    }
+  }
   const stop = async () => {
     if (!alive()) return
-    child.kill('SIGTERM')
+    if (stopped) killNow()
+    else child.kill('SIGTERM')
     let timer: NodeJS.Timeout | undefined
     await Promise.race([exited, new Promise<void>((r) => (timer = setTimeout(r, 3000)))])
     clearTimeout(timer)
@@ -599,7 +864,7 @@ function startLocalTarget(cfg: Config, timeoutMs = 30_000): Promise<LocalTarget>
       const m = /--target_seg_name=(\S+)/.exec(line)
       if (!m) return
       clearTimeout(timer)
-      resolve({ segment: m[1], stop, killNow })
+      resolve({ segment: m[1], pid: child.pid ?? 0, signal, stop, killNow })
     })
   })
 }
@@ -613,7 +878,7 @@ async function main(argv: string[]): Promise<number> {
     cfg = parseConfig(argv)
   } catch (err) {
     if (err instanceof UsageError) {
-      process.stderr.write(`tebench: ${err.message} (see --help)\n`)
+      new Output(wantsJson(argv) ? 'json' : 'table').usage(err.message)
       return 2
     }
     throw err
@@ -623,9 +888,9 @@ async function main(argv: string[]): Promise<number> {
     return 0
   }
   interrupt.install()
-  const out = new Output(cfg.json)
+  const out = new Output(cfg.format)
 
-  if (!cfg.local && cfg.targetSegNames.length === 0) return runTarget(cfg)
+  if (!cfg.local && cfg.targetSegNames.length === 0) return runTarget(cfg, out)
 
   let child: LocalTarget | undefined
   try {
@@ -634,7 +899,7 @@ async function main(argv: string[]): Promise<number> {
       cfg = { ...cfg, targetSegNames: [child.segment] }
       if (interrupt.stopped) return 130
     }
-    const { code } = await runInitiator(cfg, out)
+    const { code } = await runInitiator(cfg, out, child)
     return code === 130 && interrupt.signal === 'SIGTERM' ? 143 : code
   } finally {
     await child?.stop()

@@ -2,7 +2,8 @@
 //!
 //! tebench's engine room: a task [`gate`] that drives N native worker threads one case at a
 //! time, benchmark [`worker`]s that loop allocate → submit → poll (with backoff) → free
-//! through ferry-core's public API, and the [`report`] columns of Mooncake's tebench.
+//! through ferry-core's public API, the [`report`] columns of Mooncake's tebench, what
+//! [`served`] a case, and the [`runner`] ([`Bench`]) that runs whole cases for a front end.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -48,10 +49,14 @@
 
 pub mod gate;
 pub mod report;
+pub mod runner;
+pub mod served;
 pub mod worker;
 
 pub use gate::{Failure, Gate, GateHooks, Hook, Retirements, RunError, StopSignal, WorkerFn};
 pub use report::ReportRow;
+pub use runner::{Bench, CaseOutcome, CaseReport, MAX_THREADS};
+pub use served::{Served, TransportShare};
 pub use worker::{
     bench_gate, run_worker, Backoff, BenchGate, BenchSpec, OffsetCycle, Pause, Stripe, WorkerStats,
     DEFAULT_STALL_TIMEOUT,

@@ -10,22 +10,32 @@
 //!   completion (batch allocation and free are outside the timer).
 //!
 //! A case with no operations reports zeros rather than NaN or infinity.
+//!
+//! Two text layouts: Ferry's table ([`ReportRow::header`], [`ReportRow::to_line`]) and
+//! Mooncake's own ([`ReportRow::mooncake_header`], [`ReportRow::to_mooncake_line`]), which
+//! its users' parsers read: every cell left-aligned in a fixed width, fixed notation.
 
 use serde::Serialize;
 
 use crate::worker::WorkerStats;
 
 /// One result row: a (block size, batch size) case.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+///
+/// The counts are `f64`/`u32` rather than `u64`/`usize` so that the row crosses into
+/// JavaScript as it is (the binding hands this very type to JS, where `BenchRow` names it; napi would
+/// turn a `u64` into a BigInt). Block sizes and operation counts stay far below 2^53.
+#[cfg_attr(feature = "napi", napi_derive::napi(object))]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ReportRow {
     /// Bytes per request.
-    pub block_size: u64,
+    pub block_size: f64,
     /// Requests per batch.
-    pub batch_size: usize,
+    pub batch_size: u32,
     /// Worker threads.
-    pub threads: usize,
-    /// Measured operations over all threads.
-    pub ops: u64,
+    pub threads: u32,
+    /// Measured operations (batches) over all threads.
+    pub ops: f64,
     /// BW (GB/S): block × batch × ops / mean per-thread wall time, 10^9 B/s.
     pub bw_gbps: f64,
     /// Avg Inst GB/s: mean over operations of block × batch / operation time.
@@ -113,10 +123,10 @@ impl ReportRow {
             0.0
         };
         Self {
-            block_size,
-            batch_size,
-            threads,
-            ops,
+            block_size: block_size as f64,
+            batch_size: u32::try_from(batch_size).unwrap_or(u32::MAX),
+            threads: u32::try_from(threads).unwrap_or(u32::MAX),
+            ops: ops as f64,
             bw_gbps,
             avg_inst_gbps: per_op(inst_bps_sum) / 1e9,
             avg_lat_us: per_op(mean_wall_s * threads as f64) * 1e6,
@@ -137,17 +147,59 @@ impl ReportRow {
 
     /// The row as text, aligned under [`ReportRow::header`].
     pub fn to_line(&self) -> String {
-        format!(
-            "{:>12} {:>6} {:>10.3} {:>14.3} {:>13.1} {:>12.1} {:>12.1} {:>13.1}",
-            self.block_size,
-            self.batch_size,
-            self.bw_gbps,
-            self.avg_inst_gbps,
-            self.avg_lat_us,
-            self.avg_tx_us,
-            self.p99_tx_us,
-            self.p999_tx_us
-        )
+        let widths = [12, 6, 10, 14, 13, 12, 12, 13];
+        let cells = self.cells(3);
+        let right: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect();
+        right.join(" ")
+    }
+
+    /// The cells in column order: counts as integers, GB/s with `gbps_digits` decimals,
+    /// µs with 1.
+    fn cells(&self, gbps_digits: usize) -> [String; 8] {
+        let us = |v: f64| format!("{v:.1}");
+        [
+            format!("{}", self.block_size),
+            self.batch_size.to_string(),
+            format!("{:.gbps_digits$}", self.bw_gbps),
+            format!("{:.gbps_digits$}", self.avg_inst_gbps),
+            us(self.avg_lat_us),
+            us(self.avg_tx_us),
+            us(self.p99_tx_us),
+            us(self.p999_tx_us),
+        ]
+    }
+}
+
+/// Widths of Mooncake's cells: BlkSize 14, Batch 8, every further column 14.
+const MOONCAKE_WIDTHS: [usize; 8] = [14, 8, 14, 14, 14, 14, 14, 14];
+
+/// Length of the dashed line under Mooncake's header.
+const MOONCAKE_RULE: usize = 160;
+
+impl ReportRow {
+    /// Mooncake's header: the column names left-aligned in their widths, then a line of
+    /// 160 `-` (two lines, no trailing newline).
+    pub fn mooncake_header() -> String {
+        let mut out = String::new();
+        for (name, w) in Self::COLUMNS.iter().zip(MOONCAKE_WIDTHS) {
+            out.push_str(&format!("{name:<w$}"));
+        }
+        out.push('\n');
+        out.push_str(&"-".repeat(MOONCAKE_RULE));
+        out
+    }
+
+    /// The row in Mooncake's layout: 6 decimals for the GB/s columns, 1 for the µs ones.
+    pub fn to_mooncake_line(&self) -> String {
+        self.cells(6)
+            .iter()
+            .zip(MOONCAKE_WIDTHS)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect()
     }
 }
 
@@ -177,7 +229,7 @@ mod tests {
         let row = ReportRow::from_stats(4096, 2, &[a, b]).expect("row");
 
         assert_eq!(row.threads, 2);
-        assert_eq!(row.ops, 4);
+        assert_eq!(row.ops, 4.0);
         // mean wall = 2 ms; BW = 8192 × 4 / 0.002 s = 16_384_000 B/s = 0.016384 GB/s.
         assert!(close(row.bw_gbps, 0.016_384, 1e-9), "{}", row.bw_gbps);
         // inst = 8192/10µs + 8192/20µs + 8192/30µs + 8192/40µs
@@ -217,7 +269,7 @@ mod tests {
     #[test]
     fn no_operations_give_zeros_not_nan() {
         let row = ReportRow::from_stats(4096, 1, &[]).expect("row");
-        assert_eq!(row.ops, 0);
+        assert_eq!(row.ops, 0.0);
         assert_eq!(row.bw_gbps, 0.0);
         assert_eq!(row.avg_lat_us, 0.0);
         let mut idle = WorkerStats::new().expect("stats");
@@ -241,5 +293,35 @@ mod tests {
         let (h, l) = (ReportRow::header(), row.to_line());
         assert_eq!(h.len(), l.len(), "\n{h}\n{l}");
         assert!(h.contains("BW (GB/S)") && h.contains("P999 Tx (us)"));
+    }
+
+    #[test]
+    fn mooncake_layout_byte_for_byte() {
+        let header = ReportRow::mooncake_header();
+        let (names, rule) = header.split_once('\n').expect("two lines");
+        assert_eq!(
+            names,
+            "BlkSize (B)   Batch   BW (GB/S)     Avg Inst GB/s Avg Lat (us)  \
+             Avg Tx (us)   P99 Tx (us)   P999 Tx (us)  "
+        );
+        assert_eq!(rule, "-".repeat(160));
+        let row = ReportRow {
+            block_size: 65536.0,
+            batch_size: 1,
+            threads: 1,
+            ops: 10.0,
+            bw_gbps: 1.234_567_89,
+            avg_inst_gbps: 2.5,
+            avg_lat_us: 53.06,
+            avg_tx_us: 52.94,
+            p99_tx_us: 120.0,
+            p999_tx_us: 1234.56,
+        };
+        assert_eq!(
+            row.to_mooncake_line(),
+            "65536         1       1.234568      2.500000      53.1          \
+             52.9          120.0         1234.6        "
+        );
+        assert_eq!(row.to_mooncake_line().len(), names.len());
     }
 }

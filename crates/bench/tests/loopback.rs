@@ -79,7 +79,7 @@ fn workers_run_end_to_end_over_loopback() {
         }
         let row = ReportRow::from_stats(spec.block_size, spec.batch_size, &stats).expect("row");
         assert_eq!(row.threads, 2);
-        assert_eq!(row.ops, stats.iter().map(|w| w.ops).sum::<u64>());
+        assert_eq!(row.ops, stats.iter().map(|w| w.ops).sum::<u64>() as f64);
         assert!(row.bw_gbps > 0.0 && row.bw_gbps.is_finite());
         assert!(row.avg_inst_gbps > 0.0 && row.avg_inst_gbps.is_finite());
         assert!(row.avg_tx_us > 0.0);

@@ -1,12 +1,12 @@
-//! Native benchmark workers for tebench: a gate of worker threads that run cases through
-//! the core API (allocate → submit → poll → free) and report tebench's columns.
+//! Native benchmark workers for tebench: converts JS cases into `ferry_bench` specs and
+//! `ferry_bench` reports back into JS values. The workers, their defaults and the thread a
+//! case runs on belong to `ferry_bench::Bench`; its row type is handed to JS as it is.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_bench::gate::{Failure, GateHooks, RunError};
-use ferry_bench::report::ReportRow;
-use ferry_bench::worker::{bench_gate, BenchGate, BenchSpec, Stripe, Target};
+use ferry_bench::gate::Failure;
+use ferry_bench::worker::{BenchSpec, Stripe, Target};
+use ferry_bench::{Bench, CaseReport, ReportRow, TransportShare, DEFAULT_STALL_TIMEOUT};
 use ferry_core::Opcode;
 use napi::bindgen_prelude::Object;
 use napi::Env;
@@ -49,6 +49,8 @@ pub struct BenchCase {
     pub warmup_ms: f64,
     /// Pacing before each batch, in µs.
     pub request_interval_us: f64,
+    /// An operation without progress for this long fails with TIMEOUT (default 30 s).
+    pub stall_timeout_ms: Option<f64>,
 }
 
 /// A further target segment of a case.
@@ -60,49 +62,6 @@ pub struct BenchTarget {
     pub peer: String,
     /// Remote buffer id.
     pub remote_buffer: f64,
-}
-
-/// tebench's columns for one case.
-#[napi(object)]
-#[derive(Default)]
-pub struct BenchRow {
-    /// Bytes per request.
-    pub block_size: f64,
-    /// Requests per batch.
-    pub batch_size: u32,
-    /// Worker threads.
-    pub threads: u32,
-    /// Measured operations (batches) over all threads.
-    pub ops: f64,
-    /// BW (GB/s).
-    pub bw_gbps: f64,
-    /// Avg Inst GB/s.
-    pub avg_inst_gbps: f64,
-    /// Avg Lat (µs).
-    pub avg_lat_us: f64,
-    /// Avg Tx (µs).
-    pub avg_tx_us: f64,
-    /// P99 Tx (µs).
-    pub p99_tx_us: f64,
-    /// P999 Tx (µs).
-    pub p999_tx_us: f64,
-}
-
-impl From<&ReportRow> for BenchRow {
-    fn from(r: &ReportRow) -> Self {
-        Self {
-            block_size: r.block_size as f64,
-            batch_size: r.batch_size as u32,
-            threads: r.threads as u32,
-            ops: r.ops as f64,
-            bw_gbps: r.bw_gbps,
-            avg_inst_gbps: r.avg_inst_gbps,
-            avg_lat_us: r.avg_lat_us,
-            avg_tx_us: r.avg_tx_us,
-            p99_tx_us: r.p99_tx_us,
-            p999_tx_us: r.p999_tx_us,
-        }
-    }
 }
 
 /// Why a case failed.
@@ -140,16 +99,53 @@ impl From<&Failure> for BenchFailure {
 }
 
 /// Outcome of a case: "ok" with a row, "failed" with the first failure, or "stopped"
-/// (with a row from the workers that finished, if any).
+/// (with a row when measured operations exist), and what served it.
 #[napi(object)]
 #[derive(Default)]
 pub struct BenchResult {
     /// "ok", "failed" or "stopped".
     pub outcome: String,
-    /// The row, for "ok" (and "stopped" when partial results exist).
-    pub row: Option<BenchRow>,
+    /// The row, for "ok" (and "stopped" when measured operations exist).
+    pub row: Option<ReportRow>,
     /// The failure, for "failed".
     pub failure: Option<BenchFailure>,
+    /// Transports that moved the case's bytes, largest share first.
+    pub served: Vec<TransportShare>,
+    /// The same as text: `shm (100 %)`, `tcp 90 %, shm 10 %`, `none`.
+    pub served_label: String,
+    /// Attempts that failed over during the case.
+    pub failovers: f64,
+    /// When the first worker failed, ms since the Unix epoch.
+    pub first_failure_at_ms: Option<f64>,
+    /// When the last worker ended, ms since the Unix epoch.
+    pub ended_at_ms: f64,
+}
+
+impl From<CaseReport> for BenchResult {
+    fn from(r: CaseReport) -> Self {
+        Self {
+            outcome: r.outcome.name().to_string(),
+            served_label: r.served.label(),
+            failovers: r.served.failovers as f64,
+            served: r.served.shares,
+            row: r.row,
+            failure: r.failure.as_ref().map(BenchFailure::from),
+            first_failure_at_ms: r.first_failure_at_ms.map(|v| v as f64),
+            ended_at_ms: r.ended_at_ms as f64,
+        }
+    }
+}
+
+/// Mooncake's table header (`--format=mooncake`): the column names and a dashed line.
+#[napi(catch_unwind)]
+pub fn bench_mooncake_header() -> String {
+    ReportRow::mooncake_header()
+}
+
+/// A row in Mooncake's layout.
+#[napi(catch_unwind)]
+pub fn bench_mooncake_line(row: ReportRow) -> String {
+    row.to_mooncake_line()
 }
 
 fn spec(c: &BenchCase, handles: &Handles) -> Result<BenchSpec, ferry_core::Error> {
@@ -186,15 +182,18 @@ fn spec(c: &BenchCase, handles: &Handles) -> Result<BenchSpec, ferry_core::Error
         duration: Duration::from_millis(to_u64(c.duration_ms, "durationMs")?),
         warmup: Duration::from_millis(to_u64(c.warmup_ms, "warmupMs")?),
         request_interval_us: to_u64(c.request_interval_us, "requestIntervalUs")?,
-        stall_timeout: Duration::from_secs(30),
+        stall_timeout: c
+            .stall_timeout_ms
+            .map(|ms| to_u64(ms, "stallTimeoutMs").map(Duration::from_millis))
+            .transpose()?
+            .unwrap_or(DEFAULT_STALL_TIMEOUT),
     })
 }
 
 /// A gate of native benchmark worker threads bound to one engine.
 #[napi]
 pub struct NativeBench {
-    gate: Arc<BenchGate>,
-    threads: usize,
+    bench: Bench,
     handles: Handles,
 }
 
@@ -204,23 +203,13 @@ impl NativeBench {
     #[napi(constructor, catch_unwind)]
     pub fn new(engine: &NativeEngine, threads: f64) -> napi::Result<Self, String> {
         let threads = to_u64(threads, "threads").map_err(js_error)?;
-        if threads == 0 || threads > 1024 {
-            return Err(js_error(ferry_core::Error::InvalidArgument(format!(
-                "threads must be in 1..=1024, got {threads}"
-            ))));
-        }
-        if engine.core().is_closed() {
-            return Err(js_error(ferry_core::Error::Closed));
-        }
-        let gate = bench_gate(
+        let bench = Bench::start(
             engine.core().clone(),
-            threads as usize,
-            GateHooks::default(),
+            usize::try_from(threads).unwrap_or(usize::MAX),
         )
-        .map_err(|e| napi::Error::new("ERR_FERRY_IO".to_string(), e.to_string()))?;
+        .map_err(js_error)?;
         Ok(Self {
-            gate: Arc::new(gate),
-            threads: threads as usize,
+            bench,
             handles: engine.core().handles(),
         })
     }
@@ -235,50 +224,15 @@ impl NativeBench {
         let spec = spec(&bench_case, &self.handles).map_err(js_error)?;
         let (settle, promise) = Settle::<BenchResult>::new(env)
             .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
-        let gate = self.gate.clone();
-        let threads = self.threads;
-        let (block, batch) = (spec.block_size, spec.batch_size);
-        std::thread::Builder::new()
-            .name("ferry-bench-run".into())
-            .spawn(move || {
-                let row = |stats: &[ferry_bench::worker::WorkerStats]| {
-                    ReportRow::from_stats(block, batch, stats)
-                        .ok()
-                        .map(|r| BenchRow::from(&r))
-                };
-                let result = match gate.run(spec) {
-                    Ok(stats) => BenchResult {
-                        outcome: "ok".into(),
-                        row: row(&stats).map(|mut r| {
-                            r.threads = threads as u32;
-                            r
-                        }),
-                        failure: None,
-                    },
-                    Err(RunError::Failed(f)) => BenchResult {
-                        outcome: "failed".into(),
-                        row: None,
-                        failure: Some(BenchFailure::from(&f)),
-                    },
-                    Err(RunError::Stopped { partial }) => BenchResult {
-                        outcome: "stopped".into(),
-                        row: if partial.is_empty() {
-                            None
-                        } else {
-                            row(&partial)
-                        },
-                        failure: None,
-                    },
-                };
-                settle.resolve(result);
-            })
-            .map_err(|e| napi::Error::new("ERR_FERRY_IO".to_string(), e.to_string()))?;
+        self.bench
+            .spawn_case(spec, move |report| settle.resolve(report.into()))
+            .map_err(js_error)?;
         Ok(promise)
     }
 
     /// Stops the workers (a running case resolves "stopped") and joins their threads.
     #[napi(catch_unwind)]
     pub fn stop(&self) {
-        self.gate.stop();
+        self.bench.stop();
     }
 }

@@ -10,6 +10,10 @@ mod convert;
 mod js;
 mod settle;
 
+// The exported free functions of the submodules (napi registers them; the re-export keeps
+// them reachable in builds without that registration, such as `cargo test`).
+pub use bench::{bench_mooncake_header, bench_mooncake_line};
+
 use std::sync::Once;
 
 use ferry_core::handle::HandleKind;
