@@ -141,12 +141,14 @@ impl Inner {
 
 /// Whether a final failure may be the first sign of the peer's death (a broken or refused
 /// connection, a dead process, no answer in time): such a failure waits for the link's
-/// verdict, so that `PeerLost` is always emitted before the work it explains fails.
+/// verdict, so that `PeerLost` is always emitted before the work it explains fails. An
+/// injected fault says nothing about the peer.
 fn may_mean_peer_died(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::PeerLost { .. } | Error::Connect { .. } | Error::Io(_) | Error::Timeout
-    )
+    !crate::transports::fault::is_injected(error)
+        && matches!(
+            error,
+            Error::PeerLost { .. } | Error::Connect { .. } | Error::Io(_) | Error::Timeout
+        )
 }
 
 /// Fails attempts that pass their deadline (they then fail over like any failed attempt).

@@ -301,7 +301,10 @@ impl Task {
         if self.corrupt.load(Ordering::Acquire) == attempt {
             self.attempt_failed(
                 attempt,
-                Error::Io("fault injection: completion reported as failed".into()),
+                Error::Io(format!(
+                    "{}completion reported as failed",
+                    crate::transports::fault::INJECTED
+                )),
             );
             return;
         }

@@ -46,6 +46,14 @@ impl Rng {
     }
 }
 
+/// How every injected error's message starts.
+pub const INJECTED: &str = "fault injection: ";
+
+/// Whether `error` was injected (not a sign of anything about the peer).
+pub fn is_injected(error: &Error) -> bool {
+    matches!(error, Error::Io(m) if m.starts_with(INJECTED))
+}
+
 /// Builds `inner`'s transport wrapped with fault injection.
 #[derive(Debug)]
 pub struct FaultFactory {
@@ -104,7 +112,7 @@ impl FaultTransport {
     }
 
     fn injected(what: &str, kind: TransportKind) -> Error {
-        Error::Io(format!("fault injection: {what} on {}", kind.name()))
+        Error::Io(format!("{INJECTED}{what} on {}", kind.name()))
     }
 }
 
