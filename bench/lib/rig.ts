@@ -1,20 +1,19 @@
 /**
  * Engine-side machinery shared by the suites of bench/perf.ts: the target engine in a child
  * process (bench/target.ts), CPU metering, the throughput runs (Promise API with a window of
- * outstanding calls; batch API polled with backoff), the latency runs (Promise API; batch API
- * with a spin on getTransferStatus), and the helpers of interleaved rounds (medians, method
- * choice, per-round errors).
+ * outstanding calls; batch API polled with backoff) and the latency runs (Promise API; batch
+ * API with a spin on getTransferStatus). The rounds they run in are bench/lib/rounds.ts's.
  *
  * Every run also counts, per transport, the tasks it saw complete (`transports`), so that a
  * suite can check which transport really served it (TaskStatus.transport).
  */
-import * as os from 'node:os'
 import * as path from 'node:path'
 import { Engine, TransferStatus, type IoRequest, type Region, type Segment, type TransferRequest } from '../../index'
 import { jsonLines, startTsx, stopChild, tailStderr } from './children'
 import { log } from './log'
 import { blockFor, median, nowNs, round } from './stats'
 import type { SuiteOptions } from '../suites/types'
+import type { Method } from './rounds'
 
 export const MiB = 1 << 20
 
@@ -349,70 +348,16 @@ export async function throughputBatch(rig: Rig, opcode: Opcode, chunk: number, w
     }
   }
 }
-// ---------------------------------------------------------------------------------------
-// Rounds: engine and baseline interleaved, medians reported.
-// ---------------------------------------------------------------------------------------
-
-export type Method = 'promise' | 'batch'
-export const METHODS: readonly Method[] = ['promise', 'batch']
-
-/** Per-round outcome of one series: a result, an error, or undefined when not measured. */
-export type Rounds<T> = Array<T | Error | undefined>
-
-export const isResult = <T>(x: T | Error | undefined): x is T => x !== undefined && !(x instanceof Error)
-
-/** 1-min load average now, for the record. */
-export const hostLoad = () => round(os.loadavg()[0], 2)
-
-/** Errors of a series as "round N method: message". */
-export function roundErrors<T>(rounds: Rounds<T>, label: string): string[] {
-  const out: string[] = []
-  rounds.forEach((x, r) => {
-    if (x instanceof Error) out.push(`round ${r + 1} ${label}: ${x.message}`)
-  })
-  return out
-}
-
-/** The method whose figures have the better median (ties and all-missing: promise). */
-export function betterByMedian(figures: Record<Method, Array<number | null>>, higherIsBetter: boolean): Method {
-  const p = median(figures.promise)
-  const b = median(figures.batch)
-  if (!Number.isFinite(b)) return 'promise'
-  if (!Number.isFinite(p)) return 'batch'
-  return (higherIsBetter ? b > p : b < p) ? 'batch' : 'promise'
-}
-
 /** Median CPU share over the runs that measured one. */
 export function medianCpu(cpus: CpuShare[]): CpuShare | null {
   if (cpus.length === 0) return null
   return { local: round(median(cpus.map((c) => c.local)), 0), target: round(median(cpus.map((c) => c.target)), 0) }
 }
 
-/**
- * Whether rounds 2.. can measure both API methods within the budget, judged from the time
- * round 1 (which always measures both, plus the warm-ups) took.
- */
-export function bothFit(options: SuiteOptions, phaseStart: number, round1Ms: number): boolean {
-  const projected = (Date.now() - phaseStart + (options.repeat - 1) * round1Ms) / 1000
-  return projected <= options.budgetSeconds
-}
-
 export const throughputMethodLabel = (m: Method, options: SuiteOptions) =>
   m === 'promise'
     ? `promise (window ${options.window})`
     : `batch (${options.batchesInFlight} x ${options.batchTasks} tasks, polled with backoff)`
-
-export const ORDER_NOTE = 'rounds alternate the order: odd rounds engine first, even rounds baseline first'
-
-/** Runs `fn`, logging and returning its error instead of throwing. */
-export async function attempt<T>(what: string, fn: () => Promise<T>): Promise<T | Error> {
-  try {
-    return await fn()
-  } catch (err) {
-    log(`${what} failed: ${(err as Error).stack ?? String(err)}`)
-    return err instanceof Error ? err : new Error(String(err))
-  }
-}
 
 export interface LatencyRun {
   samples: number[]

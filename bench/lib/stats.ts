@@ -29,6 +29,14 @@ export function summarize(samples: ArrayLike<number>) {
   }
 }
 
+/** p50/p90/p99/p99.9/mean, 1 decimal, of several runs' samples pooled (tails need the numbers); null for none. */
+export function pooledSummary(runs: ReadonlyArray<number[] | undefined>) {
+  const all = runs.flatMap((s) => s ?? [])
+  if (all.length === 0) return null
+  const r = summarize(all)
+  return { n: r.n, p50: round(r.p50, 1), p90: round(r.p90, 1), p99: round(r.p99, 1), p999: round(r.p999, 1), mean: round(r.mean, 1) }
+}
+
 /** Rounds to `digits` significant decimals for printing; null for non-finite values. */
 export function round(x: number, digits = 3): number | null {
   if (!Number.isFinite(x)) return null

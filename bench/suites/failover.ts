@@ -23,28 +23,20 @@ import { Engine, type EngineOptions, type FaultOptions } from '../../index'
 import { log } from '../lib/log'
 import {
   MiB,
-  METHODS,
-  attempt,
-  betterByMedian,
-  bothFit,
-  hostLoad,
-  isResult,
   medianCpu,
   mergeTallies,
-  roundErrors,
   startTarget,
   throughputBatch,
   throughputMethodLabel,
   throughputPromise,
   unexpectedTransports,
-  type Method,
   type Rig,
-  type Rounds,
   type Target,
   type ThroughputResult,
   type TransportTally,
 } from '../lib/rig'
-import { median, ratio, round } from '../lib/stats'
+import { METHODS, compare, hostLoad, isResult, perMethod, roundErrors, runRounds, type Method, type RoundsOutcome } from '../lib/rounds'
+import { median, round } from '../lib/stats'
 import type { CaseRecord, SuiteOptions } from './types'
 
 const SUITE = 'failover'
@@ -58,11 +50,7 @@ interface FaultyRun extends ThroughputResult {
   tasksFailed: number
 }
 
-interface Phase {
-  runs: Record<Side, Record<Method, Rounds<FaultyRun>>>
-  chosen?: Method
-  hostLoad: number | null
-}
+type Phase = RoundsOutcome<Side, FaultyRun> & { hostLoad: number | null }
 
 async function openRig(target: Target, regionBytes: number, options: SuiteOptions, extra: EngineOptions): Promise<Rig> {
   const engine = await Engine.create({ listen: '127.0.0.1:0', ...extra })
@@ -93,43 +81,32 @@ export async function failoverSuite(options: SuiteOptions): Promise<CaseRecord[]
     rigs.clean = await openRig(target, regionBytes, options, {})
     rigs.faulty = await openRig(target, regionBytes, options, { faults: [fault] })
     const rig = rigs as Record<Side, Rig>
-    const phase: Phase = {
-      runs: { clean: { promise: [], batch: [] }, faulty: { promise: [], batch: [] } },
-      hostLoad: hostLoad(),
-    }
+    const load = hostLoad()
     log(`failover: ${options.repeat} rounds of clean + faulty (${JSON.stringify(fault)}), ${options.durationSeconds} s each, ${regionBytes / MiB} MiB working set`)
-    const phaseStart = Date.now()
-    for (let r = 0; r < options.repeat; r++) {
-      const roundStart = Date.now()
-      const warm = r === 0 ? options.warmupSeconds : 0
-      const forward = r % 2 === 0
-      const tag = `failover: round ${r + 1}/${options.repeat}`
-      for (const side of forward ? SIDES : [...SIDES].reverse()) {
-        const methods = phase.chosen ? [phase.chosen] : forward ? [...METHODS] : [...METHODS].reverse()
-        for (const m of methods) {
-          log(`${tag}: ${side} write-1MiB, ${throughputMethodLabel(m, options)}${warm > 0 ? `, ${warm} s warm-up` : ''}`)
-          const engine = rig[side].engine
-          const before = engine.metrics()
-          const res = await attempt(`${tag} ${side} ${m}`, async (): Promise<FaultyRun> => {
-            const t =
-              m === 'promise'
-                ? await throughputPromise(rig[side], 'write', chunk, regionBytes, warm)
-                : await throughputBatch(rig[side], 'write', chunk, regionBytes, warm)
-            const after = engine.metrics()
-            return { ...t, failovers: after.failovers - before.failovers, tasksFailed: after.tasksFailed - before.tasksFailed }
-          })
-          phase.runs[side][m][r] = res
-          if (isResult(res)) {
-            log(`${tag}: ${side} ${m} ${res.gbps.toFixed(3)} GB/s, tasks ${JSON.stringify(res.attempts)}, failovers ${res.failovers}`)
-          }
-        }
-      }
-      if (r === 0 && options.repeat > 1 && !bothFit(options, phaseStart, Date.now() - roundStart)) {
-        const fig = (x: FaultyRun | Error | undefined) => (isResult(x) ? x.gbps : null)
-        phase.chosen = betterByMedian({ promise: [fig(phase.runs.faulty.promise[0])], batch: [fig(phase.runs.faulty.batch[0])] }, true)
-        log(`failover: both methods every round would exceed --budget ${options.budgetSeconds} s; using ${phase.chosen} from round 2`)
-      }
-    }
+    const outcome = await runRounds<Side, FaultyRun>({
+      suite: SUITE,
+      options,
+      entries: SIDES,
+      starting: (side, m, { tag, warm }) =>
+        `${tag}: ${side} write-1MiB, ${throughputMethodLabel(m, options)}${warm > 0 ? `, ${warm} s warm-up` : ''}`,
+      measure: async (side, m, { warm }) => {
+        const engine = rig[side].engine
+        const before = engine.metrics()
+        const t =
+          m === 'promise'
+            ? await throughputPromise(rig[side], 'write', chunk, regionBytes, warm)
+            : await throughputBatch(rig[side], 'write', chunk, regionBytes, warm)
+        const after = engine.metrics()
+        return { ...t, failovers: after.failovers - before.failovers, tasksFailed: after.tasksFailed - before.tasksFailed }
+      },
+      finished: (side, m, res, { tag }) =>
+        `${tag}: ${side} ${m} ${res.gbps.toFixed(3)} GB/s, tasks ${JSON.stringify(res.attempts)}, failovers ${res.failovers}`,
+      figure: (x) => x.gbps,
+      higherIsBetter: true,
+      // The faulty engine is what is measured; the clean one is its baseline.
+      chooseBy: 'faulty',
+    })
+    const phase: Phase = { ...outcome, hostLoad: load }
     const metrics = { clean: rig.clean.engine.metrics(), faulty: rig.faulty.engine.metrics() }
     return [record(phase, metrics, fault, regionBytes, options)]
   } finally {
@@ -145,24 +122,13 @@ function record(
   regionBytes: number,
   options: SuiteOptions,
 ): CaseRecord {
-  const figures = (rounds: Rounds<FaultyRun>) =>
-    Array.from({ length: options.repeat }, (_, r) => {
-      const x = rounds[r]
-      return isResult(x) ? round(x.gbps, 3) : null
-    })
-  const per = (side: Side): Record<Method, Array<number | null>> => ({
-    promise: figures(phase.runs[side].promise),
-    batch: figures(phase.runs[side].batch),
-  })
+  const per = (side: Side) => perMethod(phase.engine[side], options.repeat, (x) => x.gbps, 3)
   const faulty = per('faulty')
   const clean = per('clean')
-  const method = phase.chosen ?? betterByMedian(faulty, true)
-  const rounds = faulty[method]
-  const baselineRounds = clean[method]
-  const value = round(median(rounds), 3)
-  const baselineValue = round(median(baselineRounds), 3)
-  const ratioPerRound = rounds.map((v, r) => ratio(v, baselineRounds[r]))
-  const results = (side: Side, m?: Method) => (m ? [m] : METHODS).flatMap((x) => phase.runs[side][x].filter(isResult))
+  // The clean engine's figures with the faulty engine's method are the baseline.
+  const cmp = compare(faulty, phase.chosen?.faulty, true, (m) => clean[m], 3)
+  const method = cmp.method
+  const results = (side: Side, m?: Method) => (m ? [m] : METHODS).flatMap((x) => phase.engine[side][x].filter(isResult))
   const seen = (side: Side, m?: Method) => mergeTallies(results(side, m).map((x) => x.transports))
   const faultyTasks = seen('faulty')
   const cleanTasks = seen('clean')
@@ -170,11 +136,11 @@ function record(
   const rec: CaseRecord = {
     suite: SUITE,
     case: 'write-1MiB-shm-faults',
-    value,
+    value: cmp.value,
     unit: 'GB/s',
     baseline: `the same 1 MiB WRITEs from an engine without faults (same run, same method: ${method})`,
-    baseline_value: baselineValue,
-    ratio: ratio(value, baselineValue),
+    baseline_value: cmp.baselineValue,
+    ratio: cmp.ratio,
     method: throughputMethodLabel(method, options),
     fault,
     primary_transport: 'shm',
@@ -183,7 +149,7 @@ function record(
     failovers_clean: metrics.clean.failovers,
     failovers_note: 'engine.metrics().failovers at the end (every run, warm-up included); failovers_per_round: gained during each round\'s runs of the faulty engine',
     failovers_per_round: Array.from({ length: options.repeat }, (_, r) =>
-      sum(METHODS.map((m) => phase.runs.faulty[m][r]).filter(isResult).map((x) => x.failovers)),
+      sum(METHODS.map((m) => phase.engine.faulty[m][r]).filter(isResult).map((x) => x.failovers)),
     ),
     tasks_failed: metrics.faulty.tasksFailed,
     tasks_by_transport: faultyTasks,
@@ -193,10 +159,10 @@ function record(
     clean_tasks_by_transport: cleanTasks,
     clean_transport_share: shares(cleanTasks),
     share_note: 'tasks by the transport that finally served them (TaskStatus.transport), over every run, warm-up included; tasks_by_attempts keys are transport@attempts (tcp@2: served by tcp at the second attempt, after a failover; tcp@1: sent to tcp first)',
-    rounds,
-    baseline_rounds: baselineRounds,
-    ratio_per_round: ratioPerRound,
-    ratio_median: round(median(ratioPerRound), 3),
+    rounds: cmp.rounds,
+    baseline_rounds: cmp.baselineRounds,
+    ratio_per_round: cmp.ratioPerRound,
+    ratio_median: cmp.ratioMedian,
     method_choice: phase.chosen
       ? 'picked in round 1 (faulty engine) and used after (both methods every round would exceed --budget)'
       : 'both methods measured every round; the faulty engine\'s better median, compared with the clean engine\'s same method',
@@ -220,7 +186,7 @@ function record(
     host_load: phase.hostLoad,
   }
   const errors = [
-    ...SIDES.flatMap((side) => METHODS.flatMap((m) => roundErrors(phase.runs[side][m], `${side} ${m}`))),
+    ...SIDES.flatMap((side) => METHODS.flatMap((m) => roundErrors(phase.engine[side][m], `${side} ${m}`))),
   ]
   // Sanity of the setup: the clean engine all over shm; the faulty one mostly over shm, the
   // failed-over share over tcp, with failovers counted; no task lost.

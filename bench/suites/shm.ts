@@ -25,54 +25,35 @@
  */
 import { Engine, TransferStatus, type TransferRequest } from '../../index'
 import { startMemcpyBaseline, type MemcpyResult, type MemcpySession } from '../baselines/memcpy'
+import { latencyFigures, latencyPhase, type LatencyPhase } from '../lib/latency'
 import { log } from '../lib/log'
 import {
   MiB,
-  METHODS,
-  ORDER_NOTE,
-  attempt,
-  betterByMedian,
-  bothFit,
-  hostLoad,
-  isResult,
-  latencyBatch,
   latencyMethodLabel,
-  latencyPromise,
-  medianCpu,
   mergeTallies,
   request,
-  roundErrors,
   startTarget,
   tally,
   terminal,
-  throughputBatch,
   throughputMethodLabel,
-  throughputPromise,
   unexpectedTransports,
   yieldToLoop,
-  type LatencyRun,
-  type Method,
-  type Opcode,
   type Rig,
-  type Rounds,
-  type ThroughputResult,
   type TransportTally,
 } from '../lib/rig'
-import { median, nowNs, ratio, round, summarize } from '../lib/stats'
+import { ORDER_NOTE, attempt, compare, isResult, roundErrors, type Rounds } from '../lib/rounds'
+import { median, nowNs, pooledSummary, round } from '../lib/stats'
+import { caseFigures, throughputPhase, type ThroughputCase, type ThroughputPhase } from '../lib/throughput'
 import type { CaseRecord, SuiteOptions } from './types'
 
 const SUITE = 'shm'
 const TRANSPORT = 'shm'
 const TARGET_RATIO = 0.85
 
-interface ShmCase {
-  name: string
-  opcode: Opcode
-}
-
-const CASES: ShmCase[] = [
-  { name: 'write-1MiB', opcode: 'write' },
-  { name: 'read-1MiB', opcode: 'read' },
+/** write-1MiB and read-1MiB over the whole working set. */
+const cases = (regionBytes: number): ThroughputCase[] => [
+  { name: 'write-1MiB', opcode: 'write', workingSetBytes: regionBytes },
+  { name: 'read-1MiB', opcode: 'read', workingSetBytes: regionBytes },
 ]
 
 /** The check every record gets: every task it saw was served by shm. */
@@ -87,124 +68,33 @@ function transportError(seen: TransportTally): string | undefined {
 // Throughput: write-1MiB, read-1MiB, memcpy baseline, interleaved rounds.
 // ---------------------------------------------------------------------------------------
 
-interface ThroughputPhase {
-  engine: Record<string, Record<Method, Rounds<ThroughputResult>>>
-  /** One memcpy run per round, the baseline of both cases of that round. */
-  base: MemcpyResult[]
-  chosen?: Record<string, Method>
-  hostLoad: Record<string, number | null>
-}
-
-/**
- * `repeat` rounds of: write-1MiB, read-1MiB (both methods, or the one chosen in round 1),
- * then one memcpy run; odd rounds in that order, even rounds reversed. The warm-up runs in
- * round 1 only.
- */
-async function throughputPhase(rig: Rig, chunk: number, memcpy: MemcpySession): Promise<ThroughputPhase> {
+function throughputRecord(c: ThroughputCase, phase: ThroughputPhase<MemcpyResult>, memcpy: MemcpySession, rig: Rig): CaseRecord {
   const { options } = rig
-  const phase: ThroughputPhase = {
-    engine: Object.fromEntries(CASES.map((c) => [c.name, { promise: [], batch: [] }])),
-    base: [],
-    hostLoad: Object.fromEntries(CASES.map((c) => [c.name, null])),
-  }
-  const phaseStart = Date.now()
-  for (let r = 0; r < options.repeat; r++) {
-    const roundStart = Date.now()
-    const warm = r === 0 ? options.warmupSeconds : 0
-    const forward = r % 2 === 0
-    const tag = `shm: round ${r + 1}/${options.repeat}`
-    const engineStep = async (c: ShmCase) => {
-      if (r === 0) phase.hostLoad[c.name] = hostLoad()
-      const methods = phase.chosen ? [phase.chosen[c.name]] : forward ? [...METHODS] : [...METHODS].reverse()
-      for (const m of methods) {
-        log(`${tag}: ${c.name} (${rig.regionBytes / MiB} MiB working set), ${throughputMethodLabel(m, options)}${warm > 0 ? `, ${warm} s warm-up` : ''}`)
-        const res = await attempt(`${tag} ${c.name} ${m}`, () =>
-          m === 'promise'
-            ? throughputPromise(rig, c.opcode, chunk, rig.regionBytes, warm)
-            : throughputBatch(rig, c.opcode, chunk, rig.regionBytes, warm),
-        )
-        phase.engine[c.name][m][r] = res
-        if (isResult(res)) log(`${tag}: ${c.name} ${m} ${res.gbps.toFixed(3)} GB/s, cpu ${JSON.stringify(res.cpu)}, tasks ${JSON.stringify(res.transports)}`)
-      }
-    }
-    const baseStep = async () => {
-      const res = await memcpy.run(options.durationSeconds, warm)
-      phase.base[r] = res
-      log(`${tag}: memcpy ${res.gbps === null ? `unavailable (${res.note})` : `${res.gbps.toFixed(3)} GB/s`}`)
-    }
-    const steps = [...CASES.map((c) => () => engineStep(c)), baseStep]
-    for (const step of forward ? steps : steps.reverse()) await step()
-
-    if (r === 0 && options.repeat > 1 && !bothFit(options, phaseStart, Date.now() - roundStart)) {
-      const pick = (c: ShmCase): Method => {
-        const e = phase.engine[c.name]
-        const fig = (x: ThroughputResult | Error | undefined) => (isResult(x) ? x.gbps : null)
-        return betterByMedian({ promise: [fig(e.promise[0])], batch: [fig(e.batch[0])] }, true)
-      }
-      const chosen: Record<string, Method> = Object.fromEntries(CASES.map((c) => [c.name, pick(c)]))
-      phase.chosen = chosen
-      log(`shm: both methods every round would exceed --budget ${options.budgetSeconds} s; using ${CASES.map((c) => `${c.name} ${chosen[c.name]}`).join(', ')} from round 2`)
-    }
-  }
-  return phase
-}
-
-function throughputRecord(c: ShmCase, phase: ThroughputPhase, memcpy: MemcpySession, rig: Rig): CaseRecord {
-  const { options } = rig
-  const series = phase.engine[c.name]
-  const figures = (rounds: Rounds<ThroughputResult>) =>
-    Array.from({ length: options.repeat }, (_, r) => {
-      const x = rounds[r]
-      return isResult(x) ? round(x.gbps, 3) : null
-    })
-  const perMethod: Record<Method, Array<number | null>> = { promise: figures(series.promise), batch: figures(series.batch) }
-  const method = phase.chosen ? phase.chosen[c.name] : betterByMedian(perMethod, true)
-  const rounds = perMethod[method]
-  const baselineRounds = Array.from({ length: options.repeat }, (_, r) => {
-    const g = phase.base[r]?.gbps
-    return typeof g === 'number' ? round(g, 3) : null
-  })
-  const value = round(median(rounds), 3)
-  const baselineValue = round(median(baselineRounds), 3)
-  const ratioValue = ratio(value, baselineValue)
-  const ratioPerRound = rounds.map((v, r) => ratio(v, baselineRounds[r]))
-  const cpus = (m: Method) => series[m].filter(isResult).map((x) => x.cpu)
-  const seen = mergeTallies(METHODS.flatMap((m) => series[m].filter(isResult).map((x) => x.transports)))
+  const { cmp, cpu, seen, errors, fields } = caseFigures(phase, c.name, options.repeat)
   const record: CaseRecord = {
     suite: SUITE,
     case: c.name,
-    value,
+    value: cmp.value,
     unit: 'GB/s',
     working_set_MiB: rig.regionBytes / MiB,
     locality: `cold (${rig.regionBytes / MiB} MiB per side, pre-touched, DRAM-bound)`,
     baseline: memcpy.label,
-    baseline_value: baselineValue,
-    ratio: ratioValue,
+    baseline_value: cmp.baselineValue,
+    ratio: cmp.ratio,
     target_ratio: TARGET_RATIO,
-    meets_target: ratioValue === null ? null : ratioValue >= TARGET_RATIO,
-    method: throughputMethodLabel(method, options),
+    meets_target: cmp.ratio === null ? null : cmp.ratio >= TARGET_RATIO,
+    method: throughputMethodLabel(cmp.method, options),
     transport: TRANSPORT,
     tasks_by_transport: seen,
-    rounds,
-    baseline_rounds: baselineRounds,
-    ratio_per_round: ratioPerRound,
-    ratio_median: round(median(ratioPerRound), 3),
-    method_choice: phase.chosen
-      ? 'picked in round 1 and used after (both methods every round would exceed --budget)'
-      : 'both methods measured every round; the better median',
-    promise_GBps: round(median(perMethod.promise), 3),
-    batch_GBps: round(median(perMethod.batch), 3),
-    promise_rounds: perMethod.promise,
-    batch_rounds: perMethod.batch,
-    cpu_pct: { promise: medianCpu(cpus('promise')), batch: medianCpu(cpus('batch')) },
-    baseline_note: `one memcpy run per round, the baseline of ${CASES.map((x) => x.name).join(', ')} in that round; GB/s = payload bytes / s / 1e9 on both sides`,
+    ...fields,
+    cpu_pct: cpu,
+    baseline_note: `one memcpy run per round, the baseline of ${cases(rig.regionBytes).map((x) => x.name).join(', ')} in that round; GB/s = payload bytes / s / 1e9 on both sides`,
     seconds: options.durationSeconds,
     repeat: options.repeat,
     warmup_s_round1: options.warmupSeconds,
     order: ORDER_NOTE,
     host_load: phase.hostLoad[c.name],
   }
-  const errors = METHODS.flatMap((m) => roundErrors(series[m], m))
   const wrong = transportError(seen)
   if (wrong) errors.unshift(wrong)
   if (errors.length) record.error = errors.join('; ')
@@ -302,75 +192,31 @@ async function batch64Run(rig: Rig, bytes: number, warmupSeconds: number): Promi
   return run
 }
 
-type LatencyMethod = Method | 'batch64'
-
-interface LatencyPhase {
-  engine: Record<Method, Rounds<LatencyRun>>
-  batch64: Rounds<Batch64Run>
-  chosen?: Method
-  hostLoad: number | null
-}
-
 /**
  * `repeat` rounds of: Promise API, batch API with spin, batch-of-64 loop (odd rounds in that
  * order, even rounds reversed). No baseline. The warm-up runs in round 1 only.
  */
-async function latencyPhase(rig: Rig, bytes: number): Promise<LatencyPhase> {
+async function latencyRounds(rig: Rig, bytes: number): Promise<{ phase: LatencyPhase; batch64: Rounds<Batch64Run> }> {
   const { options } = rig
-  const phase: LatencyPhase = { engine: { promise: [], batch: [] }, batch64: [], hostLoad: hostLoad() }
-  const phaseStart = Date.now()
-  for (let r = 0; r < options.repeat; r++) {
-    const roundStart = Date.now()
-    const warm = r === 0 ? options.warmupSeconds : 0
-    const forward = r % 2 === 0
-    const tag = `shm: round ${r + 1}/${options.repeat}`
-    const methods: LatencyMethod[] = [...(phase.chosen ? [phase.chosen] : METHODS), 'batch64']
-    for (const m of forward ? methods : methods.reverse()) {
-      const what = m === 'batch64' ? `batches of ${BATCH64_TASKS} x ${bytes / 1024} KiB writes` : `write ${bytes / 1024} KiB latency, ${m} API`
-      log(`${tag}: ${what} (${options.latencyOps} ops${warm > 0 ? `, ${warm} s warm-up` : ''})`)
-      if (m === 'batch64') {
-        const res = await attempt(`${tag} batch64`, () => batch64Run(rig, bytes, warm))
-        phase.batch64[r] = res
-        if (isResult(res)) log(`${tag}: batch64 ${(res.ops / res.seconds).toFixed(0)} ops/s, ${((res.seconds * 1e6) / res.ops).toFixed(2)} us/op`)
-      } else {
-        const res = await attempt(`${tag} latency ${m}`, () =>
-          m === 'promise' ? latencyPromise(rig, bytes, warm, 'write') : latencyBatch(rig, bytes, warm, 'write'),
-        )
-        phase.engine[m][r] = res
-        if (isResult(res)) log(`${tag}: latency ${m} p50 ${summarize(res.samples).p50.toFixed(1)} us (n ${res.samples.length})`)
-      }
-    }
-    if (r === 0 && options.repeat > 1 && !bothFit(options, phaseStart, Date.now() - roundStart)) {
-      const fig = (x: LatencyRun | Error | undefined) => (isResult(x) && x.samples.length ? summarize(x.samples).p50 : null)
-      phase.chosen = betterByMedian({ promise: [fig(phase.engine.promise[0])], batch: [fig(phase.engine.batch[0])] }, false)
-      log(`shm: both latency methods every round would exceed --budget ${options.budgetSeconds} s; using ${phase.chosen} from round 2`)
-    }
-  }
-  return phase
+  const batch64: Rounds<Batch64Run> = []
+  const phase = await latencyPhase(SUITE, rig, bytes, 'write', [
+    async ({ round: r, tag, warm }) => {
+      log(`${tag}: batches of ${BATCH64_TASKS} x ${bytes / 1024} KiB writes (${options.latencyOps} ops${warm > 0 ? `, ${warm} s warm-up` : ''})`)
+      const res = await attempt(`${tag} batch64`, () => batch64Run(rig, bytes, warm))
+      batch64[r] = res
+      if (isResult(res)) log(`${tag}: batch64 ${(res.ops / res.seconds).toFixed(0)} ops/s, ${((res.seconds * 1e6) / res.ops).toFixed(2)} us/op`)
+    },
+  ])
+  return { phase, batch64 }
 }
 
-function latencyRecord(phase: LatencyPhase, bytes: number, rig: Rig): CaseRecord {
+function latencyRecord(phase: LatencyPhase, batch64: Rounds<Batch64Run>, bytes: number, rig: Rig): CaseRecord {
   const { options } = rig
-  const p50s = (runs: Array<number[] | undefined>) =>
-    Array.from({ length: options.repeat }, (_, r) => {
-      const s = runs[r]
-      return s && s.length ? round(summarize(s).p50, 1) : null
-    })
-  const samplesOf = (m: Method) => phase.engine[m].map((x) => (isResult(x) ? x.samples : undefined))
-  const perMethod: Record<Method, Array<number | null>> = { promise: p50s(samplesOf('promise')), batch: p50s(samplesOf('batch')) }
-  const method = phase.chosen ?? betterByMedian(perMethod, false)
-  const rounds = perMethod[method]
-  const value = round(median(rounds), 1)
-  const pooled = (runs: Array<number[] | undefined>) => {
-    const all = runs.flatMap((s) => s ?? [])
-    if (all.length === 0) return null
-    const r = summarize(all)
-    return { n: r.n, p50: round(r.p50, 1), p90: round(r.p90, 1), p99: round(r.p99, 1), p999: round(r.p999, 1), mean: round(r.mean, 1) }
-  }
-  const cpus = (m: Method) => phase.engine[m].filter(isResult).map((x) => x.cpu)
+  const { byMethod, chosen, cpu, tallies, errors, fields } = latencyFigures(phase, options.repeat)
+  const cmp = compare(byMethod, chosen, false, () => [], 1)
 
   // The batch-of-64 loop: ops/s per round (ops over the timed seconds), medians over rounds.
-  const b64 = phase.batch64.map((x) => (isResult(x) ? x : undefined))
+  const b64 = batch64.map((x) => (isResult(x) ? x : undefined))
   const opsPerS = Array.from({ length: options.repeat }, (_, r) => {
     const x = b64[r]
     return x && x.seconds > 0 ? round(x.ops / x.seconds, 0) : null
@@ -378,35 +224,24 @@ function latencyRecord(phase: LatencyPhase, bytes: number, rig: Rig): CaseRecord
   const submitPerOp = b64.map((x) => (x && x.ops > 0 ? x.submitUs.reduce((a, v) => a + v, 0) / x.ops : null))
   const b64OpsPerS = round(median(opsPerS), 0)
   const b64PerOpUs = b64OpsPerS ? round(1e6 / b64OpsPerS, 3) : null
-  const batchTimes = pooled(b64.map((x) => x?.batchUs))
+  const batchTimes = pooledSummary(b64.map((x) => x?.batchUs))
 
-  const seen = mergeTallies([
-    ...METHODS.flatMap((m) => phase.engine[m].filter(isResult).map((x) => x.transports)),
-    ...b64.filter((x): x is Batch64Run => x !== undefined).map((x) => x.transports),
-  ])
+  const seen = mergeTallies([...tallies, ...b64.filter((x): x is Batch64Run => x !== undefined).map((x) => x.transports)])
   const record: CaseRecord = {
     suite: SUITE,
     case: `write-${bytes / 1024}KiB-p50`,
-    value,
+    value: cmp.value,
     unit: 'us',
     baseline: 'none',
     baseline_value: null,
     ratio: null,
     note: 'aim: single-digit µs natively',
-    method: latencyMethodLabel(method, 'write'),
+    method: latencyMethodLabel(cmp.method, 'write'),
     lower_is_better: true,
     transport: TRANSPORT,
     tasks_by_transport: seen,
-    rounds,
-    method_choice: phase.chosen
-      ? 'picked in round 1 and used after (both methods every round would exceed --budget)'
-      : 'both methods measured every round; the better median',
-    promise_p50_us: round(median(perMethod.promise), 1),
-    batch_p50_us: round(median(perMethod.batch), 1),
-    promise_rounds: perMethod.promise,
-    batch_rounds: perMethod.batch,
-    promise_us: pooled(samplesOf('promise')),
-    batch_us: pooled(samplesOf('batch')),
+    rounds: cmp.rounds,
+    ...fields,
     pooled_note: 'promise_us, batch_us pool the samples of all rounds',
     batch64_ops_per_s: b64OpsPerS,
     batch64_per_op_us: b64PerOpUs,
@@ -420,7 +255,7 @@ function latencyRecord(phase: LatencyPhase, bytes: number, rig: Rig): CaseRecord
       batch_us: batchTimes,
       loop: `allocateBatch(${BATCH64_TASKS}) + submitTransfer(${BATCH64_TASKS} x ${bytes / 1024} KiB WRITE) + spin on getBatchStatus until terminal + freeBatch, one batch at a time; per-task status and transport checks between the timed parts; ops/s = ops / timed seconds, median over rounds`,
     },
-    cpu_pct: { promise: medianCpu(cpus('promise')), batch: medianCpu(cpus('batch')) },
+    cpu_pct: cpu,
     ops_per_round: options.latencyOps,
     working_set_MiB: rig.regionBytes / MiB,
     repeat: options.repeat,
@@ -428,7 +263,7 @@ function latencyRecord(phase: LatencyPhase, bytes: number, rig: Rig): CaseRecord
     order: 'rounds alternate the order: odd rounds promise, batch, batch64; even rounds reversed',
     host_load: phase.hostLoad,
   }
-  const errors = [...METHODS.flatMap((m) => roundErrors(phase.engine[m], m)), ...roundErrors(phase.batch64, 'batch64')]
+  errors.push(...roundErrors(batch64, 'batch64'))
   const wrong = transportError(seen)
   if (wrong) errors.unshift(wrong)
   if (errors.length) record.error = errors.join('; ')
@@ -454,9 +289,11 @@ export async function shmSuite(options: SuiteOptions): Promise<CaseRecord[]> {
     const rig: Rig = { engine, local, regionBytes, remote, remoteBuffer: target.buffer, target, options }
     memcpy = await startMemcpyBaseline(regionBytes, chunk)
 
-    log(`shm: throughput, ${options.repeat} rounds of ${CASES.map((c) => c.name).join(' + ')} + memcpy, ${options.durationSeconds} s each`)
-    const tput = await throughputPhase(rig, chunk, memcpy)
-    for (const c of CASES) {
+    const shmCases = cases(regionBytes)
+    log(`shm: throughput, ${options.repeat} rounds of ${shmCases.map((c) => c.name).join(' + ')} + memcpy, ${options.durationSeconds} s each`)
+    const session = memcpy
+    const tput = await throughputPhase(SUITE, rig, chunk, shmCases, { name: 'memcpy', run: (s, warm) => session.run(s, warm) }, true)
+    for (const c of shmCases) {
       const rec = throughputRecord(c, tput, memcpy, rig)
       rec.remote_transports = offered
       records.push(rec)
@@ -464,8 +301,8 @@ export async function shmSuite(options: SuiteOptions): Promise<CaseRecord[]> {
     await memcpy.close()
 
     log(`shm: latency, ${options.repeat} rounds of promise + batch + batch64, ${options.latencyOps} ops each`)
-    const lat = await latencyPhase(rig, latBytes)
-    const rec = latencyRecord(lat, latBytes, rig)
+    const lat = await latencyRounds(rig, latBytes)
+    const rec = latencyRecord(lat.phase, lat.batch64, latBytes, rig)
     rec.remote_transports = offered
     records.push(rec)
   } finally {

@@ -156,12 +156,13 @@ impl Endpoint {
         // keeps the region mapped and registered: it moves into the slot below and stays
         // there until the completion is taken (`complete`) or the QP has been moved to ERR
         // (`break_all` after `handshake::to_error`), and the MR deregisters, fencing the
-        // device off the memory, only when its last holder drops. Aliasing: region memory is
-        // reached only through raw pointers (the transports' copies, the JS Buffer over it),
-        // never through a Rust reference, so the device's accesses break no borrow; what a
-        // user's concurrent write does to the bytes is the user's, as with every transport.
-        // The rkey is the one the peer published for this buffer, and the peer's device
-        // checks the remote range against it.
+        // device off the memory, only when its last holder drops. Aliasing: nothing in this
+        // crate touches the slice's bytes while it is posted, and no Rust reference to region
+        // memory outlives a copy; other accesses to the same bytes (an overlapping transfer,
+        // a user's write to `region.buffer`, a later attempt of the task elsewhere after an
+        // attempt deadline) are the engine's usage rule, one transfer per range at a time,
+        // as between any two transports. The rkey is the one the peer published for this
+        // buffer, and the peer's device checks the remote range against it.
         if let Err(e) = unsafe { self.qp.post_send(std::slice::from_ref(&wr)) } {
             st.free.push(index);
             return Err(e.error);
