@@ -11,7 +11,7 @@ import { parseFlags, UsageError } from '../bench/options'
 import { OPTIONS, parseConfig } from '../bench/tebench'
 import { startEtcd, stopAllEtcd } from './etcd'
 import { delay, killAll, spawnNode } from './helpers'
-import { createNetwork, netnsUnavailable, sweep } from './netns'
+import { createNetwork, netnsUnavailable, sweep } from '../support/netns'
 
 const TEBENCH = path.join(__dirname, '..', 'bench', 'tebench.ts')
 const PERF = path.join(__dirname, '..', 'bench', 'perf.ts')
