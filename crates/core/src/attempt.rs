@@ -13,39 +13,39 @@ use crate::status::TransferStatus;
 use crate::task::{AttemptState, Observer};
 
 /// A (peer, transport) rail: the key of the engine's health table.
-pub type Rail = (u64, TransportKind);
+pub(crate) type Rail = (u64, TransportKind);
 
 /// A failed attempt, as the engine saw it.
 #[derive(Debug, Clone, Copy)]
-pub struct Failure<'a> {
+pub(crate) struct Failure<'a> {
     /// What failed it.
-    pub error: &'a Error,
+    pub(crate) error: &'a Error,
     /// The transport it ran on.
-    pub transport: TransportKind,
+    pub(crate) transport: TransportKind,
     /// The peer's handle (the rail's other half).
-    pub peer: u64,
+    pub(crate) peer: u64,
     /// Whether the peer is declared lost.
-    pub peer_lost: bool,
+    pub(crate) peer_lost: bool,
     /// Whether the engine is still open.
-    pub engine_open: bool,
+    pub(crate) engine_open: bool,
     /// How the task is awaited.
-    pub observer: Observer,
+    pub(crate) observer: Observer,
 }
 
 /// What the engine does about a failed attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Actions {
+pub(crate) struct Actions {
     /// The failure was counted against the rail (the health table is in use).
-    pub recorded: bool,
+    pub(crate) recorded: bool,
     /// This failure paused the rail until then (emit `TransportDisabled`, count it).
-    pub rail_paused_until: Option<Instant>,
+    pub(crate) rail_paused_until: Option<Instant>,
     /// The next step.
-    pub next: Next,
+    pub(crate) next: Next,
 }
 
 /// The task's next step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Start a new attempt on `to`: the task's `switches`-th switch (emit `Failover`).
     Retry {
         /// The transport of the new attempt.
@@ -59,7 +59,7 @@ pub enum Next {
 
 /// Decides what follows a failed attempt and updates the task's attempt state (its switch
 /// count) and the rail's history in `health`.
-pub fn on_failure(
+pub(crate) fn on_failure(
     policy: &FailoverPolicy,
     health: &HealthTable<Rail>,
     state: &mut AttemptState,

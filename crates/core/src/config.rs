@@ -71,26 +71,27 @@ impl Default for EngineConfig {
 
 /// Bounds of the engine settings, checked by [`EngineConfig::validate`]. Named as the JS
 /// options are, since that is where users set them.
-pub mod limits {
+pub(crate) mod limits {
     use std::time::Duration;
 
     /// `peerTimeoutMs`: 10 ms ..= 1 h.
-    pub const PEER_TIMEOUT: (Duration, Duration) =
+    pub(crate) const PEER_TIMEOUT: (Duration, Duration) =
         (Duration::from_millis(10), Duration::from_secs(3600));
     /// `ioThreads`: 1 ..= 64.
-    pub const IO_THREADS: (usize, usize) = (1, 64);
+    pub(crate) const IO_THREADS: (usize, usize) = (1, 64);
     /// `connectionsPerPeer`: 1 ..= 64.
-    pub const CONNECTIONS_PER_PEER: (usize, usize) = (1, 64);
+    pub(crate) const CONNECTIONS_PER_PEER: (usize, usize) = (1, 64);
     /// `sliceSize`: 4 KiB ..= 1 GiB.
-    pub const SLICE_SIZE: (u64, u64) = (4096, 1 << 30);
+    pub(crate) const SLICE_SIZE: (u64, u64) = (4096, 1 << 30);
     /// `connectTimeoutMs`: 1 ms ..= 10 min.
-    pub const CONNECT_TIMEOUT: (Duration, Duration) =
+    pub(crate) const CONNECT_TIMEOUT: (Duration, Duration) =
         (Duration::from_millis(1), Duration::from_secs(600));
     /// `attemptTimeoutMs` (when set): 1 ms ..= 24 h.
-    pub const ATTEMPT_TIMEOUT: (Duration, Duration) =
+    pub(crate) const ATTEMPT_TIMEOUT: (Duration, Duration) =
         (Duration::from_millis(1), Duration::from_secs(86_400));
     /// `leaseTtlMs`: whole seconds, 1 s ..= 1 h.
-    pub const LEASE_TTL: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(3600));
+    pub(crate) const LEASE_TTL: (Duration, Duration) =
+        (Duration::from_secs(1), Duration::from_secs(3600));
 }
 
 impl EngineConfig {

@@ -35,7 +35,7 @@ use crate::health::HealthTable;
 use crate::kind::TransportKind;
 use crate::memory::{Access, KeepAlive, Region, RegionId, RegionTable};
 use crate::metadata::Registry;
-pub use crate::metrics::Metrics;
+use crate::metrics::Metrics;
 use crate::request::Request;
 use crate::segment::{BufferDescriptor, SegmentTable};
 use crate::server::LocalSegment;

@@ -16,17 +16,17 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 /// First reconnect delay after a lost link.
-pub const BACKOFF_START: Duration = Duration::from_millis(100);
+pub(crate) const BACKOFF_START: Duration = Duration::from_millis(100);
 /// Longest reconnect delay (before jitter).
-pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Jitter applied to each delay: ± this many percent.
-pub const JITTER_PERCENT: u64 = 20;
+pub(crate) const JITTER_PERCENT: u64 = 20;
 /// Shortest heartbeat interval.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(20);
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Why a peer was declared lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LossReason {
+pub(crate) enum LossReason {
     /// No frame heard for the whole timeout.
     Silent {
         /// The timeout, in ms.
@@ -61,7 +61,7 @@ impl fmt::Display for LossReason {
 
 /// Where the link is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LinkState {
+pub(crate) enum LinkState {
     /// Connecting now.
     Connecting,
     /// Connected: heard last at `last_heard`, next ping due at `next_ping`.
@@ -80,7 +80,7 @@ pub enum LinkState {
 
 /// What the driver does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Send a ping now.
     Ping,
     /// Connect now.
@@ -91,7 +91,7 @@ pub enum Action {
 
 /// A link's state machine.
 #[derive(Debug, Clone)]
-pub struct Link {
+pub(crate) struct Link {
     timeout: Duration,
     interval: Duration,
     state: LinkState,
@@ -101,7 +101,7 @@ pub struct Link {
 
 impl Link {
     /// A link that starts connecting; `seed` drives its jitter.
-    pub fn new(timeout: Duration, seed: u64) -> Self {
+    pub(crate) fn new(timeout: Duration, seed: u64) -> Self {
         Self {
             timeout,
             interval: (timeout / 4).max(MIN_INTERVAL),
@@ -112,18 +112,19 @@ impl Link {
     }
 
     /// Where the link is.
-    pub fn state(&self) -> LinkState {
+    pub(crate) fn state(&self) -> LinkState {
         self.state
     }
 
     /// The heartbeat interval.
-    pub fn interval(&self) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn interval(&self) -> Duration {
         self.interval
     }
 
     /// When `poll` has something to do next (`None` while connecting: the connect's own
     /// timeout bounds it).
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
         match self.state {
             LinkState::Connecting => None,
             LinkState::Up {
@@ -137,7 +138,7 @@ impl Link {
     /// The connection is up (the descriptor is fresh). Returns whether to report the peer
     /// recovered: when `peer_lost` (it had been declared lost, by this link or another
     /// source). The first ping is due now.
-    pub fn connected(&mut self, now: Instant, peer_lost: bool) -> bool {
+    pub(crate) fn connected(&mut self, now: Instant, peer_lost: bool) -> bool {
         self.state = LinkState::Up {
             last_heard: now,
             next_ping: now,
@@ -147,14 +148,14 @@ impl Link {
     }
 
     /// A proof of life is wanted: ping now (when up).
-    pub fn probe(&mut self, now: Instant) {
+    pub(crate) fn probe(&mut self, now: Instant) {
         if let LinkState::Up { next_ping, .. } = &mut self.state {
             *next_ping = (*next_ping).min(now);
         }
     }
 
     /// A frame came in.
-    pub fn heard(&mut self, now: Instant) {
+    pub(crate) fn heard(&mut self, now: Instant) {
         if let LinkState::Up { last_heard, .. } = &mut self.state {
             *last_heard = (*last_heard).max(now);
         }
@@ -162,7 +163,12 @@ impl Link {
 
     /// The connection (or the attempt to make one) failed. Returns the loss to report,
     /// unless the peer is already declared lost; the link then waits a backoff.
-    pub fn broken(&mut self, reason: LossReason, now: Instant, peer_lost: bool) -> Option<Action> {
+    pub(crate) fn broken(
+        &mut self,
+        reason: LossReason,
+        now: Instant,
+        peer_lost: bool,
+    ) -> Option<Action> {
         let delay = self.jittered(self.backoff);
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
         self.state = LinkState::Waiting { until: now + delay };
@@ -170,7 +176,7 @@ impl Link {
     }
 
     /// What is due at `now`: a ping, the loss of a silent peer, or a reconnect.
-    pub fn poll(&mut self, now: Instant, peer_lost: bool) -> Option<Action> {
+    pub(crate) fn poll(&mut self, now: Instant, peer_lost: bool) -> Option<Action> {
         match self.state {
             LinkState::Up {
                 last_heard,

@@ -262,6 +262,80 @@ impl Region {
     }
 }
 
+/// A checked range of a region, which it keeps alive: how the server and the network
+/// transports read and write registered memory without raw pointers of their own.
+///
+/// Registered memory is shared by design: the user, peers and the NIC may write the same
+/// bytes at once (a transfer's contract, as with RDMA, says which wins). The engine never
+/// relies on the bytes staying put while it copies them, so such races cost consistency of
+/// the data, never memory safety of the engine.
+pub struct Window {
+    region: Arc<Region>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: `ptr` points into `region`'s mapping, which the window keeps alive; the window
+// is used by one thread at a time (it moves, it is not shared).
+unsafe impl Send for Window {}
+
+impl std::fmt::Debug for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Window")
+            .field("region", &self.region.id())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Window {
+    /// `[offset, offset + len)` of `region`, checked to lie inside it (`len` may be 0).
+    pub fn new(region: &Arc<Region>, offset: u64, len: u64) -> Result<Self> {
+        let size = region.len() as u64;
+        match offset.checked_add(len) {
+            Some(end) if end <= size => {}
+            _ => {
+                return Err(Error::OutOfRange(format!(
+                    "[{offset}, {offset}+{len}) outside a buffer of {size} bytes"
+                )))
+            }
+        }
+        // Inside the region, so both fit in usize and the add stays in the allocation.
+        let len = usize::try_from(len).map_err(|_| Error::OutOfRange("window too long".into()))?;
+        let ptr =
+            NonNull::new(region.ptr.as_ptr().wrapping_add(offset as usize)).unwrap_or(region.ptr);
+        Ok(Self {
+            region: region.clone(),
+            ptr,
+            len,
+        })
+    }
+
+    /// Bytes in the window.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the window is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes, to send.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `[ptr, ptr + len)` was checked to lie inside the region's mapping, which
+        // `self.region` keeps mapped for the borrow's duration (see the type's note on
+        // concurrent writers).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, to receive into.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`; `&mut self` keeps this window's own borrows apart.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
 /// Checks that `[offset, offset + len)` lies inside `[0, size)`, without overflow.
 pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
     if len == 0 {
@@ -497,7 +571,7 @@ mod tests {
         write_all(&r, 0x11);
         assert!(read_all(&r).iter().all(|&b| b == 0x11));
         // The memfd no longer backs it: its pages still hold what was written before.
-        let other = crate::shm::RemoteMapping::map(peer_fd, r.len()).expect("map");
+        let other = crate::linux::RemoteMapping::map(peer_fd, r.len()).expect("map");
         // SAFETY: the mapping is `r.len()` bytes long and nothing writes it.
         let seen = unsafe { std::slice::from_raw_parts(other.as_ptr(), r.len()) };
         assert!(seen.iter().all(|&b| b == 0xab));

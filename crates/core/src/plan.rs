@@ -17,7 +17,7 @@ use crate::kind::{TransportHint, TransportKind, DEFAULT_ORDER};
 
 /// One transport's state towards the peer, from here.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Path {
+pub(crate) enum Path {
     /// It can carry requests to the peer now.
     Usable,
     /// Not enabled on this engine (the message says why, e.g. "rdma is disabled on this
@@ -29,7 +29,7 @@ pub enum Path {
 
 impl Path {
     /// Why it cannot serve, when it cannot.
-    pub fn why_not(&self) -> Option<&str> {
+    pub(crate) fn why_not(&self) -> Option<&str> {
         match self {
             Self::Usable => None,
             Self::NotEnabled(why) | Self::Unreachable(why) => Some(why),
@@ -38,32 +38,32 @@ impl Path {
 }
 
 /// What the planner is told about the peer of a request.
-pub struct PeerView<'a> {
+pub(crate) struct PeerView<'a> {
     /// Segment name, for messages.
-    pub name: &'a str,
+    pub(crate) name: &'a str,
     /// The remote buffer, for messages.
-    pub buffer: u64,
+    pub(crate) buffer: u64,
     /// Transports the target registered the remote buffer with.
-    pub registered: &'a [TransportKind],
+    pub(crate) registered: &'a [TransportKind],
     /// Each transport's path to the peer.
-    pub path: &'a dyn Fn(TransportKind) -> Path,
+    pub(crate) path: &'a dyn Fn(TransportKind) -> Path,
     /// The peer's loss (its typed error), while it is declared lost.
-    pub lost: Option<Error>,
+    pub(crate) lost: Option<Error>,
     /// Whether the (peer, transport) rail is paused at the given time.
-    pub paused: &'a dyn Fn(TransportKind, Instant) -> bool,
+    pub(crate) paused: &'a dyn Fn(TransportKind, Instant) -> bool,
 }
 
 /// The candidates of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// Best first; never empty.
-    pub candidates: Vec<TransportKind>,
+    pub(crate) candidates: Vec<TransportKind>,
     /// Whether only `candidates[0]` may serve (no failover).
-    pub pinned: bool,
+    pub(crate) pinned: bool,
 }
 
 /// Plans a request with `hint` towards the peer of `view`, at `now`.
-pub fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Result<Plan> {
+pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Result<Plan> {
     let path = |k| (view.path)(k);
     if let TransportHint::Require(k) = hint {
         // Not usable here at all: say so first (the target not offering it either is the

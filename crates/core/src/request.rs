@@ -63,7 +63,7 @@ pub struct ValidatedRequest {
 }
 
 /// Resolves and checks a request. `region` and `segment` look ids up in the engine's tables.
-pub fn validate(
+pub(crate) fn validate(
     req: &Request,
     region: impl Fn(RegionId) -> Result<Arc<Region>>,
     segment: impl Fn(u64) -> Result<Arc<Peer>>,

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
-use crate::memory::{check_range, Access, Region, RegionTable};
+use crate::memory::{check_range, Access, Region, RegionTable, Window};
 use crate::net::{read_frame, read_header, tune_accepted, write_all_pair, write_frame};
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
@@ -240,15 +240,9 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
         match h.op {
             Op::WriteReq => match admit(local, &h) {
                 Ok(region) => {
-                    let ptr = region
-                        .range_ptr(h.offset, h.length)
+                    let mut dst = Window::new(&region, h.offset, h.length)
                         .map_err(|e| Error::Protocol(e.to_string()))?;
-                    // SAFETY: `admit` checked [offset, offset+length) lies inside `region`,
-                    // which we hold alive; the length fits usize because the wire caps it
-                    // at MAX_DATA_PAYLOAD. Writers racing on the same bytes is the transfer
-                    // contract (as with RDMA), not a memory-safety hazard for the engine.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(ptr, h.length as usize) };
-                    r.read_exact(dst)
+                    r.read_exact(dst.as_mut_slice())
                         .await
                         .map_err(|e| Error::Protocol(format!("truncated WRITE payload: {e}")))?;
                     reply.op = Op::WriteAck;
@@ -264,14 +258,11 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
             },
             Op::ReadReq => match admit(local, &h) {
                 Ok(region) => {
-                    let ptr = region
-                        .range_ptr(h.offset, h.length)
+                    let src = Window::new(&region, h.offset, h.length)
                         .map_err(|e| Error::Protocol(e.to_string()))?;
-                    // SAFETY: as for WRITE: the range was checked inside the live region.
-                    let src = unsafe { std::slice::from_raw_parts(ptr, h.length as usize) };
                     reply.op = Op::ReadResp;
                     reply.length = h.length;
-                    write_all_pair(&mut w, &reply.encode(), src)
+                    write_all_pair(&mut w, &reply.encode(), src.as_slice())
                         .await
                         .map_err(io("write READ reply"))?;
                 }

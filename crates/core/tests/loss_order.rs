@@ -18,6 +18,7 @@ enum Seen {
 }
 
 fn run_once(transports: Vec<TransportKind>) {
+    let started = Instant::now();
     let cfg = EngineConfig {
         transports,
         peer_timeout: Duration::from_millis(2000),
@@ -70,6 +71,7 @@ fn run_once(transports: Vec<TransportKind>) {
         ops += 1;
     }
     target.close();
+    let closed_at = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(20);
     for _ in 0..ops {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -78,6 +80,9 @@ fn run_once(transports: Vec<TransportKind>) {
             .expect("every transfer ends in bounded time");
     }
     let seen = seen.lock().expect("log").clone();
+    if std::env::var_os("LOSS_ORDER_TRACE").is_some() {
+        eprintln!("ended {:?} after close: {seen:?}", closed_at.elapsed());
+    }
     let lost_at = seen.iter().position(|s| *s == Seen::Lost);
     for (i, s) in seen.iter().enumerate() {
         if let Seen::Failed(code) = s {
@@ -90,7 +95,14 @@ fn run_once(transports: Vec<TransportKind>) {
             assert_eq!(*code, "ERR_FERRY_PEER_LOST", "{seen:?}");
         }
     }
+    let before_close = started.elapsed();
     initiator.close();
+    if std::env::var_os("LOSS_ORDER_TRACE").is_some() {
+        eprintln!(
+            "round: {before_close:?} before close, {:?} in all",
+            started.elapsed()
+        );
+    }
 }
 
 #[test]

@@ -30,9 +30,9 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::kind::Opcode;
 use crate::kind::TransportKind;
+use crate::linux::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::memory::{Region, RegionTable};
 use crate::segment::{Peer, SegmentDescriptor};
-use crate::shm::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::task::Task;
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 use crate::wire::{token_eq, Token};
@@ -407,7 +407,7 @@ async fn connect_and_map(
             .map_err(io("shm fd request"))?;
         let mut reply = [0u8; 16];
         let (n, mut fds) =
-            crate::shm::recv_fds(&std_stream, &mut reply, 1).map_err(io("shm fd reply"))?;
+            crate::linux::recv_fds(&std_stream, &mut reply, 1).map_err(io("shm fd reply"))?;
         if n != reply.len() {
             return Err(Error::Protocol(format!("short shm reply ({n} bytes)")));
         }

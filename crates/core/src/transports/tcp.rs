@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::kind::Opcode;
 use crate::kind::TransportKind;
-use crate::memory::Region;
+use crate::memory::{Region, Window};
 use crate::net::{connect, read_header};
 use crate::segment::Peer;
 use crate::task::Task;
@@ -87,27 +87,19 @@ impl Slice {
 /// A request frame being written: its header and the payload it points into.
 struct Frame {
     header: [u8; HEADER_LEN],
-    /// Keeps the payload's memory mapped while the frame is written.
-    _region: Arc<Region>,
-    payload: *const u8,
-    payload_len: usize,
+    /// The payload (empty for a READ request), its memory kept mapped by the window.
+    payload: Window,
     written: usize,
 }
 
-// SAFETY: `payload` points into `region`, which the frame keeps alive; the frame is only
-// ever used by one thread at a time (it moves between the submitter and the writer task).
-unsafe impl Send for Frame {}
-
 impl Frame {
     fn total(&self) -> usize {
-        HEADER_LEN + self.payload_len
+        HEADER_LEN + self.payload.len()
     }
 
     /// The unwritten rest, as at most two slices.
     fn rest(&self) -> [IoSlice<'_>; 2] {
-        // SAFETY: `payload`/`payload_len` were produced by `Region::range_ptr` on `_region`,
-        // which this frame keeps alive.
-        let payload = unsafe { std::slice::from_raw_parts(self.payload, self.payload_len) };
+        let payload = self.payload.as_slice();
         if self.written < HEADER_LEN {
             [
                 IoSlice::new(&self.header[self.written..]),
@@ -186,19 +178,13 @@ impl DataConn {
         h.offset = slice.remote_offset;
         h.length = slice.len;
         h.token = slice.token;
-        let payload_len = slice.payload_len();
-        let payload = if payload_len > 0 {
-            match slice.region.range_ptr(slice.local_offset, payload_len) {
-                Ok(p) => p.cast_const(),
-                Err(e) => {
-                    slice.task.attempt_failed(slice.attempt, e);
-                    return Err(slice);
-                }
+        let payload = match Window::new(&slice.region, slice.local_offset, slice.payload_len()) {
+            Ok(w) => w,
+            Err(e) => {
+                slice.task.attempt_failed(slice.attempt, e);
+                return Err(slice);
             }
-        } else {
-            std::ptr::NonNull::<u8>::dangling().as_ptr().cast_const()
         };
-        let region = slice.region.clone();
         let mut inf = self.lock();
         if !inf.open {
             return Err(slice);
@@ -209,9 +195,7 @@ impl DataConn {
         h.request_id = id;
         Ok(Frame {
             header: h.encode(),
-            _region: region,
             payload,
-            payload_len: payload_len as usize,
             written: 0,
         })
     }
@@ -591,17 +575,14 @@ async fn read_loop(conn: &DataConn, mut r: BufReader<OwnedReadHalf>) -> Error {
         match (h.op, slice.opcode) {
             (Op::WriteAck, Opcode::Write) => slice.task.slice_done(slice.attempt, slice.len),
             (Op::ReadResp, Opcode::Read) if h.length == slice.len => {
-                let ptr = match slice.region.range_ptr(slice.local_offset, slice.len) {
-                    Ok(p) => p,
+                let mut dst = match Window::new(&slice.region, slice.local_offset, slice.len) {
+                    Ok(w) => w,
                     Err(e) => {
                         slice.task.attempt_failed(slice.attempt, e.clone());
                         return e;
                     }
                 };
-                // SAFETY: the destination range was validated inside `slice.region`, which
-                // the slice keeps alive; the length equals the slice length (checked above).
-                let dst = unsafe { std::slice::from_raw_parts_mut(ptr, slice.len as usize) };
-                if let Err(e) = r.read_exact(dst).await {
+                if let Err(e) = r.read_exact(dst.as_mut_slice()).await {
                     let err = Error::io("receive READ payload", &e);
                     slice.task.attempt_failed(slice.attempt, err.clone());
                     return err;

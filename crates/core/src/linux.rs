@@ -1,4 +1,4 @@
-//! Same-host primitives for the shared-memory transport (Linux only).
+//! Linux primitives for same-host memory (the shared-memory transport and regions):
 //!
 //! - [`send_fds`] / [`recv_fds`] (and the tokio forms [`send_fds_async`] /
 //!   [`recv_fds_async`]) pass descriptors over a unix stream socket with `SCM_RIGHTS`;
