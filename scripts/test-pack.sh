@@ -16,6 +16,7 @@ addon=ferry.$platform.node
 floor=${FERRY_GLIBC_FLOOR:-2.17}
 name=$(node -p "require('./package.json').name")
 version=$(node -p "require('./package.json').version")
+timeout_bin=$(command -v timeout)
 
 work=$(mktemp -d /tmp/ferry-pack.XXXXXX)
 registry_pid=
@@ -31,6 +32,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM # through the EXIT trap: the registry is stopped either way
 fail() { echo "test-pack: FAIL: $*" >&2; exit 1; }
 step() { echo "test-pack: $*"; }
 
@@ -127,7 +129,6 @@ printf 'registry=%s/\n//127.0.0.1:%s/:_authToken=%s\nfund=false\naudit=false\nup
 # The user's machine: node, npm, npx and sh (npx runs bins through it) only; its own
 # home, npm settings and cache.
 for tool in node npm npx sh; do ln -s "$(command -v "$tool")" "$work/bin/$tool"; done
-timeout_bin=$(command -v timeout)
 as_user() {
   env -i HOME="$work/home" PATH="$work/bin" NPM_CONFIG_USERCONFIG="$work/npmrc" NPM_CONFIG_CACHE="$work/npm-cache" "$@"
 }
@@ -135,7 +136,7 @@ as_user node -e 'for (const t of ["cargo", "rustc"]) if (require("child_process"
   fail "cargo or rustc is reachable from the user's PATH"
 
 for tgz in "$platform_tgz" "$main_tgz"; do
-  as_user npm publish --silent "$root/$tgz" >/dev/null || fail "publishing $tgz"
+  as_user "$timeout_bin" 300 npm publish --silent "$root/$tgz" >/dev/null || fail "publishing $tgz"
 done
 step "published to $url"
 
@@ -144,7 +145,7 @@ project() { # project DIR [package.json fields]: an empty project
   echo "{\"name\":\"pack-check-$1\",\"version\":\"1.0.0\",\"private\":true${2:+,$2}}" >"$work/$1/package.json"
 }
 install() { # install DIR PACKAGE...: npm install by name, in DIR
-  (cd "$work/$1" && as_user npm install --no-audit --no-fund --silent "${@:2}") || fail "npm install ${*:2} in $1"
+  (cd "$work/$1" && as_user "$timeout_bin" 600 npm install --no-audit --no-fund --silent "${@:2}") || fail "npm install ${*:2} in $1"
 }
 
 # CommonJS and .mjs in one project; the platform package comes as an optional dependency.
@@ -152,14 +153,14 @@ project cjs
 install cjs "$name"
 [ -f "$work/cjs/node_modules/$name-$platform/$addon" ] || fail "npm install $name brought no $name-$platform"
 cp scripts/pack-check/roundtrip.cjs scripts/pack-check/roundtrip.mjs "$work/cjs/"
-(cd "$work/cjs" && as_user node roundtrip.cjs && as_user node roundtrip.mjs) || fail "require/import in a CommonJS project"
+(cd "$work/cjs" && as_user "$timeout_bin" 120 node roundtrip.cjs && as_user "$timeout_bin" 120 node roundtrip.mjs) || fail "require/import in a CommonJS project"
 
 # A "type": "module" project.
 project esm '"type":"module"'
 install esm "$name"
 cp scripts/pack-check/roundtrip.cjs "$work/esm/"
 cp scripts/pack-check/roundtrip.mjs "$work/esm/index.js"
-(cd "$work/esm" && as_user node index.js) || fail "import in a \"type\": \"module\" project"
+(cd "$work/esm" && as_user "$timeout_bin" 120 node index.js) || fail "import in a \"type\": \"module\" project"
 
 # TypeScript, the version this repository builds with.
 project ts
