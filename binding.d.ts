@@ -130,7 +130,7 @@ export interface BatchStatus {
 /** One benchmark case. */
 export interface BenchCase {
   /** "read" or "write". */
-  opcode: string
+  opcode: 'read' | 'write'
   /** Bytes per request. */
   blockSize: number
   /** Requests per batch. */
@@ -143,14 +143,14 @@ export interface BenchCase {
   peer: string
   /** Remote buffer id. */
   remoteBuffer: number
-  /** Offset of worker 0's stripe. */
+  /** Worker i works on [stripeBase + i·stripeLen, … + stripeLen) of both buffers. */
   stripeBase: number
   /** Bytes per worker stripe. */
   stripeLen: number
   /** Further targets (tebench's comma list): worker i uses target i % (1 + n). */
   extraTargets?: Array<BenchTarget>
   /** Pin every request to this transport. */
-  transport?: string
+  transport?: 'tcp' | 'shm' | 'rdma'
   /** Measured time in ms. */
   durationMs: number
   /** Warm-up in ms. */
@@ -221,9 +221,9 @@ export interface BenchTarget {
 /** Bytes of completed transfers over one transport for one operation. */
 export interface BytesByTransport {
   /** "tcp", "shm" or "rdma". */
-  transport: string
+  transport: 'tcp' | 'shm' | 'rdma'
   /** "read" or "write". */
-  op: string
+  op: 'read' | 'write'
   /** Bytes. */
   bytes: number
 }
@@ -237,13 +237,13 @@ export interface EngineEventJs {
   /** Reason, for peerLost, failover and transportDisabled. */
   reason?: string
   /** Failover: transport of the failed attempt. */
-  from?: string
+  from?: 'tcp' | 'shm' | 'rdma'
   /** Failover: transport of the new attempt. */
-  to?: string
+  to?: 'tcp' | 'shm' | 'rdma'
   /** Failover: switches made by the task, this one included. */
   attempt?: number
   /** transportDisabled: the transport. */
-  transport?: string
+  transport?: 'tcp' | 'shm' | 'rdma'
   /** transportDisabled: end of the pause, ms since the Unix epoch. */
   untilMs?: number
 }
@@ -265,7 +265,7 @@ export interface EngineMetrics {
    * canceled, invalid).
    */
   transfers: Record<string, number>
-  /** Tasks submitted and not yet ended. */
+  /** Transfers submitted and not yet ended. */
   inflight: number
   /** Times a peer was declared lost. */
   peersLost: number
@@ -275,7 +275,7 @@ export interface EngineMetrics {
   failovers: number
   /** Attempts that passed their deadline. */
   attemptTimeouts: number
-  /** Times the rail monitor paused a (peer, transport) path. */
+  /** Times the rail monitor took a (peer, transport) path out of use. */
   transportsDisabled: number
   /** Remote segments open. */
   segmentsOpen: number
@@ -411,9 +411,9 @@ export interface RemoteBuffer {
   /** Length in bytes. */
   length: number
   /** "read-only" or "read-write". */
-  access: string
+  access: 'read-only' | 'read-write'
   /** Transports it is registered with. */
-  transports: Array<string>
+  transports: Array<'tcp' | 'shm' | 'rdma'>
 }
 
 /** An opened segment. */
@@ -442,7 +442,7 @@ export interface TaskStatus {
   /** Requested bytes. */
   length: number
   /** Transport of the latest attempt. */
-  transport?: string
+  transport?: 'tcp' | 'shm' | 'rdma'
   /** Attempts made. */
   attempts: number
   /** Error code when it did not complete. */

@@ -6,23 +6,12 @@
  * events, and errors that carry a stable `code`.
  */
 import { EventEmitter } from 'node:events'
-import * as fs from 'node:fs'
 import * as path from 'node:path'
 import type * as Native from './binding'
+import { loadBinding } from './loader'
 
-function loadNative(): typeof Native {
-  // index.ts runs from the package root (tests) or from dist/ (compiled).
-  for (const dir of [__dirname, path.join(__dirname, '..')]) {
-    const file = path.join(dir, 'binding.cjs')
-    if (fs.existsSync(file)) {
-      // eslint-disable-next-line @typescript-eslint/no-require-imports
-      return require(file) as typeof Native
-    }
-  }
-  throw new Error('ferry-engine: native binding not found; run `npm install` in the package')
-}
-
-const native = loadNative()
+// index.ts runs from the package root (tests) or from dist/ (compiled).
+const native = loadBinding<typeof Native>([__dirname, path.join(__dirname, '..')])
 
 /** Transfer status values, with Mooncake TENT's numbering. */
 export enum TransferStatus {
@@ -60,27 +49,18 @@ export type FerryErrorCode =
   | 'ERR_FERRY_CANCELED'
   | 'ERR_FERRY_TIMEOUT'
   | 'ERR_FERRY_METADATA'
+  | 'ERR_FERRY_TRANSFER_FAILED'
+  | 'ERR_FERRY_INTERNAL'
   | 'ABORT_ERR'
-  | string
 
 /** Status of one task: what happened, which transport served it, how many attempts. */
-export interface TaskStatus {
+export interface TaskStatus extends Native.TaskStatus {
   status: TransferStatus
-  name: string
-  transferredBytes: number
-  length: number
-  transport?: TransportName
-  attempts: number
-  code?: string
-  message?: string
 }
 
 /** Aggregate status of a batch. */
-export interface BatchStatus {
+export interface BatchStatus extends Native.BatchStatus {
   status: TransferStatus
-  name: string
-  transferredBytes: number
-  tasks: number
 }
 
 /** An error from Ferry. `code` is stable; transfer failures also carry the task statuses. */
@@ -176,11 +156,11 @@ function call<T>(fn: () => T): T {
 
 function toTaskStatus(s: Native.TaskStatus): TaskStatus {
   return {
-    status: s.status as TransferStatus,
+    status: s.status,
     name: s.name,
     transferredBytes: s.transferredBytes,
     length: s.length,
-    transport: s.transport as TransportName | undefined,
+    transport: s.transport,
     attempts: s.attempts,
     code: s.code ?? undefined,
     message: s.message ?? undefined,
@@ -292,12 +272,7 @@ export class Region {
 }
 
 /** A buffer a remote segment exposes. */
-export interface RemoteBuffer {
-  id: number
-  length: number
-  access: 'read-only' | 'read-write'
-  transports: TransportName[]
-}
+export interface RemoteBuffer extends Native.RemoteBuffer {}
 
 /** An opened remote segment. */
 export class Segment {
@@ -360,32 +335,14 @@ export interface TransferResult {
 }
 
 /** Bytes of completed transfers over one transport for one operation. */
-export interface BytesByTransport {
-  transport: TransportName
-  op: 'read' | 'write'
-  bytes: number
-}
+export interface BytesByTransport extends Native.BytesByTransport {}
 
 /** Engine counters (see README, "Metrics"). Counted in the core with atomics. */
-export interface EngineMetrics {
-  tasksSubmitted: number
-  tasksCompleted: number
-  tasksFailed: number
-  bytesTransferred: number
+export interface EngineMetrics extends Native.EngineMetrics {
   /** Bytes of completed transfers, by transport and op (every combination, zeros too). */
   bytes: BytesByTransport[]
   /** Transfers that ended, by final status: completed, failed, timeout, canceled, invalid. */
   transfers: Record<'completed' | 'failed' | 'timeout' | 'canceled' | 'invalid', number>
-  /** Transfers submitted and not yet ended. */
-  inflight: number
-  peersLost: number
-  peersRecovered: number
-  failovers: number
-  attemptTimeouts: number
-  /** Times the rail monitor took a (peer, transport) path out of use. */
-  transportsDisabled: number
-  segmentsOpen: number
-  regions: number
 }
 
 /** A peer was declared lost (reset, EOF, or `peerTimeoutMs` of silence); its in-flight work failed. */
@@ -538,24 +495,11 @@ function checkSignal(signal: unknown): AbortSignal | undefined {
 }
 
 /** One tebench case for the native workers. */
-export interface BenchCase {
-  opcode: 'read' | 'write'
-  /** Bytes per request. */
-  blockSize: number
-  /** Requests per batch. */
-  batchSize: number
+export interface BenchCase extends Omit<Native.BenchCase, 'local' | 'segment' | 'peer' | 'extraTargets'> {
   local: Region
   remote: Segment
-  remoteBuffer: number
-  /** Worker i works on [stripeBase + i·stripeLen, … + stripeLen) of both buffers. */
-  stripeBase: number
-  stripeLen: number
   /** Further targets: worker i works against target i % (1 + extraTargets.length). */
   extraTargets?: Array<{ remote: Segment; remoteBuffer: number }>
-  transport?: TransportName
-  durationMs: number
-  warmupMs: number
-  requestIntervalUs: number
 }
 
 /** tebench's columns for one case (the bench crate's report row, as it is). */
@@ -764,8 +708,8 @@ export class Engine extends EventEmitter {
       s.buffers.map((b) => ({
         id: b.id,
         length: b.length,
-        access: b.access as RemoteBuffer['access'],
-        transports: b.transports as TransportName[],
+        access: b.access,
+        transports: b.transports,
       })),
     )
   }
@@ -808,7 +752,7 @@ export class Engine extends EventEmitter {
   /** Aggregate status of a batch. */
   getBatchStatus(batch: number): BatchStatus {
     const s = this.native((n) => n.getBatchStatus(batch))
-    return { status: s.status as TransferStatus, name: s.name, transferredBytes: s.transferredBytes, tasks: s.tasks }
+    return { status: s.status, name: s.name, transferredBytes: s.transferredBytes, tasks: s.tasks }
   }
 
   /** Frees a batch; tasks still pending are canceled. */
@@ -887,7 +831,7 @@ export class Engine extends EventEmitter {
     const m = this.native((n) => n.metrics())
     return {
       ...m,
-      bytes: m.bytes.map((b) => ({ transport: b.transport as TransportName, op: b.op as 'read' | 'write', bytes: b.bytes })),
+      bytes: m.bytes.map((b) => ({ transport: b.transport, op: b.op, bytes: b.bytes })),
       transfers: { completed: 0, failed: 0, timeout: 0, canceled: 0, invalid: 0, ...m.transfers },
     }
   }

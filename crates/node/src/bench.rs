@@ -22,6 +22,7 @@ use ferry_core::handle::{HandleKind, Handles};
 #[napi(object)]
 pub struct BenchCase {
     /// "read" or "write".
+    #[napi(ts_type = "'read' | 'write'")]
     pub opcode: String,
     /// Bytes per request.
     pub block_size: f64,
@@ -35,13 +36,14 @@ pub struct BenchCase {
     pub peer: String,
     /// Remote buffer id.
     pub remote_buffer: f64,
-    /// Offset of worker 0's stripe.
+    /// Worker i works on [stripeBase + i·stripeLen, … + stripeLen) of both buffers.
     pub stripe_base: f64,
     /// Bytes per worker stripe.
     pub stripe_len: f64,
     /// Further targets (tebench's comma list): worker i uses target i % (1 + n).
     pub extra_targets: Option<Vec<BenchTarget>>,
     /// Pin every request to this transport.
+    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
     pub transport: Option<String>,
     /// Measured time in ms.
     pub duration_ms: f64,

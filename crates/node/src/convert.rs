@@ -372,6 +372,7 @@ pub struct TaskStatus {
     /// Requested bytes.
     pub length: f64,
     /// Transport of the latest attempt.
+    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
     pub transport: Option<String>,
     /// Attempts made.
     pub attempts: u32,
@@ -428,8 +429,10 @@ pub struct RemoteBuffer {
     /// Length in bytes.
     pub length: f64,
     /// "read-only" or "read-write".
+    #[napi(ts_type = "'read-only' | 'read-write'")]
     pub access: String,
     /// Transports it is registered with.
+    #[napi(ts_type = "Array<'tcp' | 'shm' | 'rdma'>")]
     pub transports: Vec<String>,
 }
 
@@ -492,12 +495,15 @@ pub struct EngineEventJs {
     /// Reason, for peerLost, failover and transportDisabled.
     pub reason: Option<String>,
     /// Failover: transport of the failed attempt.
+    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
     pub from: Option<String>,
     /// Failover: transport of the new attempt.
+    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
     pub to: Option<String>,
     /// Failover: switches made by the task, this one included.
     pub attempt: Option<u32>,
     /// transportDisabled: the transport.
+    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
     pub transport: Option<String>,
     /// transportDisabled: end of the pause, ms since the Unix epoch.
     pub until_ms: Option<f64>,
@@ -559,8 +565,10 @@ impl From<EngineEvent> for EngineEventJs {
 #[napi(object)]
 pub struct BytesByTransport {
     /// "tcp", "shm" or "rdma".
+    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
     pub transport: String,
     /// "read" or "write".
+    #[napi(ts_type = "'read' | 'write'")]
     pub op: String,
     /// Bytes.
     pub bytes: f64,
@@ -582,7 +590,7 @@ pub struct EngineMetrics {
     /// Tasks that ended, by final status name in lower case (completed, failed, timeout,
     /// canceled, invalid).
     pub transfers: std::collections::HashMap<String, f64>,
-    /// Tasks submitted and not yet ended.
+    /// Transfers submitted and not yet ended.
     pub inflight: f64,
     /// Times a peer was declared lost.
     pub peers_lost: f64,
@@ -592,7 +600,7 @@ pub struct EngineMetrics {
     pub failovers: f64,
     /// Attempts that passed their deadline.
     pub attempt_timeouts: f64,
-    /// Times the rail monitor paused a (peer, transport) path.
+    /// Times the rail monitor took a (peer, transport) path out of use.
     pub transports_disabled: f64,
     /// Remote segments open.
     pub segments_open: f64,

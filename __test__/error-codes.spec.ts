@@ -1,0 +1,53 @@
+// FerryErrorCode is a closed union: every `ERR_FERRY_*` code the Rust crates or index.ts
+// can produce must be a member (a code missing from it would reach users typed as one it
+// is not), and every member must be one of them (no stale names). Read from the sources,
+// so a new code in Rust fails this test until the union names it.
+import test from 'ava'
+import * as fs from 'node:fs'
+import * as path from 'node:path'
+import ts from 'typescript'
+
+const root = path.join(__dirname, '..')
+const CODE = /["'](ERR_FERRY_[A-Z0-9_]+)["']/g
+
+function sources(dir: string, ext: string): string[] {
+  return fs.readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
+    const p = path.join(dir, e.name)
+    if (e.isDirectory()) return e.name === 'target' ? [] : sources(p, ext)
+    return e.name.endsWith(ext) ? [p] : []
+  })
+}
+
+/** Codes written as string literals in the crates' Rust sources and in index.ts. */
+function emittedCodes(): Map<string, string> {
+  const where = new Map<string, string>()
+  for (const file of [...sources(path.join(root, 'crates'), '.rs'), path.join(root, 'index.ts')]) {
+    for (const m of fs.readFileSync(file, 'utf8').matchAll(CODE)) {
+      if (!where.has(m[1])) where.set(m[1], path.relative(root, file))
+    }
+  }
+  return where
+}
+
+/** The members of `FerryErrorCode` in index.ts, as written (a non-literal member as `<type>`). */
+function unionMembers(): string[] {
+  const file = path.join(root, 'index.ts')
+  const sf = ts.createSourceFile(file, fs.readFileSync(file, 'utf8'), ts.ScriptTarget.Latest, true)
+  const alias = sf.statements.find((s): s is ts.TypeAliasDeclaration => ts.isTypeAliasDeclaration(s) && s.name.text === 'FerryErrorCode')
+  if (!alias) throw new Error('index.ts declares no FerryErrorCode')
+  const members = ts.isUnionTypeNode(alias.type) ? alias.type.types : [alias.type]
+  return members.map((m) => (ts.isLiteralTypeNode(m) && ts.isStringLiteral(m.literal) ? m.literal.text : `<${m.getText(sf)}>`))
+}
+
+test('every ERR_FERRY_ code the Rust side or index.ts emits is a member of FerryErrorCode', (t) => {
+  const members = new Set(unionMembers())
+  const missing = [...emittedCodes()].filter(([code]) => !members.has(code)).map(([code, file]) => `${code} (${file})`)
+  t.deepEqual(missing, [])
+})
+
+test('FerryErrorCode is closed: string literals only, each one emitted somewhere (or ABORT_ERR)', (t) => {
+  const emitted = emittedCodes()
+  const stale = unionMembers().filter((m) => m !== 'ABORT_ERR' && !emitted.has(m))
+  t.deepEqual(stale, [])
+  t.true(emitted.size > 10, `found only ${emitted.size} codes: is the pattern still right?`)
+})

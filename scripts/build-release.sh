@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Release build of this Linux host's addon (linux-x64-gnu, or linux-arm64-gnu on an arm64
+# host), the one its npm package ships: linked against
+# glibc FERRY_GLIBC_FLOOR (2.17 by default: RHEL/CentOS 7 and later, Ubuntu 14.04 and
+# later) instead of this machine's, and stripped. `npm run build:native` builds for this
+# machine only (it needs this machine's glibc or newer).
+#
+# napi-rs's `--cross-compile` builds through cargo-zigbuild, whose `zig cc` links against
+# the glibc version named after the target (x86_64-unknown-linux-gnu.2.17). Both tools come
+# from PyPI (cargo-zigbuild, ziglang) into target/zig-venv unless they are on PATH already.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+floor=${FERRY_GLIBC_FLOOR:-2.17}
+case "$(uname -s)-$(uname -m)" in
+  Linux-x86_64) triple=x86_64-unknown-linux-gnu platform=linux-x64-gnu ;;
+  Linux-aarch64) triple=aarch64-unknown-linux-gnu platform=linux-arm64-gnu ;;
+  *) echo "build-release: builds the Linux glibc addons, on a Linux x86_64 or aarch64 host" >&2; exit 1 ;;
+esac
+multiarch=/usr/include/$(uname -m)-linux-gnu
+
+if ! command -v cargo-zigbuild >/dev/null || ! { command -v zig >/dev/null || python3 -m ziglang version >/dev/null 2>&1; }; then
+  venv=target/zig-venv
+  if [ ! -x "$venv/bin/cargo-zigbuild" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check 'cargo-zigbuild==0.24.1' 'ziglang==0.17.1'
+  fi
+  # cargo-zigbuild finds zig as `python3 -m ziglang`: the venv's python3 must come first.
+  PATH="$(pwd)/$venv/bin:$PATH"
+fi
+
+# rdma-sys generates its bindings (bindgen) from this machine's rdma-core headers.
+# cargo-zigbuild points bindgen at zig's libc headers only (-nostdinc), where the multiarch
+# glibc headers those include and clang's own stddef.h are missing: add both. Only the
+# declarations come from them (the same on every glibc of this architecture); the addon loads
+# libibverbs with dlopen at run time. The variable's name has dashes, so it is passed with
+# env(1) and napi runs without a shell in between (sh drops such names).
+clang_include=$(ls -d /usr/lib/llvm-*/lib/clang/*/include 2>/dev/null | sort -V | tail -1)
+[ -n "$clang_include" ] || { echo "build-release: no libclang headers (Debian: libclang-dev)" >&2; exit 1; }
+
+env "BINDGEN_EXTRA_CLANG_ARGS_$triple=-I$multiarch -isystem $clang_include" \
+  node_modules/.bin/napi build --platform --release --strip --cross-compile \
+  --target "$triple.$floor" --manifest-path crates/node/Cargo.toml \
+  --output-dir . --js binding.cjs --dts binding.d.ts
+
+addon=ferry.$platform.node
+max=$(objdump -T "$addon" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)
+echo "build-release: $addon needs glibc $max (floor $floor), $(stat -c %s "$addon") bytes"
