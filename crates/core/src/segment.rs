@@ -152,6 +152,13 @@ impl Peer {
             verdict(Some(self.lost_error()));
             return;
         }
+        // No link will give a verdict any more (the segment or the engine closed; the
+        // link releases what it holds as it ends, under this lock): none to wait for.
+        if self.link_cancel.is_cancelled() {
+            drop(fate);
+            verdict(None);
+            return;
+        }
         fate.held.push(verdict);
         drop(fate);
         self.probe.notify_one();
@@ -386,5 +393,40 @@ mod tests {
             !peer.mark_alive(),
             "the control link and the etcd watch both notice: once"
         );
+    }
+
+    #[test]
+    fn held_failures_end_with_the_verdict_and_never_wait_without_a_link() {
+        use std::sync::{Arc, Mutex};
+        let got: Arc<Mutex<Vec<Option<&'static str>>>> = Arc::default();
+        let record = |got: &Arc<Mutex<Vec<Option<&'static str>>>>| -> Verdict {
+            let got = got.clone();
+            Box::new(move |loss: Option<Error>| {
+                got.lock().expect("got").push(loss.map(|e| e.code()));
+            })
+        };
+        let peer = Peer::new(1, "p:1".into(), sample_descriptor(), Default::default());
+        peer.hold_until_fate(record(&got));
+        peer.hold_until_fate(record(&got));
+        assert!(peer.holds() && got.lock().expect("got").is_empty(), "held");
+        peer.vouch_alive();
+        assert_eq!(*got.lock().expect("got"), [None, None], "alive: own errors");
+        got.lock().expect("got").clear();
+        peer.hold_until_fate(record(&got));
+        assert!(peer.mark_lost("silent"));
+        peer.loss_announced();
+        peer.hold_until_fate(record(&got));
+        assert_eq!(
+            *got.lock().expect("got"),
+            [Some("ERR_FERRY_PEER_LOST"), Some("ERR_FERRY_PEER_LOST")],
+            "lost: held and later ones end with the loss"
+        );
+        // A closed link gives no verdict: nothing is held for it.
+        let closed = Peer::new(2, "p:2".into(), sample_descriptor(), Default::default());
+        closed.link_cancel.cancel();
+        got.lock().expect("got").clear();
+        closed.hold_until_fate(record(&got));
+        assert!(!closed.holds());
+        assert_eq!(*got.lock().expect("got"), [None]);
     }
 }
