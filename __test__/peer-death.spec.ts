@@ -166,8 +166,8 @@ test('SIGKILL of the target: peerLost is emitted before any write towards it rej
   for (let round = 0; round < 4; round++) {
     const target = await startTarget({ FERRY_TARGET_BYTES: String(16 * MiB) })
     const engine = await Engine.create({ peerTimeoutMs: 3000, transports: ['tcp'] })
-    const order: string[] = []
-    engine.on('peerLost', () => order.push('peerLost'))
+    let lost = 0
+    engine.on('peerLost', () => lost++)
     try {
       const local = engine.allocate(16 * MiB)
       const seg = await engine.openSegment(target.segment)
@@ -178,13 +178,12 @@ test('SIGKILL of the target: peerLost is emitted before any write towards it rej
       await target.kill('SIGKILL')
       const inFlight = s.stop()
       await Promise.race([Promise.all(inFlight), delay(5000)])
-      for (const x of s.settled.slice(seen)) if (!x.ok) order.push(`rejected ${x.code}`)
-      // Settlement order: rejections were pushed to `settled` as they happened, and the
-      // event into `order` as it was emitted; interleave by replaying the event's position.
+      // `settled` is in settlement order, and `lostAt` is how many had settled when the
+      // event was emitted.
       const firstRejection = s.settled.slice(seen).findIndex((x) => !x.ok)
       t.true(firstRejection >= 0, `round ${round}: writes rejected`)
       t.true(s.lostAt !== undefined && s.lostAt <= seen + firstRejection, `round ${round}: peerLost at ${s.lostAt}, first rejection at ${seen + firstRejection}`)
-      t.true(order.includes('peerLost'))
+      t.is(lost, 1, `round ${round}: peerLost emitted once`)
     } finally {
       await engine.close()
       await target.kill()
