@@ -226,7 +226,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         segments: SegmentTable::default(),
         batches: BatchTable::new(handles),
         transports,
-        disabled,
+        not_enabled: not_enabled_messages(&config, &disabled),
         deadlines: Arc::new(Deadlines::new(std::time::Instant::now(), tick)),
         health: HealthTable::new(config.rail),
         health_dirty: AtomicBool::new(false),
@@ -259,6 +259,24 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         handles,
         live: RwLock::new(Some(inner)),
     })
+}
+
+/// What a request is told about each transport that is not enabled here.
+fn not_enabled_messages(
+    config: &EngineConfig,
+    disabled: &Disabled,
+) -> Vec<(TransportKind, Arc<str>)> {
+    crate::kind::DEFAULT_ORDER
+        .into_iter()
+        .filter(|k| !config.transports.contains(k) || disabled.contains_key(k))
+        .map(|k| {
+            let why = match disabled.get(&k) {
+                Some(why) => format!("{k} is disabled on this engine: {why}"),
+                None => format!("{k} is not enabled on this engine"),
+            };
+            (k, why.into())
+        })
+        .collect()
 }
 
 /// The p2p segment name: the advertise address, else the bound one (127.0.0.1 for an

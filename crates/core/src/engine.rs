@@ -86,8 +86,8 @@ pub(crate) struct Inner {
     pub(crate) batches: BatchTable,
     /// The enabled transports (built and installed), in the order of `config.transports`.
     pub(crate) transports: Vec<(TransportKind, Arc<dyn Transport>)>,
-    /// Why each requested transport that is not enabled could not be used.
-    pub(crate) disabled: HashMap<TransportKind, String>,
+    /// For each transport that is not enabled, the message that says so (and why).
+    pub(crate) not_enabled: Vec<(TransportKind, Arc<str>)>,
     pub(crate) deadlines: Arc<Deadlines>,
     /// Error history per (peer, transport): failing paths rank last for a cooldown.
     pub(crate) health: HealthTable<Rail>,

@@ -89,14 +89,17 @@ impl Inner {
     /// The path `kind` has to `peer` from here.
     pub(crate) fn path(&self, kind: TransportKind, peer: &Peer) -> Path {
         let Some(t) = self.transport(kind) else {
-            return Path::NotEnabled(match self.disabled.get(&kind) {
-                Some(why) => format!("{kind} is disabled on this engine: {why}"),
-                None => format!("{kind} is not enabled on this engine"),
-            });
+            // Worded once, at start (this runs for every request).
+            return Path::NotEnabled(
+                self.not_enabled
+                    .iter()
+                    .find_map(|(k, why)| (*k == kind).then(|| why.clone()))
+                    .unwrap_or_else(|| format!("{kind} is not enabled on this engine").into()),
+            );
         };
         match t.reachable(peer) {
             Ok(()) => Path::Usable,
-            Err(why) => Path::Unreachable(why),
+            Err(why) => Path::Unreachable(why.into()),
         }
     }
 

@@ -10,6 +10,7 @@
 //! - Otherwise the candidates are the transports both usable from here and registered by
 //!   the target, in [`DEFAULT_ORDER`], those with a paused rail moved last.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
@@ -22,9 +23,9 @@ pub(crate) enum Path {
     Usable,
     /// Not enabled on this engine (the message says why, e.g. "rdma is disabled on this
     /// engine: no RDMA device").
-    NotEnabled(String),
+    NotEnabled(Arc<str>),
     /// Enabled here, but it cannot reach this peer (e.g. shm towards another host).
-    Unreachable(String),
+    Unreachable(Arc<str>),
 }
 
 impl Path {
