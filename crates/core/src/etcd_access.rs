@@ -204,15 +204,17 @@ pub(crate) fn connect_failed(
 ) -> Error {
     let mut why = describe(e);
     let tls = endpoints.iter().any(|e| e.starts_with("https://"));
-    // How hyper words a peer that hung up (which one depends on timing).
+    // How hyper and the OS word a peer that hung up; which one depends on timing, and
+    // some arrive as Debug text (`Kind(ConnectionReset)`).
+    let text = why.to_lowercase().replace(' ', "");
     let closed = [
-        "connection closed",
-        "Canceled",
-        "broken pipe",
-        "connection reset",
+        "connectionclosed",
+        "canceled",
+        "brokenpipe",
+        "connectionreset",
     ]
     .iter()
-    .any(|w| why.contains(w));
+    .any(|w| text.contains(w));
     if closed && !tls {
         why.push_str(
             " (etcd closed the connection: if it serves TLS, set a CA file or use https:// endpoints)",
@@ -260,6 +262,24 @@ mod tests {
         let mixed = ["http://a:1".to_string(), "https://b:2".to_string()];
         let (secured, _) = secure(&mixed, None, None, ConnectOptions::new());
         assert_eq!(secured, ["https://a:1", "https://b:2"]);
+    }
+
+    #[test]
+    fn a_hang_up_in_any_wording_gets_the_hint() {
+        let plain = ["http://127.0.0.1:1".to_string()];
+        let cfg = crate::EtcdConfig::default();
+        for why in [
+            "hyper::Error(Canceled, \"connection closed\")",
+            "hyper::Error(Io, Kind(ConnectionReset))",
+            "Custom { kind: BrokenPipe, error: \"stream closed because of a broken pipe\" }",
+        ] {
+            let e = etcd_client::Error::InvalidArgs(why.into());
+            let text = connect_failed(&plain, &cfg, &e).to_string();
+            assert!(text.contains("set a CA file"), "{text}");
+        }
+        let e = etcd_client::Error::InvalidArgs("invalid user ID or password".into());
+        let text = connect_failed(&plain, &cfg, &e).to_string();
+        assert!(!text.contains("set a CA file"), "{text}");
     }
 
     #[test]
