@@ -14,8 +14,6 @@ import { spawn, type ChildProcess } from 'node:child_process'
 import * as readline from 'node:readline'
 import {
   Engine,
-  benchMooncakeHeader,
-  benchMooncakeLine,
   type Bench,
   type BenchFailure,
   type BenchResult,
@@ -24,9 +22,11 @@ import {
   type Region,
   type Segment,
   type TransportName,
-  type TransportShare,
 } from '../index'
 import { helpLines, parseFlags, refusedLines, SHARED, UsageError, type Schema, type Values } from './options'
+import { Output, type CaseRecord, type FailedRecord } from './tebench-output'
+
+export type { CaseRecord, DisabledRecord, FailedRecord, InjectRecord, UsageRecord } from './tebench-output'
 
 // ---------------------------------------------------------------------------------------
 // Options: declared once, in the schema format of bench/options.ts.
@@ -321,147 +321,7 @@ export function parseConfig(argv: string[]): Config {
 }
 
 // ---------------------------------------------------------------------------------------
-// Results: data first. With --format=json each is one line on stdout, tagged by `record`.
-
-/** A case's row: the native row's columns and what served the case. */
-export interface CaseRecord extends BenchRow {
-  record: 'case'
-  op: 'read' | 'write'
-  /** What served the case: one transport's name, or the shares (`tcp 90 %, shm 10 %`). */
-  transport: string
-  /** The transport asked for: `auto` or the --xport_type. */
-  requested: string
-  served: TransportShare[]
-  failovers: number
-  partial?: boolean
-}
-
-export interface FailedRecord {
-  record: 'failed'
-  status: string
-  code?: string
-  transport: string
-  peer: string
-  request: string
-  reason: string
-}
-
-export interface InjectRecord {
-  record: 'inject'
-  signal: Injection['signal']
-  targetPid: number
-  afterMs: number
-  /** From the fault to the first FAILED; null when nothing failed. */
-  firstFailedMs: number | null
-  /** From the fault to the last request's terminal status. */
-  lastTerminalMs: number | null
-}
-
-export interface DisabledRecord {
-  record: 'transportDisabled'
-  transport: string
-  reason: string
-}
-
-export interface UsageRecord {
-  record: 'usage'
-  code: 'ERR_USAGE'
-  error: string
-}
-
-type AnyRecord = CaseRecord | FailedRecord | InjectRecord | DisabledRecord | UsageRecord
-
-const COLUMNS: Array<[string, (r: CaseRecord) => string]> = [
-  ['BlkSize (B)', (r) => String(r.blockSize)],
-  ['Batch', (r) => String(r.batchSize)],
-  ['BW (GB/S)', (r) => r.bwGbps.toFixed(2)],
-  ['Avg Inst GB/s', (r) => r.avgInstGbps.toFixed(2)],
-  ['Avg Lat (us)', (r) => r.avgLatUs.toFixed(1)],
-  ['Avg Tx (us)', (r) => r.avgTxUs.toFixed(1)],
-  ['P99 Tx (us)', (r) => r.p99TxUs.toFixed(1)],
-  ['P999 Tx (us)', (r) => r.p999TxUs.toFixed(1)],
-]
-const WIDTHS = COLUMNS.map(([h]) => Math.max(h.length, 10))
-
-function tableLine(cells: string[]): string {
-  return cells.map((c, i) => c.padStart(WIDTHS[i])).join(' | ')
-}
-
-function failovers(n: number): string {
-  return `${n} failover${n === 1 ? '' : 's'}`
-}
-
-/**
- * Writes results: Ferry's table (a title per op/threads group, printed as the group starts,
- * and a header naming what served the rows under it), Mooncake's layout (its header per
- * group; what served goes to stderr) or JSON lines. Failures and notes go to stderr except
- * with JSON, where every outcome is a line on stdout.
- */
-class Output {
-  #header = ''
-  #mooncakeThreads = 0
-  constructor(readonly format: OutputFormat) {}
-
-  #json(r: AnyRecord): void {
-    process.stdout.write(JSON.stringify(r) + '\n')
-  }
-
-  /** A group of cases (one op, one thread count) starts. */
-  groupStart(op: string, threads: number, requested: string): void {
-    this.#header = ''
-    if (this.format === 'json') return
-    if (this.format === 'mooncake') {
-      // Mooncake prints its header once per thread count, also when mix alternates ops.
-      if (this.#mooncakeThreads !== threads) process.stdout.write(benchMooncakeHeader() + '\n')
-      this.#mooncakeThreads = threads
-      return
-    }
-    const title = `${op.toUpperCase()}, ${threads} thread${threads === 1 ? '' : 's'}, requested transport ${requested}`
-    process.stdout.write(`\n${title}\n`)
-  }
-
-  /** A case's row; `native` is the same in the binding's form, `label` what served it. */
-  row(r: CaseRecord, native: BenchRow, label: string): void {
-    if (this.format === 'json') return this.#json(r)
-    const served = `transport ${label}, ${failovers(r.failovers)}`
-    if (this.format === 'mooncake') {
-      process.stdout.write(benchMooncakeLine(native) + '\n')
-      process.stderr.write(`tebench: ${r.op} ${r.blockSize} B × ${r.batchSize}, ${r.threads} thread(s): ${served}\n`)
-      return
-    }
-    if (served !== this.#header) {
-      this.#header = served
-      process.stdout.write(`${served}\n${tableLine(COLUMNS.map(([h]) => h))}\n`)
-      process.stdout.write(WIDTHS.map((w) => '-'.repeat(w)).join('-+-') + '\n')
-    }
-    process.stdout.write(tableLine(COLUMNS.map(([, f]) => f(r))) + (r.partial ? '  (partial)' : '') + '\n')
-  }
-
-  failed(f: FailedRecord): void {
-    if (this.format === 'json') return this.#json(f)
-    const code = f.code ? ` (${f.code})` : ''
-    process.stderr.write(`tebench: ${f.status}${code} over ${f.transport} to ${f.peer} — ${f.request}: ${f.reason}\n`)
-  }
-
-  injected(r: InjectRecord): void {
-    if (this.format === 'json') return this.#json(r)
-    const ms = (v: number | null) => (v === null ? 'never' : `${v} ms`)
-    process.stderr.write(
-      `tebench: --inject: ${r.signal} to the target (pid ${r.targetPid}) ${r.afterMs} ms into the first measured case; ` +
-        `first FAILED after ${ms(r.firstFailedMs)}, last request ended after ${ms(r.lastTerminalMs)}\n`,
-    )
-  }
-
-  disabled(r: DisabledRecord): void {
-    if (this.format === 'json') return this.#json(r)
-    process.stderr.write(`tebench: transport ${r.transport} disabled: ${r.reason}\n`)
-  }
-
-  usage(message: string): void {
-    if (this.format === 'json') return this.#json({ record: 'usage', code: 'ERR_USAGE', error: message })
-    process.stderr.write(`tebench: ${message} (see --help)\n`)
-  }
-}
+// Results: their records and how they are printed are in tebench-output.ts.
 
 /** Whether argv asks for JSON, read before parsing so that bad usage can be reported as JSON. */
 function wantsJson(argv: string[]): boolean {

@@ -18,8 +18,8 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
 
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
@@ -36,6 +36,7 @@ use crate::kind::TransportKind;
 use crate::memory::{Access, KeepAlive, Region, RegionId, RegionTable};
 use crate::metadata::Registry;
 use crate::metrics::Metrics;
+use crate::pending::Pending;
 use crate::request::Request;
 use crate::segment::{BufferDescriptor, SegmentTable};
 use crate::server::LocalSegment;
@@ -113,50 +114,6 @@ pub(crate) struct Stats {
     pub(crate) failovers: AtomicU64,
     pub(crate) attempt_timeouts: AtomicU64,
     pub(crate) transports_disabled: AtomicU64,
-}
-
-/// A count of things in progress that `close` waits for, with a bound.
-#[derive(Default)]
-pub(crate) struct Pending {
-    count: Mutex<usize>,
-    idle: Condvar,
-}
-
-impl Pending {
-    fn enter(self: &Arc<Self>) -> PendingGuard {
-        *self.count.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-        PendingGuard(self.clone())
-    }
-
-    /// Waits until nothing is pending or `bound` has passed; returns whether it is idle.
-    fn wait_idle(&self, bound: Duration) -> bool {
-        let deadline = Instant::now() + bound;
-        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
-        while *count > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            count = self
-                .idle
-                .wait_timeout(count, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        true
-    }
-}
-
-struct PendingGuard(Arc<Pending>);
-
-impl Drop for PendingGuard {
-    fn drop(&mut self) {
-        let mut count = self.0.count.lock().unwrap_or_else(|p| p.into_inner());
-        *count = count.saturating_sub(1);
-        if *count == 0 {
-            self.0.idle.notify_all();
-        }
-    }
 }
 
 /// How long `close` waits for futures started with `Engine::spawn` to end once the engine

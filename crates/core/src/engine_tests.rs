@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::kind::{Opcode, TransportHint};
+use std::time::Instant;
 
 fn tcp_only() -> EngineConfig {
     EngineConfig {

@@ -48,6 +48,7 @@ pub mod metadata;
 pub mod metrics;
 mod net;
 mod peers;
+mod pending;
 mod plan;
 mod request;
 pub mod segment;
