@@ -336,6 +336,27 @@ export interface EngineOptions {
    * bounds the time until peers see this engine lost when it stops answering.
    */
   leaseTtlMs?: number
+  /**
+   * With etcd: PEM file of the CA that signed etcd's server certificate; turns on TLS
+   * (every endpoint dialled as https) [no TLS; https:// endpoints: the system store].
+   */
+  etcdCaFile?: string
+  /**
+   * With etcd: PEM client certificate, for an etcd with `--client-cert-auth`; turns on
+   * TLS; needs `etcdKeyFile` [none].
+   */
+  etcdCertFile?: string
+  /** With etcd: PEM private key of `etcdCertFile` [none]. */
+  etcdKeyFile?: string
+  /**
+   * With etcd: user name for etcd's password auth; needs `etcdPassword` or
+   * `etcdPasswordFile` [no auth].
+   */
+  etcdUser?: string
+  /** With etcd: password of `etcdUser` [none]. */
+  etcdPassword?: string
+  /** With etcd: file holding the password of `etcdUser` (one line) [none]. */
+  etcdPasswordFile?: string
 }
 
 /** Fault injection on one transport. */

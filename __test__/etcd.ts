@@ -2,9 +2,14 @@
  * A throwaway single-member etcd for the cluster-mode tests: free loopback ports, a data
  * directory in the OS temp dir, readiness polled with a bound, killed by pid and its
  * directory removed by `stop()` (and by `stopAllEtcd()` from `test.after.always`).
+ *
+ * With `tls`, it serves clients over TLS with `--client-cert-auth` (certificates made by
+ * `makePki` with the openssl CLI) and reports health on a plain-http metrics port;
+ * `enableAuth` then turns on its username/password auth through the JSON gateway.
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import * as fs from 'node:fs'
+import * as https from 'node:https'
 import * as net from 'node:net'
 import * as os from 'node:os'
 import * as path from 'node:path'
@@ -35,6 +40,8 @@ export function stopAllEtcd(): void {
     fs.rmSync(s.dir, { recursive: true, force: true })
   }
   live.clear()
+  for (const dir of pkis) fs.rmSync(dir, { recursive: true, force: true })
+  pkis.clear()
 }
 
 function freePort(): Promise<number> {
@@ -57,13 +64,112 @@ async function healthy(clientUrl: string): Promise<boolean> {
   }
 }
 
-export async function startEtcd(timeoutMs = 20_000, host = '127.0.0.1'): Promise<EtcdServer> {
+/** PEM files in `dir`: a CA, a server certificate for 127.0.0.1 signed by it, a client one. */
+export interface Pki {
+  dir: string
+  ca: string
+  serverCert: string
+  serverKey: string
+  clientCert: string
+  clientKey: string
+}
+
+function openssl(args: string[]): void {
+  execFileSync('openssl', args, { stdio: ['ignore', 'ignore', 'pipe'], timeout: 20_000 })
+}
+
+/** Makes a CA (`name`) and, unless `caOnly`, a server and a client certificate it signs. */
+export function makePki(name = 'ferry-test-ca', caOnly = false): Pki {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-pki-'))
+  const f = (n: string) => path.join(dir, n)
+  const ec = ['-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes']
+  openssl(['req', '-x509', ...ec, '-keyout', f('ca.key'), '-out', f('ca.pem'), '-subj', `/CN=${name}`, '-days', '2'])
+  const leaf = (id: string, ext: string) => {
+    fs.writeFileSync(f(`${id}.ext`), ext)
+    openssl(['req', ...ec, '-keyout', f(`${id}.key`), '-out', f(`${id}.csr`), '-subj', `/CN=${id}`])
+    openssl(['x509', '-req', '-in', f(`${id}.csr`), '-CA', f('ca.pem'), '-CAkey', f('ca.key'), '-CAcreateserial', '-days', '2', '-extfile', f(`${id}.ext`), '-out', f(`${id}.pem`)])
+  }
+  if (!caOnly) {
+    // clientAuth too: etcd's JSON gateway dials its own gRPC port with the server certificate.
+    leaf('server', 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n')
+    // Not an etcd user: with auth on, etcd takes a certificate's CN as the user when no
+    // password token is sent.
+    leaf('client', 'extendedKeyUsage=clientAuth\n')
+  }
+  const pki = {
+    dir,
+    ca: f('ca.pem'),
+    serverCert: f('server.pem'),
+    serverKey: f('server.key'),
+    clientCert: f('client.pem'),
+    clientKey: f('client.key'),
+  }
+  pkis.add(dir)
+  return pki
+}
+
+const pkis = new Set<string>()
+
+/**
+ * Turns on etcd's auth: a root user and `user` with `password`, allowed to read and write
+ * `/ferry/` only (what an operator grants an engine). Through the JSON gateway over TLS.
+ */
+export async function enableAuth(etcd: EtcdServer, pki: Pki, user: string, password: string): Promise<void> {
+  const b64 = (x: string) => Buffer.from(x).toString('base64')
+  const call = (api: string, body: object) =>
+    new Promise<void>((resolve, reject) => {
+      const req = https.request(
+        `${etcd.clientUrl}/v3/auth/${api}`,
+        {
+          method: 'POST',
+          ca: fs.readFileSync(pki.ca),
+          cert: fs.readFileSync(pki.clientCert),
+          key: fs.readFileSync(pki.clientKey),
+          timeout: 5000,
+        },
+        (res) => {
+          let text = ''
+          res.on('data', (d) => (text += d))
+          res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`${api}: ${res.statusCode} ${text}`))))
+        },
+      )
+      req.on('timeout', () => req.destroy(new Error(`${api}: no answer`)))
+      req.on('error', reject)
+      req.end(JSON.stringify(body))
+    })
+  await call('user/add', { name: 'root', password: 'root-password' })
+  await call('user/grant', { user: 'root', role: 'root' })
+  await call('user/add', { name: user, password })
+  await call('role/add', { name: 'ferry-engine' })
+  // range_end '/ferry0' ('/' + 1): the prefix /ferry/.
+  await call('role/grant', { name: 'ferry-engine', perm: { permType: 'READWRITE', key: b64('/ferry/'), range_end: b64('/ferry0') } })
+  await call('user/grant', { user, role: 'ferry-engine' })
+  await call('enable', {})
+}
+
+export interface EtcdTlsFiles {
+  ca: string
+  serverCert: string
+  serverKey: string
+}
+
+export async function startEtcd(timeoutMs = 20_000, host = '127.0.0.1', tls?: EtcdTlsFiles): Promise<EtcdServer> {
   if (spawnSync('etcd', ['--version']).error) {
     throw new Error('`etcd` is not installed: the cluster-mode tests need it (Debian: apt-get install etcd-server)')
   }
-  const [clientPort, peerPort] = [await freePort(), await freePort()]
+  const [clientPort, peerPort, metricsPort] = [await freePort(), await freePort(), await freePort()]
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-etcd-'))
-  const clientUrl = `http://${host}:${clientPort}`
+  const clientUrl = `${tls ? 'https' : 'http'}://${host}:${clientPort}`
+  const healthUrl = tls ? `http://127.0.0.1:${metricsPort}` : clientUrl
+  const tlsFlags = tls
+    ? [
+        `--listen-metrics-urls=${healthUrl}`,
+        `--cert-file=${tls.serverCert}`,
+        `--key-file=${tls.serverKey}`,
+        `--trusted-ca-file=${tls.ca}`,
+        '--client-cert-auth',
+      ]
+    : []
   const peerUrl = `http://127.0.0.1:${peerPort}`
   const proc = spawn(
     'etcd',
@@ -75,6 +181,7 @@ export async function startEtcd(timeoutMs = 20_000, host = '127.0.0.1'): Promise
       `--listen-peer-urls=${peerUrl}`,
       `--initial-advertise-peer-urls=${peerUrl}`,
       `--initial-cluster=ferry-test=${peerUrl}`,
+      ...tlsFlags,
     ],
     { stdio: ['ignore', 'ignore', 'pipe'] },
   )
@@ -90,7 +197,7 @@ export async function startEtcd(timeoutMs = 20_000, host = '127.0.0.1'): Promise
     live.delete(entry)
   }
   const started = Date.now()
-  while (!(await healthy(clientUrl))) {
+  while (!(await healthy(healthUrl))) {
     if (proc.exitCode !== null || proc.signalCode !== null || Date.now() - started > timeoutMs) {
       await stop()
       throw new Error(`etcd did not become ready within ${timeoutMs} ms:\n${log}`)

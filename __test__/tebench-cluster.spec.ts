@@ -5,11 +5,12 @@
  */
 import test from 'ava'
 import { execFileSync, type ChildProcess } from 'node:child_process'
+import * as fs from 'node:fs'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
 import { parseFlags, UsageError } from '../bench/options'
 import { OPTIONS, parseConfig } from '../bench/tebench'
-import { startEtcd, stopAllEtcd } from './etcd'
+import { enableAuth, makePki, startEtcd, stopAllEtcd } from './etcd'
 import { delay, killAll, spawnNode } from './helpers'
 import { createNetwork, netnsUnavailable, sweep } from '../support/netns'
 
@@ -121,6 +122,31 @@ test('hosts: --listen with --rpc_server_port, --seg_name advertises; initiators 
   t.regex(usage(['--local', '--inject=crash']) ?? '', /--inject: expected kill or stop/)
   t.regex(usage(['--local', '--inject=stop:9000', '--duration=5']) ?? '', /past the measured case/)
   t.deepEqual(parseConfig(['--local', '--inject=stop:500']).inject, { signal: 'SIGSTOP', afterMs: 500 })
+})
+
+test('etcd TLS and auth flags: files only, in pairs, with etcd', (t) => {
+  const etcd = ['--metadata_type=etcd', '--metadata_url_list=https://127.0.0.1:2379']
+  const files = ['--etcd_ca_file=/c/ca.pem', '--etcd_cert_file=/c/a.pem', '--etcd_key_file=/c/a.key']
+  const auth = ['--etcd_user=ferry', '--etcd_password_file=/c/pw']
+  t.deepEqual(parseConfig([...etcd, ...files, ...auth]).etcd, {
+    caFile: '/c/ca.pem',
+    certFile: '/c/a.pem',
+    keyFile: '/c/a.key',
+    user: 'ferry',
+    passwordFile: '/c/pw',
+  })
+  t.deepEqual(parseConfig(etcd).etcd, {
+    caFile: undefined,
+    certFile: undefined,
+    keyFile: undefined,
+    user: undefined,
+    passwordFile: undefined,
+  })
+  t.regex(usage(['--etcd_ca_file=/c/ca.pem']) ?? '', /need --metadata_type=etcd/)
+  t.regex(usage([...etcd, '--etcd_cert_file=/c/a.pem']) ?? '', /--etcd_cert_file and --etcd_key_file go together/)
+  t.regex(usage([...etcd, '--etcd_user=ferry']) ?? '', /read from the file/)
+  // A password is never a flag.
+  t.regex(usage([...etcd, '--etcd_user=ferry', '--etcd_password=secret']) ?? '', /unknown flag --etcd_password/)
 })
 
 test('perf and tebench share one schema: the same bounds for the options they share', async (t) => {
@@ -309,6 +335,38 @@ async function startTarget(args: string[], prefix: string[]) {
   })
   return { proc, command, segment: /--target_seg_name=(\S+)/.exec(command)![1] }
 }
+
+test('an etcd with TLS and password auth: target and initiator on loopback with --etcd_* flags, exit 0', async (t) => {
+  t.timeout(120_000)
+  const pki = makePki()
+  const etcd = await startEtcd(20_000, '127.0.0.1', { ca: pki.ca, serverCert: pki.serverCert, serverKey: pki.serverKey })
+  t.teardown(() => etcd.stop())
+  const password = 'tebench etcd password'
+  await enableAuth(etcd, pki, 'ferry', password)
+  const passwordFile = path.join(pki.dir, 'password')
+  fs.writeFileSync(passwordFile, password, { mode: 0o600 })
+  const wrongFile = path.join(pki.dir, 'wrong')
+  fs.writeFileSync(wrongFile, 'not it', { mode: 0o600 })
+  const tls = [`--etcd_ca_file=${pki.ca}`, `--etcd_cert_file=${pki.clientCert}`, `--etcd_key_file=${pki.clientKey}`]
+  const meta = ['--metadata_type=etcd', `--metadata_url_list=${etcd.clientUrl}`, ...tls, '--etcd_user=ferry']
+  const target = await startTarget([...meta, `--etcd_password_file=${passwordFile}`, '--local_server_name=tls-b'], [])
+  t.teardown(() => {
+    if (target.proc.exitCode === null && target.proc.signalCode === null) process.kill(target.proc.pid!, 'SIGKILL')
+  })
+  t.is(target.segment, 'tls-b')
+  t.true(target.command.includes(`--etcd_password_file=${passwordFile}`), target.command)
+  t.false(target.command.includes(password), 'the printed command holds no password')
+  const r = await run(
+    TEBENCH,
+    ['--target_seg_name=tls-b', ...meta, `--etcd_password_file=${passwordFile}`, '--op_type=write', '--json', ...QUICK],
+    60_000,
+  )
+  t.is(r.code, 0, `${r.stdout}${r.stderr}`)
+  t.true(records(r.stdout).some((x) => x.record === 'case'), r.stdout)
+  const wrong = await run(TEBENCH, ['--target_seg_name=tls-b', ...meta, `--etcd_password_file=${wrongFile}`, ...QUICK], 60_000)
+  t.is(wrong.code, 1, `${wrong.stdout}${wrong.stderr}`)
+  t.regex(wrong.stderr, /ERR_FERRY_METADATA.*authentication failed/)
+})
 
 const skip = netnsUnavailable()
 if (skip) {

@@ -18,11 +18,12 @@ import {
   type BenchFailure,
   type BenchResult,
   type BenchRow,
+  type EngineOptions,
   type Region,
   type Segment,
   type TransportName,
 } from '../index'
-import { helpLines, parseFlags, refusedLines, SHARED, UsageError, type Schema } from './options'
+import { helpLines, parseFlags, refusedLines, SHARED, UsageError, type Schema, type Values } from './options'
 import { Output, type CaseRecord, type FailedRecord } from './tebench-output'
 
 export type { CaseRecord, DisabledRecord, FailedRecord, InjectRecord, UsageRecord } from './tebench-output'
@@ -79,11 +80,25 @@ export const OPTIONS = {
     refusedChoices: { redis: 'Ferry keeps metadata in etcd or p2p', http: 'Ferry keeps metadata in etcd or p2p' },
     help: 'p2p (segment names are host:port) or etcd (names are looked up in --metadata_url_list)',
   },
-  metadata_url_list: { type: 'string', default: '', help: 'with etcd: the etcd servers, http://host:port[,host:port]' },
+  metadata_url_list: {
+    type: 'string',
+    default: '',
+    help: 'with etcd: the etcd servers, http://host:port[,host:port] (https:// for TLS)',
+  },
   local_server_name: {
     type: 'string',
     default: '',
     help: 'with etcd: the name a target registers under (Mooncake\'s flag); empty = its host:port',
+  },
+  etcd_ca_file: { type: 'string', default: '', metavar: 'PATH', help: "with etcd: PEM CA of etcd's certificate (turns on TLS)" },
+  etcd_cert_file: { type: 'string', default: '', metavar: 'PATH', help: 'with etcd: PEM client certificate (TLS)' },
+  etcd_key_file: { type: 'string', default: '', metavar: 'PATH', help: 'with etcd: PEM key of --etcd_cert_file' },
+  etcd_user: { type: 'string', default: '', help: "with etcd: user for etcd's password auth" },
+  etcd_password_file: {
+    type: 'string',
+    default: '',
+    metavar: 'PATH',
+    help: 'with etcd: file holding the password of --etcd_user (never the password itself)',
   },
   xport_type: {
     type: 'string',
@@ -162,6 +177,8 @@ export interface Config {
   metadataType: 'p2p' | 'etcd'
   metadataUrlList: string
   localServerName: string
+  /** etcd TLS and auth: file paths (never a password), `undefined` when not given. */
+  etcd: EtcdAccess
   /** Target: `host:port`. */
   listen: string
   /** Target: the address peers are told; undefined = the bound address. */
@@ -214,6 +231,34 @@ function parseInjection(text: string, durationS: number): Injection | undefined 
   return { signal: m[1] === 'kill' ? 'SIGKILL' : 'SIGSTOP', afterMs }
 }
 
+export interface EtcdAccess {
+  caFile?: string
+  certFile?: string
+  keyFile?: string
+  user?: string
+  passwordFile?: string
+}
+
+/** The etcd TLS/auth flags; each needs etcd, a certificate its key, a user a password file. */
+function etcdAccess(v: Values<typeof OPTIONS>): EtcdAccess {
+  const a: EtcdAccess = {
+    caFile: v.etcd_ca_file || undefined,
+    certFile: v.etcd_cert_file || undefined,
+    keyFile: v.etcd_key_file || undefined,
+    user: v.etcd_user || undefined,
+    passwordFile: v.etcd_password_file || undefined,
+  }
+  const set = Object.values(a).some((x) => x !== undefined)
+  if (set && v.metadata_type !== 'etcd') throw new UsageError('--etcd_* flags need --metadata_type=etcd')
+  if ((a.certFile === undefined) !== (a.keyFile === undefined)) {
+    throw new UsageError('--etcd_cert_file and --etcd_key_file go together')
+  }
+  if ((a.user === undefined) !== (a.passwordFile === undefined)) {
+    throw new UsageError('--etcd_user and --etcd_password_file go together (the password is read from the file)')
+  }
+  return a
+}
+
 /** Flags → Config. Throws UsageError on bad usage. */
 export function parseConfig(argv: string[]): Config {
   const { values: v, given } = parseFlags(OPTIONS, argv, { refusedPrefixes: REFUSED_PREFIXES })
@@ -221,8 +266,8 @@ export function parseConfig(argv: string[]): Config {
   if (v.metadata_type === 'etcd') {
     if (urls === '') throw new UsageError('--metadata_type=etcd needs --metadata_url_list=http://host:port[,host:port]')
     for (const u of urls.split(',')) {
-      if (!/^(http:\/\/)?[A-Za-z0-9.\-_[\]:]+:\d{1,5}\/?$/.test(u.trim())) {
-        throw new UsageError(`--metadata_url_list: expected http://host:port entries, got "${u}"`)
+      if (!/^(https?:\/\/)?[A-Za-z0-9.\-_[\]:]+:\d{1,5}\/?$/.test(u.trim())) {
+        throw new UsageError(`--metadata_url_list: expected http(s)://host:port entries, got "${u}"`)
       }
     }
   } else if (v.local_server_name !== '') {
@@ -251,6 +296,7 @@ export function parseConfig(argv: string[]): Config {
     metadataType: v.metadata_type as Config['metadataType'],
     metadataUrlList: urls,
     localServerName: v.local_server_name,
+    etcd: etcdAccess(v),
     listen: listenAddress(v.listen, v.rpc_server_port),
     advertise: v.seg_name.trim() || undefined,
     rpcServerPort: v.rpc_server_port,
@@ -338,9 +384,30 @@ const interrupt = {
 // Target mode.
 
 /** Engine options of the metadata flags. */
-function metadataOptions(cfg: Config): { metadata?: `etcd://${string}`; segmentName?: string } {
+function metadataOptions(cfg: Config): EngineOptions {
   if (cfg.metadataType !== 'etcd') return {}
-  return { metadata: `etcd://${cfg.metadataUrlList}`, segmentName: cfg.localServerName || undefined }
+  const e = cfg.etcd
+  return {
+    metadata: `etcd://${cfg.metadataUrlList}`,
+    segmentName: cfg.localServerName || undefined,
+    etcdCaFile: e.caFile,
+    etcdCertFile: e.certFile,
+    etcdKeyFile: e.keyFile,
+    etcdUser: e.user,
+    etcdPasswordFile: e.passwordFile,
+  }
+}
+
+/** The etcd TLS/auth flags again, for the printed initiator command (paths only). */
+function etcdFlags(e: EtcdAccess): string[] {
+  const flags: Array<[string, string | undefined]> = [
+    ['etcd_ca_file', e.caFile],
+    ['etcd_cert_file', e.certFile],
+    ['etcd_key_file', e.keyFile],
+    ['etcd_user', e.user],
+    ['etcd_password_file', e.passwordFile],
+  ]
+  return flags.filter(([, v]) => v !== undefined).map(([k, v]) => `--${k}=${v}`)
 }
 
 /** Reports every transport that was enabled but could not be installed, with the reason. */
@@ -352,7 +419,9 @@ function reportDisabled(engine: Engine, out: Output): void {
 
 function initiatorCommand(cfg: Config, segment: string): string {
   const parts = ['npx tebench', `--target_seg_name=${segment}`]
-  if (cfg.metadataType === 'etcd') parts.push('--metadata_type=etcd', `--metadata_url_list=${cfg.metadataUrlList}`)
+  if (cfg.metadataType === 'etcd') {
+    parts.push('--metadata_type=etcd', `--metadata_url_list=${cfg.metadataUrlList}`, ...etcdFlags(cfg.etcd))
+  }
   if (cfg.totalBufferSize !== GiB) parts.push(`--total_buffer_size=${cfg.totalBufferSize}`)
   if (cfg.xportType) parts.push(`--xport_type=${cfg.xportType}`)
   return parts.join(' ')

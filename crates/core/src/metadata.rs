@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::control::{fetch_descriptor, LinkEvents};
 use crate::error::{Error, Result};
+pub use crate::etcd_access::{EtcdAuth, EtcdIdentity, EtcdTls};
 use crate::liveness::LossReason;
 use crate::segment::Peer;
 
@@ -51,7 +52,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// Settings of the etcd metadata service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
-    /// etcd client endpoints, as `http://host:port`.
+    /// etcd client endpoints, as `http://host:port` or `https://host:port`.
     pub endpoints: Vec<String>,
     /// Prefix of the record keys. Default [`DEFAULT_PREFIX`].
     pub prefix: String,
@@ -63,6 +64,11 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     /// This engine's logical segment name; `None` publishes it as `host:port`.
     pub segment_name: Option<String>,
+    /// TLS towards etcd; when set every endpoint is dialled as `https://`. An `https://`
+    /// endpoint without it uses TLS with the system trust store. Default `None`.
+    pub tls: Option<EtcdTls>,
+    /// etcd username/password auth. Default `None`.
+    pub auth: Option<EtcdAuth>,
 }
 
 impl Default for EtcdConfig {
@@ -73,6 +79,8 @@ impl Default for EtcdConfig {
             lease_ttl: DEFAULT_LEASE_TTL,
             connect_timeout: Duration::from_secs(3),
             segment_name: None,
+            tls: None,
+            auth: None,
         }
     }
 }
@@ -98,7 +106,7 @@ impl EtcdConfig {
     }
 }
 
-/// Parses an etcd endpoint list into `http://host:port` entries.
+/// Parses an etcd endpoint list into `http://host:port` entries (`https://` ones kept).
 ///
 /// # Errors
 /// `InvalidArgument` when the list is empty or an entry is not `host:port`.
@@ -112,10 +120,11 @@ pub fn parse_endpoints(url: &str) -> Result<Vec<String>> {
     let list = list.strip_prefix("etcd://").unwrap_or(list);
     let mut out = Vec::new();
     for entry in list.split(',').map(str::trim) {
-        let hostport = entry
-            .strip_prefix("http://")
-            .unwrap_or(entry)
-            .trim_end_matches('/');
+        let (scheme, rest) = match entry.strip_prefix("https://") {
+            Some(rest) => ("https", rest),
+            None => ("http", entry.strip_prefix("http://").unwrap_or(entry)),
+        };
+        let hostport = rest.trim_end_matches('/');
         if hostport.contains("://") {
             return Err(bad(format!("unsupported scheme in {entry:?}")));
         }
@@ -133,7 +142,7 @@ pub fn parse_endpoints(url: &str) -> Result<Vec<String>> {
             Ok(p) if p > 0 => {}
             _ => return Err(bad(format!("bad port in {entry:?}"))),
         }
-        out.push(format!("http://{hostport}"));
+        out.push(format!("{scheme}://{hostport}"));
     }
     Ok(out)
 }
@@ -204,14 +213,14 @@ fn etcd_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Metadata(format!("etcd {what}: {e}"))
 }
 
-async fn bounded<T, E: std::fmt::Display>(
+async fn bounded<T, E: std::error::Error + 'static>(
     what: &str,
     limit: Duration,
     fut: impl std::future::Future<Output = std::result::Result<T, E>>,
 ) -> Result<T> {
     match tokio::time::timeout(limit, fut).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(etcd_err(what, e)),
+        Ok(Err(e)) => Err(etcd_err(what, crate::etcd_access::describe(&e))),
         Err(_) => Err(etcd_err(
             what,
             format!("no answer within {} ms", limit.as_millis()),
@@ -249,12 +258,24 @@ impl Registry {
             .with_timeout(t)
             .with_keep_alive(ping, t)
             .with_keep_alive_while_idle(true);
-        let client = bounded(
-            "connect",
-            t,
-            Client::connect(cfg.endpoints.clone(), Some(options)),
-        )
-        .await?;
+        let (endpoints, options) = crate::etcd_access::secure(
+            &cfg.endpoints,
+            cfg.tls.as_ref(),
+            cfg.auth.as_ref(),
+            options,
+        );
+        let client = match tokio::time::timeout(t, Client::connect(&endpoints, Some(options))).await
+        {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(crate::etcd_access::connect_failed(&endpoints, &cfg, &e)),
+            Err(_) => {
+                return Err(Error::Metadata(format!(
+                    "cannot connect to etcd at {}: no answer within {} ms",
+                    endpoints.join(","),
+                    t.as_millis()
+                )))
+            }
+        };
         let reg = Arc::new(Self {
             client,
             cfg,
@@ -667,6 +688,10 @@ mod tests {
             parse_endpoints("http://h:5,h2:6").expect("tebench list"),
             ["http://h:5", "http://h2:6"]
         );
+        assert_eq!(
+            parse_endpoints("https://h:5,h2:6").expect("tls list"),
+            ["https://h:5", "http://h2:6"]
+        );
         for bad in [
             "",
             "etcd://",
@@ -674,7 +699,7 @@ mod tests {
             "etcd://host:0",
             "etcd://host:99999",
             "etcd://:1",
-            "https://h:1",
+            "ftp://h:1",
             "etcd://a:1,,b:2",
             "etcd://a b:1",
         ] {

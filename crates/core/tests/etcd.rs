@@ -1,10 +1,9 @@
 //! Cluster mode against a real etcd server (Debian's `etcd-server`, which CI installs):
 //! publishing, opening by logical name, lease expiry, re-registration and etcd outages.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +12,7 @@ use ferry_core::{
     Engine, EngineConfig, EngineEvent, EtcdConfig, Opcode, Region, Request, TransferStatus,
     TransportKind,
 };
-use ferry_testkit::{bytes_at, fill, request};
+use ferry_testkit::{bytes_at, etcd_healthy, fill, request, spawn_etcd};
 
 /// A throwaway single-member etcd on free loopback ports. Killed by pid and its data
 /// directory removed on drop; `stop` and `start` restart it on the same ports and data.
@@ -61,23 +60,8 @@ impl Etcd {
             .append(true)
             .open(self.dir.join("etcd.log"))
             .expect("etcd log");
-        let child = Command::new("etcd")
-            .arg("--name=ferry-test")
-            .arg(format!("--data-dir={}", self.dir.join("data").display()))
-            .arg(format!("--listen-client-urls={client}"))
-            .arg(format!("--advertise-client-urls={client}"))
-            .arg(format!("--listen-peer-urls={peer}"))
-            .arg(format!("--initial-advertise-peer-urls={peer}"))
-            .arg(format!("--initial-cluster=ferry-test={peer}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start `etcd` ({e}): install it (Debian: apt-get install etcd-server)"
-                )
-            });
+        let data = self.dir.join("data");
+        let child = spawn_etcd("ferry-test", &data, &client, &peer, &[], log);
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !self.healthy() {
@@ -93,17 +77,7 @@ impl Etcd {
     }
 
     fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
-        }
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        body.contains("\"health\":\"true\"")
+        etcd_healthy(self.client_port)
     }
 
     /// Kills the server (SIGKILL, by pid) and reaps it.

@@ -1,12 +1,13 @@
 //! Conversions between JS values and core types. No decisions live here.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use ferry_core::handle::{HandleKind, Handles};
 use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{
-    EngineConfig, EngineEvent, Error, EtcdConfig, Metrics, Opcode, Request, SegmentInfo,
-    TaskSnapshot, TransportHint, TransportKind,
+    EngineConfig, EngineEvent, Error, EtcdAuth, EtcdConfig, EtcdTls, Metrics, Opcode, Request,
+    SegmentInfo, TaskSnapshot, TransportHint, TransportKind,
 };
 use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory};
 use napi_derive::napi;
@@ -65,6 +66,21 @@ pub struct EngineOptions {
     /// With etcd: lease TTL of this engine's record in ms, whole seconds [5000; 1000..=3600000];
     /// bounds the time until peers see this engine lost when it stops answering.
     pub lease_ttl_ms: Option<f64>,
+    /// With etcd: PEM file of the CA that signed etcd's server certificate; turns on TLS
+    /// (every endpoint dialled as https) [no TLS; https:// endpoints: the system store].
+    pub etcd_ca_file: Option<String>,
+    /// With etcd: PEM client certificate, for an etcd with `--client-cert-auth`; turns on
+    /// TLS; needs `etcdKeyFile` [none].
+    pub etcd_cert_file: Option<String>,
+    /// With etcd: PEM private key of `etcdCertFile` [none].
+    pub etcd_key_file: Option<String>,
+    /// With etcd: user name for etcd's password auth; needs `etcdPassword` or
+    /// `etcdPasswordFile` [no auth].
+    pub etcd_user: Option<String>,
+    /// With etcd: password of `etcdUser` [none].
+    pub etcd_password: Option<String>,
+    /// With etcd: file holding the password of `etcdUser` (one line) [none].
+    pub etcd_password_file: Option<String>,
 }
 
 /// RDMA transport settings. Every field is optional; defaults in brackets.
@@ -199,6 +215,7 @@ impl TryFrom<EngineOptions> for EngineConfig {
     /// Converts only: defaults come from `EngineConfig::default()` and bounds from
     /// `EngineConfig::validate()` (run here too, so bad options fail before a start).
     fn try_from(o: EngineOptions) -> Result<Self, Error> {
+        let (tls, auth) = etcd_access(&o)?;
         let mut c = EngineConfig::default();
         if let Some(v) = o.listen {
             c.listen = v;
@@ -248,12 +265,53 @@ impl TryFrom<EngineOptions> for EngineConfig {
             o.segment_name,
             opt_ms(o.lease_ttl_ms, "leaseTtlMs")?,
         )?;
-        if let Some(m) = &mut c.metadata {
-            m.connect_timeout = c.tcp.connect_timeout;
+        match &mut c.metadata {
+            Some(m) => {
+                m.connect_timeout = c.tcp.connect_timeout;
+                m.tls = tls;
+                m.auth = auth;
+            }
+            None if tls.is_some() || auth.is_some() => {
+                return Err(Error::InvalidArgument(
+                    "etcd TLS and auth options need metadata 'etcd://host:port'".into(),
+                ))
+            }
+            None => {}
         }
         c.validate()?;
         Ok(c)
     }
+}
+
+/// The TLS and auth settings of the `etcd*` options (files read here, so a bad path is an
+/// `InvalidArgument` naming it).
+fn etcd_access(o: &EngineOptions) -> Result<(Option<EtcdTls>, Option<EtcdAuth>), Error> {
+    let (ca, cert, key) = (
+        o.etcd_ca_file.as_deref().map(Path::new),
+        o.etcd_cert_file.as_deref().map(Path::new),
+        o.etcd_key_file.as_deref().map(Path::new),
+    );
+    let tls = if ca.is_some() || cert.is_some() || key.is_some() {
+        Some(EtcdTls::from_files(ca, cert, key)?)
+    } else {
+        None
+    };
+    let auth = match (&o.etcd_user, &o.etcd_password, &o.etcd_password_file) {
+        (None, None, None) => None,
+        (Some(u), Some(p), None) => Some(EtcdAuth::new(u, p)?),
+        (Some(u), None, Some(f)) => Some(EtcdAuth::with_password_file(u, Path::new(f))?),
+        (Some(_), Some(_), Some(_)) => {
+            return Err(Error::InvalidArgument(
+                "give etcdPassword or etcdPasswordFile, not both".into(),
+            ))
+        }
+        _ => {
+            return Err(Error::InvalidArgument(
+                "etcd auth needs etcdUser and one of etcdPassword, etcdPasswordFile".into(),
+            ))
+        }
+    };
+    Ok((tls, auth))
 }
 
 /// The etcd settings of the metadata options; `None` for p2p.

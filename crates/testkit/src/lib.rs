@@ -6,12 +6,15 @@
 //! - [`Pair`]: a target and an initiator engine, a region on each, the target's segment
 //!   opened from the initiator, the initiator's events recorded; both engines close on drop;
 //! - [`fill`], [`bytes_of`], [`bytes_at`]: write a pattern into a region, copy bytes out;
-//! - [`request`], [`wait_batch`], [`one`]: requests and bounded waits on their outcome.
+//! - [`request`], [`wait_batch`], [`one`]: requests and bounded waits on their outcome;
+//! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness.
 
+mod etcd;
 mod pair;
 mod region;
 mod wait;
 
+pub use etcd::{etcd_healthy, spawn_etcd};
 pub use pair::{request, Pair};
 pub use region::{bytes_at, bytes_of, fill};
 pub use wait::{one, wait_batch, within};
