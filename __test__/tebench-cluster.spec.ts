@@ -369,7 +369,7 @@ if (skip) {
         }
       }
       // The table says it too.
-      const table = await run(TEBENCH, [`--target_seg_name=${target.segment}`, ...meta, '--op_type=write', ...QUICK], 60_000)
+      const table = await run(TEBENCH, [`--target_seg_name=${target.segment}`, ...auth, ...meta, '--op_type=write', ...QUICK], 60_000)
       t.is(table.code, 0, table.stderr)
       t.regex(table.stdout, /^transport tcp \(100 %\)/m)
       await delay(0)

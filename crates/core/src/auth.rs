@@ -116,6 +116,9 @@ pub enum Failure {
     BadProof,
     /// The peer sent something else than the next handshake message.
     Protocol,
+    /// The peer closed the connection during the handshake (e.g. it found that we do
+    /// not hold its secret).
+    Aborted,
     /// The peer did not finish in time.
     Timeout,
     /// The peer's uid differs from ours (shm socket).
@@ -124,10 +127,11 @@ pub enum Failure {
 
 impl Failure {
     /// Every reason, in the order metrics list them.
-    pub const ALL: [Failure; 5] = [
+    pub const ALL: [Failure; 6] = [
         Failure::NoSecret,
         Failure::BadProof,
         Failure::Protocol,
+        Failure::Aborted,
         Failure::Timeout,
         Failure::Uid,
     ];
@@ -138,6 +142,7 @@ impl Failure {
             Failure::NoSecret => "no_secret",
             Failure::BadProof => "bad_proof",
             Failure::Protocol => "protocol",
+            Failure::Aborted => "aborted",
             Failure::Timeout => "timeout",
             Failure::Uid => "uid",
         }

@@ -245,11 +245,15 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     secret: Option<&Secret>,
     engine_id: u64,
 ) -> std::result::Result<Header, Failure> {
+    let cut = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Failure::Aborted
+        } else {
+            Failure::Protocol
+        }
+    };
     let mut hello = [0u8; HEADER_LEN];
-    stream
-        .read_exact(&mut hello)
-        .await
-        .map_err(|_| Failure::Protocol)?;
+    stream.read_exact(&mut hello).await.map_err(cut)?;
     let nonce = auth::nonce().map_err(|_| Failure::Protocol)?;
     let outcome = auth::on_hello(secret, &hello, engine_id, nonce);
     let checked = match outcome {
@@ -260,10 +264,7 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 .await
                 .map_err(|_| Failure::Protocol)?;
             let mut proof = [0u8; HEADER_LEN + auth::MAC_LEN];
-            stream
-                .read_exact(&mut proof)
-                .await
-                .map_err(|_| Failure::Protocol)?;
+            stream.read_exact(&mut proof).await.map_err(cut)?;
             hs.verify(&proof)
         }
         Err(f) => Err(f),

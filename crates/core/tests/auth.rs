@@ -7,10 +7,11 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::time::Duration;
 
-use ferry_core::auth::{Secret, HELLO_AUTH, MAC_LEN};
+use ferry_core::auth::{nonce, ClientHandshake, Secret, HELLO_AUTH, MAC_LEN};
+use ferry_core::segment::SegmentDescriptor;
 use ferry_core::wire::{split_frame, ConnKind, Header, Op, RejectCode, HEADER_LEN};
-use ferry_core::{Engine, EngineConfig, Error, Opcode, TransferStatus, TransportKind};
-use ferry_testkit::{bytes_of, fill, request};
+use ferry_core::{Access, Engine, EngineConfig, Error, Opcode, TransferStatus, TransportKind};
+use ferry_testkit::{bytes_of, fill, request, user_region};
 
 const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef-cluster";
 
@@ -286,5 +287,205 @@ fn connections_over_the_cap_are_refused_at_once_and_counted() {
         .map_or(0, |(_, n)| *n);
     assert!(per_address >= 1);
     drop(held);
+    t.close();
+}
+
+/// A raw client that holds the secret, speaking the handshake through the library's pure
+/// `auth` module: returns the stream and the bytes it sent (to replay).
+fn authenticated(addr: &str, kind: ConnKind) -> (TcpStream, Vec<u8>) {
+    let secret = Secret::new(SECRET.to_vec()).expect("secret");
+    let hs = ClientHandshake::new(Some(secret), kind as u64, 77, nonce().expect("nonce"));
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut sent = hs.hello().to_vec();
+    s.write_all(hs.hello()).expect("hello");
+    let mut c = [0u8; HEADER_LEN + MAC_LEN];
+    s.read_exact(&mut c).expect("challenge");
+    let mut head = [0u8; HEADER_LEN];
+    head.copy_from_slice(&c[..HEADER_LEN]);
+    let proof = hs.answer(&head, &c[HEADER_LEN..]).expect("server proved");
+    s.write_all(&proof).expect("proof");
+    sent.extend_from_slice(&proof);
+    let mut ack = [0u8; HEADER_LEN];
+    s.read_exact(&mut ack).expect("ack");
+    assert_eq!(Header::decode(&ack).expect("ack").op, Op::HelloAck);
+    (s, sent)
+}
+
+fn descriptor(s: &mut TcpStream) -> SegmentDescriptor {
+    s.write_all(&Header::new(Op::GetDescriptor).encode())
+        .expect("get");
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).expect("header");
+    let h = Header::decode(&head).expect("decode");
+    assert_eq!(h.op, Op::Descriptor);
+    let mut body = vec![0u8; h.length as usize];
+    s.read_exact(&mut body).expect("body");
+    serde_json::from_slice(&body).expect("json")
+}
+
+#[test]
+fn a_recorded_handshake_replayed_gets_nothing() {
+    let (t, buf, before) = target();
+    let (mut real, recorded) = authenticated(t.segment_name(), ConnKind::Control);
+    let desc = descriptor(&mut real);
+    assert_eq!(desc.buffers.len(), 1, "the holder of the secret is served");
+    drop(real);
+    let mut s = TcpStream::connect(t.segment_name()).expect("connect");
+    s.write_all(&recorded).expect("replay");
+    let _ = s.write_all(&Header::new(Op::GetDescriptor).encode());
+    let got = read_to_close(&mut s);
+    let ops = ops_in(&got);
+    assert_eq!(ops.first(), Some(&(Op::AuthChallenge, 0)), "{ops:?}");
+    assert_eq!(ops.get(1), Some(&(Op::Error, RejectCode::Auth as u16)));
+    assert_eq!(ops.len(), 2, "no descriptor: {ops:?}");
+    assert!(!String::from_utf8_lossy(&got).contains(&desc.token));
+    assert_eq!(auth_failures(&t, "bad_proof"), 1);
+    assert_eq!(bytes_of(&buf), before);
+    t.close();
+}
+
+#[test]
+fn read_only_memory_is_refused_to_writes_over_tcp_and_never_offered_over_shm() {
+    let t = Engine::new(config(Some(SECRET))).expect("target");
+    let ro = user_region(&t, 3, 8192, Access::ReadOnly);
+    let (mut s, _) = authenticated(t.segment_name(), ConnKind::Control);
+    let desc = descriptor(&mut s);
+    let b = desc
+        .buffers
+        .iter()
+        .find(|b| b.id == ro.id())
+        .expect("listed");
+    assert!(
+        !b.transports.contains(&TransportKind::Shm),
+        "no memfd for it"
+    );
+    let token = desc.token_bytes().expect("token");
+    // A holder of the secret and the token still cannot write it over tcp.
+    let (mut d, _) = authenticated(t.segment_name(), ConnKind::Data);
+    let mut w = Header::new(Op::WriteReq);
+    w.buffer_id = ro.id();
+    w.length = 16;
+    w.token = token;
+    d.write_all(&w.encode()).expect("write");
+    d.write_all(&[0xEE; 16]).expect("payload");
+    let mut head = [0u8; HEADER_LEN];
+    d.read_exact(&mut head).expect("reply");
+    let h = Header::decode(&head).expect("decode");
+    assert_eq!((h.op, h.flags), (Op::Error, RejectCode::Permission as u16));
+    assert_eq!(bytes_of(&ro), vec![3u8; 8192]);
+    // And Ferry's own initiator refuses before sending.
+    let i = Engine::new(config(Some(SECRET))).expect("initiator");
+    let local = i.allocate(16).expect("local");
+    let seg = i.open_segment_blocking(t.segment_name()).expect("open");
+    let err = i
+        .transfer_blocking(&[request(Opcode::Write, &local, seg.handle, &ro, 0, 16)])
+        .expect_err("refused");
+    assert_eq!(err.code(), "ERR_FERRY_PERMISSION_DENIED", "{err}");
+    i.close();
+    t.close();
+}
+
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+#[test]
+fn three_hundred_outsiders_pushing_4_mib_each_hold_almost_nothing() {
+    let (t, buf, before) = target();
+    let rss0 = resident_bytes();
+    let addr = t.segment_name().to_string();
+    let floods: Vec<_> = (0..300)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let Ok(mut s) = TcpStream::connect(&addr) else {
+                    return;
+                };
+                let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+                // Hello with or without the auth flag, then a 4 MiB WRITE announced and sent.
+                let _ = s.write_all(&hello(i % 2 == 0).encode());
+                let mut w = Header::new(Op::WriteReq);
+                w.buffer_id = 1;
+                w.length = 4 << 20;
+                let _ = s.write_all(&w.encode());
+                let chunk = vec![0xAB; 64 << 10];
+                for _ in 0..64 {
+                    if s.write_all(&chunk).is_err() {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    served(&t, &buf);
+    for f in floods {
+        f.join().expect("flood thread");
+    }
+    let growth = resident_bytes().saturating_sub(rss0);
+    assert!(growth < 64 << 20, "target grew by {growth} bytes");
+    let m = t.metrics();
+    let failures: u64 = m.auth_failures.iter().map(|(_, n)| n).sum();
+    assert!(failures >= 290, "{:?}", m.auth_failures);
+    let mut after = bytes_of(&buf);
+    after[..4096].copy_from_slice(&before[..4096]); // what `served` wrote
+    assert_eq!(after, before);
+    t.close();
+}
+
+#[test]
+fn a_process_of_another_uid_gets_no_fd_from_the_shm_socket() {
+    // No secret here: the uid check alone must refuse it.
+    let t = Engine::new(config(None)).expect("target");
+    let buf = t.allocate(4096).expect("alloc");
+    let names = shm_sockets();
+    assert!(!names.is_empty());
+    let probe = r#"
+import socket, sys
+n = 0
+for name in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    try:
+        s.connect('\0' + name)
+        hello = b'FRRY' + bytes([1, 1, 0, 0]) + (1).to_bytes(8, 'little') + (3).to_bytes(8, 'little') + bytes(32)
+        s.sendall(hello + bytes(16) + (1).to_bytes(8, 'little'))
+        while True:
+            msg, anc, _, _ = s.recvmsg(256, socket.CMSG_LEN(16))
+            n += sum(len(d) // 4 for (lvl, typ, d) in anc if typ == socket.SCM_RIGHTS)
+            if not msg:
+                break
+    except OSError:
+        pass
+print('fds', n)
+"#;
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            probe,
+        ])
+        .args(&names)
+        .output()
+        .expect("setpriv (util-linux) and /usr/bin/python3 run the probe as nobody");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.trim(), "fds 0");
+    assert!(auth_failures(&t, "uid") >= 1);
+    drop(buf);
     t.close();
 }
