@@ -824,6 +824,7 @@ interface LocalTarget extends FaultTarget {
 
 function startLocalTarget(cfg: Config, timeoutMs = 30_000): Promise<LocalTarget> {
   const args = [...process.execArgv, __filename, '--rpc_server_port=0', `--total_buffer_size=${cfg.totalBufferSize}`]
+  if (cfg.authSecretFile) args.push(`--auth_secret_file=${cfg.authSecretFile}`)
   const child: ChildProcess = spawn(process.execPath, args, {
     env: { ...process.env, FERRY_TEBENCH_CHILD: '1' },
     stdio: ['pipe', 'pipe', 'pipe'],

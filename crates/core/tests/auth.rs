@@ -489,3 +489,37 @@ print('fds', n)
     drop(buf);
     t.close();
 }
+
+#[test]
+fn a_silent_handshake_and_a_trickled_frame_are_dropped_at_the_frame_deadline() {
+    let t = Engine::new(EngineConfig {
+        frame_timeout: Duration::from_millis(300),
+        ..config(Some(SECRET))
+    })
+    .expect("target");
+    // Connected, says nothing: dropped at the deadline, counted as a timeout.
+    let mut silent = TcpStream::connect(t.segment_name()).expect("connect");
+    let started = std::time::Instant::now();
+    assert!(read_to_close(&mut silent).is_empty());
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(4), "dropped after {waited:?}");
+    assert_eq!(auth_failures(&t, "timeout"), 1);
+    // Authenticated, then half a header and nothing more: dropped at the deadline.
+    let (mut d, _) = authenticated(t.segment_name(), ConnKind::Data);
+    d.write_all(&Header::new(Op::ReadReq).encode()[..20])
+        .expect("half a header");
+    let started = std::time::Instant::now();
+    assert!(read_to_close(&mut d).is_empty());
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(4), "dropped after {waited:?}");
+    // An idle authenticated connection is not a partial frame: it stays open.
+    let (mut idle, _) = authenticated(t.segment_name(), ConnKind::Control);
+    std::thread::sleep(Duration::from_millis(600));
+    let mut ping = Header::new(Op::Ping);
+    ping.request_id = 5;
+    idle.write_all(&ping.encode()).expect("ping");
+    let mut pong = [0u8; HEADER_LEN];
+    idle.read_exact(&mut pong).expect("pong");
+    assert_eq!(Header::decode(&pong).expect("pong").op, Op::Pong);
+    t.close();
+}
