@@ -357,6 +357,24 @@ export interface EngineOptions {
   etcdPassword?: string
   /** With etcd: file holding the password of `etcdUser` (one line) [none]. */
   etcdPasswordFile?: string
+  /**
+   * The cluster secret, at least 32 bytes: every connection proves it both ways before
+   * anything else is exchanged [FERRY_AUTH_SECRET_FILE's content, else none]. index.ts
+   * also takes a Buffer, passed on as `authSecretHex`.
+   */
+  authSecret?: string
+  /** The cluster secret's bytes in hex (what index.ts makes of a Buffer `authSecret`). */
+  authSecretHex?: string
+  /** Listen beyond loopback without a secret [false: refused]. */
+  allowUnauthenticated?: boolean
+  /** Serve the shm socket to processes of any uid [false: this process's uid only]. */
+  shmAnyUid?: boolean
+  /** Connections open at once, all peers [4096; 1..=1000000]; excess refused at once. */
+  maxConnections?: number
+  /** Connections open at once from one address [1024; 1..=1000000]. */
+  maxConnectionsPerAddress?: number
+  /** A handshake or a started frame must complete within this many ms [30000; 10..=3600000]. */
+  frameTimeoutMs?: number
 }
 
 /** Fault injection on one transport. */

@@ -172,7 +172,10 @@ function toTaskStatus(s: Native.TaskStatus): TaskStatus {
  * once, in the core (`EngineConfig`), and documented in the README. A key that is not an
  * option (a typo such as `peerTimeoutMS`) is refused with `ERR_FERRY_INVALID_ARGUMENT`.
  */
-export type EngineOptions = Native.EngineOptions
+export type EngineOptions = Omit<Native.EngineOptions, 'authSecret' | 'authSecretHex'> & {
+  /** The cluster secret (a string or its bytes, at least 32 bytes); see the README. */
+  authSecret?: string | Uint8Array
+}
 /** RDMA transport settings. Every field is optional. */
 export type RdmaOptions = Native.RdmaOptions
 /** Fault injection on one transport (seeded, reproducible). */
@@ -635,7 +638,12 @@ export class Engine extends EventEmitter {
     if (typeof options !== 'object' || options === null || Array.isArray(options)) {
       throw invalid(`options must be an object, got ${describe(options)}`)
     }
-    const started = call(() => native.startEngine(options))
+    const { authSecret, ...rest } = options
+    const nativeOptions: Native.EngineOptions =
+      authSecret instanceof Uint8Array
+        ? { ...rest, authSecretHex: Buffer.from(authSecret.buffer, authSecret.byteOffset, authSecret.byteLength).toString('hex') }
+        : authSecret === undefined ? rest : { ...rest, authSecret }
+    const started = call(() => native.startEngine(nativeOptions))
     try {
       return new Engine(await started)
     } catch (err) {

@@ -10,13 +10,21 @@ import * as path from 'node:path'
 import * as readline from 'node:readline'
 import { createNetwork, netnsUnavailable, sweep, type Network } from '../support/netns'
 import { startEtcd, stopAllEtcd } from './etcd'
-import { createHash } from 'node:crypto'
+import { createHash, randomBytes } from 'node:crypto'
+import * as fs from 'node:fs'
+import * as os from 'node:os'
 
 test.after.always(killAll)
 test.after.always(sweep)
 test.after.always(stopAllEtcd)
 
 const MiB = 1 << 20
+// The targets listen beyond loopback, which needs the cluster secret: every engine of this
+// file (here and in the children, which inherit the environment) reads it from this file.
+const SECRET_FILE = path.join(os.tmpdir(), `ferry-netns-secret-${process.pid}`)
+fs.writeFileSync(SECRET_FILE, randomBytes(32).toString('hex'), { mode: 0o600 })
+process.env.FERRY_AUTH_SECRET_FILE = SECRET_FILE
+process.on('exit', () => fs.rmSync(SECRET_FILE, { force: true }))
 const skip = netnsUnavailable()
 
 /** A network and a target inside namespace b; both removed in teardown, also on failure. */

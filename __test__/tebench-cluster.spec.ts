@@ -5,7 +5,9 @@
  */
 import test from 'ava'
 import { execFileSync, type ChildProcess } from 'node:child_process'
+import * as crypto from 'node:crypto'
 import * as fs from 'node:fs'
+import * as os from 'node:os'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
 import { parseFlags, UsageError } from '../bench/options'
@@ -15,6 +17,14 @@ import { delay, killAll, spawnNode } from './helpers'
 import { createNetwork, netnsUnavailable, sweep } from '../support/netns'
 
 const TEBENCH = path.join(__dirname, '..', 'bench', 'tebench.ts')
+
+/** A file holding a fresh cluster secret, removed when the process exits. */
+function secretFile(): string {
+  const file = path.join(os.tmpdir(), `ferry-secret-${process.pid}-${Date.now()}`)
+  fs.writeFileSync(file, `${crypto.randomBytes(32).toString('hex')}\n`, { mode: 0o600 })
+  process.on('exit', () => fs.rmSync(file, { force: true }))
+  return file
+}
 const PERF = path.join(__dirname, '..', 'bench', 'perf.ts')
 
 test.after.always(killAll)
@@ -91,7 +101,6 @@ test('every refused Mooncake flag is refused with a message naming it; implement
   const refused: Array<[string, RegExp]> = [
     ['--notifi', /^--notifi: .*comes with notifications/],
     ['--notifi=true', /^--notifi: .*comes with notifications/],
-    ['--auth_secret_file=/etc/secret', /^--auth_secret_file: .*authenticated clusters/],
     ['--local_gpu_id=1', /^--local_gpu_id: GPU memory/],
     ['--target_gpu_id=-1', /^--target_gpu_id: GPU memory/],
     ['--seg_type=VRAM', /^--seg_type=VRAM: GPU memory/],
@@ -385,17 +394,21 @@ if (skip) {
       }
       const named = metadata === 'etcd' ? ['--local_server_name=host-b'] : []
       // Listening on all interfaces, advertising the link address: what peers are told.
-      const target = await startTarget(['--listen=0.0.0.0', `--seg_name=${net.b.address}`, ...meta, ...named], net.prefix(net.b))
+      // Listening beyond loopback needs the cluster secret, on both roles.
+      const auth = [`--auth_secret_file=${secretFile()}`]
+      const target = await startTarget(['--listen=0.0.0.0', `--seg_name=${net.b.address}`, ...auth, ...meta, ...named], net.prefix(net.b))
       t.teardown(() => {
         if (target.proc.exitCode === null && target.proc.signalCode === null) process.kill(target.proc.pid!, 'SIGKILL')
       })
       t.is(target.segment, metadata === 'etcd' ? 'host-b' : `${net.b.address}:${/:(\d+)$/.exec(target.segment)?.[1]}`)
       if (metadata === 'p2p') t.true(target.segment.startsWith(`${net.b.address}:`), target.command)
+      t.true(target.command.includes(auth[0]), `the printed initiator command carries the secret file: ${target.command}`)
       for (const op of ['write', 'read', 'mix']) {
         const r = await run(
           TEBENCH,
           [
             `--target_seg_name=${target.segment}`,
+            ...auth,
             ...meta,
             `--op_type=${op}`,
             '--check_consistency=true',
@@ -413,7 +426,7 @@ if (skip) {
         }
       }
       // The table says it too.
-      const table = await run(TEBENCH, [`--target_seg_name=${target.segment}`, ...meta, '--op_type=write', ...QUICK], 60_000)
+      const table = await run(TEBENCH, [`--target_seg_name=${target.segment}`, ...auth, ...meta, '--op_type=write', ...QUICK], 60_000)
       t.is(table.code, 0, table.stderr)
       t.regex(table.stdout, /^transport tcp \(100 %\)/m)
       await delay(0)

@@ -11,6 +11,7 @@
  * 2 bad usage, 130 interrupted by Ctrl-C (partial results printed).
  */
 import { spawn, type ChildProcess } from 'node:child_process'
+import { readFileSync } from 'node:fs'
 import * as readline from 'node:readline'
 import {
   Engine,
@@ -127,12 +128,13 @@ export const OPTIONS = {
   format: { type: 'string', default: 'table', choices: ['table', 'mooncake', 'json'], help: 'table, mooncake (Mooncake\'s own layout) or json' },
   json: { type: 'boolean', default: false, help: 'the same as --format=json: every outcome as a JSON line on stdout' },
   help: { type: 'boolean', default: false, aliases: ['h'], help: 'show this help' },
-  // Mooncake's flags that Ferry refuses, by name, rather than ignore.
   auth_secret_file: {
     type: 'string',
     default: '',
-    refused: 'not supported yet: the cluster secret comes with authenticated clusters',
+    metavar: 'PATH',
+    help: 'both roles: a file holding the cluster secret (at least 32 bytes; one trailing newline is not part of it); needed to listen beyond loopback',
   },
+  // Mooncake's flags that Ferry refuses, by name, rather than ignore.
   notifi: { type: 'boolean', default: false, refused: 'RDMA notifications are not supported yet: --notifi comes with notifications' },
   local_gpu_id: { type: 'integer', default: 0, refused: GPU },
   target_gpu_id: { type: 'integer', default: 0, refused: GPU },
@@ -181,6 +183,8 @@ export interface Config {
   etcd: EtcdAccess
   /** Target: `host:port`. */
   listen: string
+  /** Both roles: the file holding the cluster secret; '' = none. */
+  authSecretFile: string
   /** Target: the address peers are told; undefined = the bound address. */
   advertise?: string
   rpcServerPort: number
@@ -298,6 +302,7 @@ export function parseConfig(argv: string[]): Config {
     localServerName: v.local_server_name,
     etcd: etcdAccess(v),
     listen: listenAddress(v.listen, v.rpc_server_port),
+    authSecretFile: v.auth_secret_file,
     advertise: v.seg_name.trim() || undefined,
     rpcServerPort: v.rpc_server_port,
     xportType: v.xport_type === '' ? undefined : (v.xport_type as TransportName),
@@ -417,6 +422,14 @@ function reportDisabled(engine: Engine, out: Output): void {
   })
 }
 
+/** The secret of `--auth_secret_file` (read here; the secret never is on a command line). */
+function authOptions(cfg: Config): { authSecret?: Buffer } {
+  if (!cfg.authSecretFile) return {}
+  let secret = readFileSync(cfg.authSecretFile)
+  if (secret.at(-1) === 0x0a) secret = secret.subarray(0, secret.at(-2) === 0x0d ? -2 : -1)
+  return { authSecret: secret }
+}
+
 function initiatorCommand(cfg: Config, segment: string): string {
   const parts = ['npx tebench', `--target_seg_name=${segment}`]
   if (cfg.metadataType === 'etcd') {
@@ -424,11 +437,12 @@ function initiatorCommand(cfg: Config, segment: string): string {
   }
   if (cfg.totalBufferSize !== GiB) parts.push(`--total_buffer_size=${cfg.totalBufferSize}`)
   if (cfg.xportType) parts.push(`--xport_type=${cfg.xportType}`)
+  if (cfg.authSecretFile) parts.push(`--auth_secret_file=${cfg.authSecretFile}`)
   return parts.join(' ')
 }
 
 async function runTarget(cfg: Config, out: Output): Promise<number> {
-  const engine = await Engine.create({ listen: cfg.listen, advertise: cfg.advertise, ...metadataOptions(cfg) })
+  const engine = await Engine.create({ listen: cfg.listen, advertise: cfg.advertise, ...metadataOptions(cfg), ...authOptions(cfg) })
   try {
     reportDisabled(engine, new Output(out.format === 'json' ? 'json' : 'table'))
     const region = engine.allocate(cfg.totalBufferSize)
@@ -577,6 +591,7 @@ async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget)
     transports: engineTransports(cfg.xportType),
     peerTimeoutMs: cfg.peerTimeoutMs,
     ...metadataOptions(cfg),
+    ...authOptions(cfg),
   })
   reportDisabled(engine, out)
   let bench: Bench | undefined
@@ -738,6 +753,7 @@ interface LocalTarget extends FaultTarget {
 
 function startLocalTarget(cfg: Config, timeoutMs = 30_000): Promise<LocalTarget> {
   const args = [...process.execArgv, __filename, '--rpc_server_port=0', `--total_buffer_size=${cfg.totalBufferSize}`]
+  if (cfg.authSecretFile) args.push(`--auth_secret_file=${cfg.authSecretFile}`)
   const child: ChildProcess = spawn(process.execPath, args, {
     env: { ...process.env, FERRY_TEBENCH_CHILD: '1' },
     stdio: ['pipe', 'pipe', 'pipe'],

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Admission;
 use crate::batch::BatchTable;
 use crate::config::{advertised_name, EngineConfig};
 use crate::engine::{Inner, Shell, Stats, OPEN};
@@ -119,9 +120,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
     let local_addr = std_listener
         .local_addr()
         .map_err(|e| Error::io("listen", &e))?;
-    if !local_addr.ip().is_loopback() {
-        tracing::warn!(%local_addr, "listening on a non-loopback address without authentication");
-    }
+    crate::config::check_exposure(&config, local_addr)?;
     let name = segment_name(&config, local_addr)?;
     let listener = {
         let _guard = runtime.enter();
@@ -132,6 +131,8 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
     token[..8].copy_from_slice(&random_u64().to_le_bytes());
     token[8..].copy_from_slice(&random_u64().to_le_bytes());
     let regions = Arc::new(RegionTable::default());
+    let admission = Admission::new(config.connections);
+    let credentials = crate::auth::register(engine_id, config.auth_secret.clone());
     let control_peers: Arc<ControlPeers> = Arc::default();
     let machine_id = config.machine_id.clone().unwrap_or_else(machine_identity);
     let shutdown = CancellationToken::new();
@@ -154,6 +155,10 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         lost,
         control_peers: control_peers.clone(),
         token,
+        secret: config.auth_secret.clone(),
+        admission: admission.clone(),
+        shm_any_uid: config.shm_any_uid,
+        frame_timeout: config.frame_timeout,
     };
     let (transports, disabled) = {
         let _guard = runtime.enter();
@@ -184,6 +189,10 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
             .filter_map(|k| Some((k, transports.iter().find(|(t, _)| *t == k)?.1.clone())))
             .collect(),
         control_peers,
+        secret: config.auth_secret.clone(),
+        admission,
+        frame_timeout: config.frame_timeout,
+        _credentials: credentials,
     });
     let metadata = match &config.metadata {
         None => None,

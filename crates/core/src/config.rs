@@ -6,6 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admission::ConnLimits;
+use crate::auth::Secret;
 use crate::error::{Error, Result};
 use crate::failover::FailoverPolicy;
 use crate::health::RailPolicy;
@@ -48,6 +50,18 @@ pub struct EngineConfig {
     pub extra_transports: Vec<Arc<dyn TransportFactory>>,
     /// Cluster metadata in etcd; `None` (default) is p2p: segments are named `host:port`.
     pub metadata: Option<EtcdConfig>,
+    /// The cluster secret (`authSecret`, or the file named by `FERRY_AUTH_SECRET_FILE`):
+    /// every connection, both ways, proves it before anything else is exchanged.
+    pub auth_secret: Option<Secret>,
+    /// Lets an engine listen beyond loopback without a secret (`allowUnauthenticated`).
+    pub allow_unauthenticated: bool,
+    /// Serves the shm socket to processes of any uid, not only this one's (`shmAnyUid`).
+    pub shm_any_uid: bool,
+    /// Caps on connections per peer address and in total.
+    pub connections: ConnLimits,
+    /// A started frame (header and payload) must be complete within this long
+    /// (`frameTimeoutMs`); a handshake too.
+    pub frame_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +79,11 @@ impl Default for EngineConfig {
             advertise: None,
             extra_transports: Vec::new(),
             metadata: None,
+            auth_secret: None,
+            allow_unauthenticated: false,
+            shm_any_uid: false,
+            connections: ConnLimits::default(),
+            frame_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -92,6 +111,11 @@ pub(crate) mod limits {
     /// `leaseTtlMs`: whole seconds, 1 s ..= 1 h.
     pub(crate) const LEASE_TTL: (Duration, Duration) =
         (Duration::from_secs(1), Duration::from_secs(3600));
+    /// `maxConnections` and `maxConnectionsPerAddress`: 1 ..= 1 000 000.
+    pub(crate) const CONNECTIONS: (usize, usize) = (1, 1_000_000);
+    /// `frameTimeoutMs`: 10 ms ..= 1 h.
+    pub(crate) const FRAME_TIMEOUT: (Duration, Duration) =
+        (Duration::from_millis(10), Duration::from_secs(3600));
 }
 
 impl EngineConfig {
@@ -142,6 +166,24 @@ impl EngineConfig {
         if let Some(t) = self.failover.attempt_timeout {
             within("attemptTimeoutMs", t, limits::ATTEMPT_TIMEOUT, ms)?;
         }
+        within(
+            "maxConnections",
+            self.connections.total,
+            limits::CONNECTIONS,
+            n,
+        )?;
+        within(
+            "maxConnectionsPerAddress",
+            self.connections.per_address,
+            limits::CONNECTIONS,
+            n,
+        )?;
+        within(
+            "frameTimeoutMs",
+            self.frame_timeout,
+            limits::FRAME_TIMEOUT,
+            ms,
+        )?;
         if self.transports.is_empty() {
             return Err(Error::InvalidArgument(
                 "transports must name at least one of shm, rdma, tcp".into(),
@@ -171,6 +213,26 @@ impl EngineConfig {
         }
         Ok(())
     }
+}
+
+/// Refuses to serve beyond loopback without a secret, unless that was asked for.
+pub(crate) fn check_exposure(config: &EngineConfig, bound: SocketAddr) -> Result<()> {
+    if bound.ip().is_loopback() || config.auth_secret.is_some() {
+        return Ok(());
+    }
+    if config.allow_unauthenticated {
+        tracing::warn!(
+            %bound,
+            "listening beyond loopback WITHOUT authentication (allowUnauthenticated): \
+             anyone who can reach this address can read and write registered memory"
+        );
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "listening on {bound} (beyond loopback) needs a cluster secret: set authSecret \
+         (at least 32 bytes) or FERRY_AUTH_SECRET_FILE=PATH on every engine, or \
+         allowUnauthenticated: true to accept anyone who can reach it"
+    )))
 }
 
 /// The segment name for an advertise address: `host:port` as given, or `host` with the

@@ -432,9 +432,14 @@ impl Engine {
     /// Engine counters. They stay readable after `close` (segments and regions then 0).
     pub fn metrics(&self) -> Metrics {
         let (s, c) = (&self.shell.stats, &self.shell.stats.counters);
-        let (segments, regions) = match self.live() {
-            Ok(l) => (l.segments.len() as u64, l.regions.snapshot().len() as u64),
-            Err(_) => (0, 0),
+        let (segments, regions, auth_failures, connections_refused) = match self.live() {
+            Ok(l) => (
+                l.segments.len() as u64,
+                l.regions.snapshot().len() as u64,
+                l.local.admission.auth_failures(),
+                l.local.admission.refused(),
+            ),
+            Err(_) => (0, 0, Vec::new(), Vec::new()),
         };
         Metrics {
             tasks_submitted: s.submitted.load(Ordering::Relaxed),
@@ -448,6 +453,8 @@ impl Engine {
             transports_disabled: s.transports_disabled.load(Ordering::Relaxed),
             segments_open: segments,
             regions,
+            auth_failures,
+            connections_refused,
             ..Metrics::default()
         }
         .with_tasks(&c.tasks)

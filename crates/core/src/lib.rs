@@ -27,8 +27,10 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod admission;
 mod assembly;
 mod attempt;
+pub mod auth;
 pub mod batch;
 mod config;
 pub mod control;
@@ -60,6 +62,7 @@ pub mod transport;
 pub mod transports;
 pub mod wire;
 
+pub use admission::ConnLimits;
 pub use config::EngineConfig;
 pub use engine::{BatchSnapshot, Engine, SegmentInfo, WeakEngine};
 pub use error::{Error, Result};

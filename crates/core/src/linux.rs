@@ -307,6 +307,25 @@ pub async fn recv_fds_async(
 /// The OS error of `getsockopt` (e.g. `ENOTCONN`, or `ENOPROTOOPT` for a non-unix socket);
 /// `NotFound` if the peer's pid is not visible in our pid namespace.
 pub fn peer_pid(sock: &impl AsFd) -> io::Result<u32> {
+    let cred = peer_cred(sock)?;
+    match u32::try_from(cred.pid) {
+        Ok(pid) if pid > 0 => Ok(pid),
+        _ => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "peer's pid is not visible in this pid namespace",
+        )),
+    }
+}
+
+/// The uid of the process at the other end of a unix socket (`SO_PEERCRED`).
+///
+/// # Errors
+/// As [`peer_pid`], without the pid namespace case.
+pub fn peer_uid(sock: &impl AsFd) -> io::Result<u32> {
+    Ok(peer_cred(sock)?.uid)
+}
+
+fn peer_cred(sock: &impl AsFd) -> io::Result<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -330,13 +349,7 @@ pub fn peer_pid(sock: &impl AsFd) -> io::Result<u32> {
     if len as usize != size_of::<libc::ucred>() {
         return Err(io::Error::other("SO_PEERCRED returned a short ucred"));
     }
-    match u32::try_from(cred.pid) {
-        Ok(pid) if pid > 0 => Ok(pid),
-        _ => Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            "peer's pid is not visible in this pid namespace",
-        )),
-    }
+    Ok(cred)
 }
 
 /// A process file descriptor (`pidfd_open`): a handle on one process that, unlike a pid,

@@ -120,6 +120,10 @@ pub struct Metrics {
     pub segments_open: u64,
     /// Regions registered.
     pub regions: u64,
+    /// Failed handshakes by reason (`no_secret`, `bad_proof`, …; zeros too).
+    pub auth_failures: Vec<(&'static str, u64)>,
+    /// Connections refused at once by a cap, by which (`total`, `per_address`).
+    pub connections_refused: Vec<(&'static str, u64)>,
 }
 
 impl Metrics {
@@ -242,6 +246,23 @@ impl Metrics {
             "Local memory regions registered.",
             &plain(self.regions),
         );
+        let by_reason = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+            v.iter()
+                .map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n))
+                .collect()
+        };
+        family(
+            "ferry_auth_failures_total",
+            "counter",
+            "Connections whose handshake failed, by reason.",
+            &by_reason(&self.auth_failures),
+        );
+        family(
+            "ferry_connections_refused_total",
+            "counter",
+            "Connections refused at once by maxConnections or maxConnectionsPerAddress.",
+            &by_reason(&self.connections_refused),
+        );
         out
     }
 }
@@ -277,6 +298,7 @@ mod tests {
         assert_eq!(c.ended(TransferStatus::Failed), 1);
         let m = Metrics {
             tasks_submitted: 5,
+            auth_failures: vec![("bad_proof", 3)],
             ..Metrics::default()
         }
         .with_tasks(&c);
@@ -286,6 +308,7 @@ mod tests {
         assert!(text.contains("ferry_bytes_total{transport=\"tcp\",op=\"write\"} 100\n"));
         assert!(text.contains("ferry_transfers_total{status=\"completed\"} 2\n"));
         assert!(text.contains("ferry_inflight_transfers 2\n"));
+        assert!(text.contains("ferry_auth_failures_total{reason=\"bad_proof\"} 3\n"));
         // Every sample follows its family's HELP and TYPE lines; counters end in _total.
         let mut typed = std::collections::HashMap::new();
         for line in text.lines() {

@@ -6,8 +6,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::auth::{self, ClientHandshake, Failure, HelloOutcome, Secret};
 use crate::error::{Error, Result};
-use crate::wire::{ConnKind, Header, Op, HEADER_LEN};
+use crate::wire::{ConnKind, Header, Op, RejectCode, HEADER_LEN};
 
 /// Writes `head` then `body` with vectored writes: a header and its payload leave in one
 /// system call (and one TCP segment train) instead of two.
@@ -57,6 +58,52 @@ pub(crate) async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Optio
         .map_err(|e| Error::Protocol(e.to_string()))
 }
 
+/// Reads one header; once its first byte arrived, the rest must follow within `deadline`
+/// (a peer that trickles a frame is dropped). An idle connection may wait for ever.
+pub(crate) async fn read_header_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    deadline: Duration,
+) -> Result<Option<Header>> {
+    let mut buf = [0u8; HEADER_LEN];
+    let got = r.read(&mut buf).await.map_err(|e| Error::io("read", &e))?;
+    if got == 0 {
+        return Ok(None);
+    }
+    tokio::time::timeout(deadline, r.read_exact(&mut buf[got..]))
+        .await
+        .map_err(|_| Error::Protocol("frame header not complete within frameTimeoutMs".into()))?
+        .map_err(|e| Error::Protocol(format!("truncated frame header: {e}")))?;
+    Header::decode(&buf)
+        .map(Some)
+        .map_err(|e| Error::Protocol(e.to_string()))
+}
+
+/// [`read_frame`] with [`read_header_within`]'s deadline on the header and the payload.
+pub(crate) async fn read_frame_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    deadline: Duration,
+) -> Result<Option<(Header, Vec<u8>)>> {
+    let Some(header) = read_header_within(r, deadline).await? else {
+        return Ok(None);
+    };
+    let payload = tokio::time::timeout(deadline, read_payload(r, &header))
+        .await
+        .map_err(|_| {
+            Error::Protocol("frame payload not complete within frameTimeoutMs".into())
+        })??;
+    Ok(Some((header, payload)))
+}
+
+async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, header: &Header) -> Result<Vec<u8>> {
+    let len = usize::try_from(header.payload_len())
+        .map_err(|_| Error::Protocol("payload length overflows usize".into()))?;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload)
+        .await
+        .map_err(|e| Error::Protocol(format!("truncated payload: {e}")))?;
+    Ok(payload)
+}
+
 /// Reads a header and its (small) payload into memory.
 pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
@@ -64,13 +111,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     let Some(header) = read_header(r).await? else {
         return Ok(None);
     };
-    let len = usize::try_from(header.payload_len())
-        .map_err(|_| Error::Protocol("payload length overflows usize".into()))?;
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload)
-        .await
-        .map_err(|e| Error::Protocol(format!("truncated payload: {e}")))?;
-    Ok(Some((header, payload)))
+    Ok(Some((header, read_payload(r, &header).await?)))
 }
 
 /// Writes a header and payload.
@@ -101,7 +142,7 @@ pub(crate) fn tune_accepted(stream: &TcpStream, kind: ConnKind) {
     tune(stream, kind)
 }
 
-/// Connects, says hello, and returns the stream and the peer's engine id.
+/// Connects, runs the handshake (`auth`), and returns the stream and the peer's engine id.
 pub(crate) async fn connect(
     addr: &str,
     kind: ConnKind,
@@ -117,17 +158,133 @@ pub(crate) async fn connect(
             .await
             .map_err(|e| fail(e.to_string()))?;
         tune(&stream, kind);
-        let mut hello = Header::new(Op::Hello);
-        hello.buffer_id = kind as u64;
-        hello.request_id = local_engine_id;
-        write_frame(&mut stream, &hello, &[]).await?;
-        match read_header(&mut stream).await? {
-            Some(h) if h.op == Op::HelloAck => Ok((stream, h.request_id)),
-            Some(h) => Err(fail(format!("expected HelloAck, got {:?}", h.op))),
-            None => Err(fail("closed during hello".into())),
-        }
+        let id = client_handshake(&mut stream, kind, local_engine_id)
+            .await
+            .map_err(fail)?;
+        Ok((stream, id))
     };
     tokio::time::timeout(timeout, attempt)
         .await
         .map_err(|_| fail(format!("no answer within {} ms", timeout.as_millis())))?
+}
+
+/// The client's side of the handshake on any stream (tcp or the shm socket): Hello, then,
+/// with a secret, the server's challenge checked and our proof sent; then HelloAck. Returns
+/// the peer's engine id, or why it failed.
+pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    kind: ConnKind,
+    local_engine_id: u64,
+) -> std::result::Result<u64, String> {
+    let secret = auth::dialing_secret(local_engine_id);
+    let nonce = auth::nonce().map_err(|e| e.to_string())?;
+    let hs = ClientHandshake::new(secret, kind as u64, local_engine_id, nonce);
+    let io = |e: std::io::Error| format!("handshake: {e}");
+    stream.write_all(hs.hello()).await.map_err(io)?;
+    let mut head = [0u8; HEADER_LEN];
+    read_handshake(stream, &mut head).await?;
+    let mut h = decode_reply(&head, stream).await?;
+    if h.op == Op::AuthChallenge {
+        if !hs.expects_challenge() {
+            return Err("the peer requires the cluster secret: set authSecret or \
+                 FERRY_AUTH_SECRET_FILE"
+                .into());
+        }
+        let mut mac = [0u8; auth::MAC_LEN];
+        read_handshake(stream, &mut mac).await?;
+        let proof = hs.answer(&head, &mac).map_err(|f| match f {
+            Failure::BadProof => {
+                "authentication failed: the peer does not hold our cluster secret".to_string()
+            }
+            other => format!("authentication failed: {}", other.label()),
+        })?;
+        stream.write_all(&proof).await.map_err(io)?;
+        read_handshake(stream, &mut head).await?;
+        h = decode_reply(&head, stream).await?;
+    } else if hs.expects_challenge() {
+        return Err("the peer does not authenticate (it has no authSecret); refusing it".into());
+    }
+    if h.op != Op::HelloAck {
+        return Err(format!("expected HelloAck, got {:?}", h.op));
+    }
+    Ok(h.request_id)
+}
+
+async fn read_handshake<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut [u8],
+) -> std::result::Result<(), String> {
+    stream.read_exact(buf).await.map(|_| ()).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            "closed during the handshake".to_string()
+        } else {
+            format!("handshake: {e}")
+        }
+    })
+}
+
+/// Decodes a handshake reply; an `Error` frame becomes its text.
+async fn decode_reply<S: AsyncRead + Unpin>(
+    head: &[u8; HEADER_LEN],
+    stream: &mut S,
+) -> std::result::Result<Header, String> {
+    let h = Header::decode(head).map_err(|e| format!("handshake: {e}"))?;
+    if h.op == Op::Error {
+        let mut text = vec![0u8; h.payload_len().min(crate::wire::MAX_ERROR_PAYLOAD) as usize];
+        read_handshake(stream, &mut text).await?;
+        return Err(format!("refused: {}", String::from_utf8_lossy(&text)));
+    }
+    Ok(h)
+}
+
+/// The server's side of the handshake: reads exactly a Hello, and with a secret exactly a
+/// proof — nothing larger is read before the peer proved the secret. Answers HelloAck with
+/// `engine_id`; on failure sends an `Error` frame saying so and returns why.
+pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    secret: Option<&Secret>,
+    engine_id: u64,
+) -> std::result::Result<Header, Failure> {
+    let cut = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Failure::Aborted
+        } else {
+            Failure::Protocol
+        }
+    };
+    let mut hello = [0u8; HEADER_LEN];
+    stream.read_exact(&mut hello).await.map_err(cut)?;
+    let nonce = auth::nonce().map_err(|_| Failure::Protocol)?;
+    let outcome = auth::on_hello(secret, &hello, engine_id, nonce);
+    let checked = match outcome {
+        Ok(HelloOutcome::Open) => Ok(()),
+        Ok(HelloOutcome::Challenge(hs)) => {
+            stream
+                .write_all(hs.challenge())
+                .await
+                .map_err(|_| Failure::Protocol)?;
+            let mut proof = [0u8; HEADER_LEN + auth::MAC_LEN];
+            stream.read_exact(&mut proof).await.map_err(cut)?;
+            hs.verify(&proof)
+        }
+        Err(f) => Err(f),
+    };
+    if let Err(why) = checked {
+        let text: &[u8] = match why {
+            Failure::NoSecret => b"this engine requires the cluster secret (authSecret)",
+            _ => b"authentication failed",
+        };
+        let mut e = Header::new(Op::Error);
+        e.flags = RejectCode::Auth as u16;
+        e.length = text.len() as u64;
+        let _ = write_all_pair(stream, &e.encode(), text).await;
+        return Err(why);
+    }
+    let mut ack = Header::new(Op::HelloAck);
+    ack.request_id = engine_id;
+    stream
+        .write_all(&ack.encode())
+        .await
+        .map_err(|_| Failure::Protocol)?;
+    Header::decode(&hello).map_err(|_| Failure::Protocol)
 }

@@ -6,6 +6,7 @@
 //! before it touches memory. A malformed, truncated or oversized frame drops that
 //! connection with a logged reason.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,16 +14,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Admission;
+use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::memory::{check_range, Access, Region, RegionTable, Window};
-use crate::net::{read_frame, read_header, tune_accepted, write_all_pair, write_frame};
+use crate::net::{
+    read_frame_within, read_header_within, server_handshake, tune_accepted, write_all_pair,
+    write_frame,
+};
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
 use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
 
-/// How long a new connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Read/write buffer of a served data connection.
 const IO_BUFFER: usize = 64 << 10;
 
@@ -37,6 +41,14 @@ pub(crate) struct LocalSegment {
     pub transports: Vec<(TransportKind, Arc<dyn Transport>)>,
     /// Peer engines with a control connection open.
     pub control_peers: Arc<ControlPeers>,
+    /// The cluster secret every connection must prove.
+    pub secret: Option<Secret>,
+    /// Connection caps and refusal counters.
+    pub admission: Arc<Admission>,
+    /// Deadline of the handshake and of each started frame.
+    pub frame_timeout: Duration,
+    /// Keeps this engine's dialing secret registered while the server lives.
+    pub _credentials: crate::auth::Registered,
 }
 
 impl LocalSegment {
@@ -114,12 +126,17 @@ pub(crate) async fn accept_loop(
         };
         match accepted {
             Ok((stream, from)) => {
+                // Over a cap: refused at once (dropping the stream closes it), counted.
+                let Ok(slot) = local.admission.enter(Some(from.ip())) else {
+                    continue;
+                };
                 let local = local.clone();
                 let cancel = cancel.clone();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     tokio::select! {
                         _ = cancel.cancelled() => {}
-                        r = serve(stream, local) => {
+                        r = serve(stream, from, local) => {
                             if let Err(e) = r {
                                 tracing::debug!(%from, error = %e, "connection dropped");
                             }
@@ -136,29 +153,33 @@ pub(crate) async fn accept_loop(
     }
 }
 
-async fn serve(mut stream: TcpStream, local: Arc<LocalSegment>) -> Result<()> {
-    let hello = tokio::time::timeout(HELLO_TIMEOUT, read_header(&mut stream))
+async fn serve(mut stream: TcpStream, from: SocketAddr, local: Arc<LocalSegment>) -> Result<()> {
+    let handshake = server_handshake(&mut stream, local.secret.as_ref(), local.engine_id);
+    let outcome = tokio::time::timeout(local.frame_timeout, handshake)
         .await
-        .map_err(|_| Error::Protocol("no hello in time".into()))??;
-    let Some(hello) = hello else { return Ok(()) };
-    if hello.op != Op::Hello {
-        return Err(Error::Protocol(format!(
-            "expected Hello, got {:?}",
-            hello.op
-        )));
-    }
+        .unwrap_or(Err(Failure::Timeout));
+    let hello = match outcome {
+        Ok(hello) => hello,
+        Err(why) => {
+            local.admission.auth_failed(why, Some(from.ip()));
+            return Err(Error::Protocol(format!(
+                "handshake failed: {}",
+                why.label()
+            )));
+        }
+    };
     let kind = ConnKind::from_raw(hello.buffer_id)
         .ok_or_else(|| Error::Protocol(format!("unknown connection kind {}", hello.buffer_id)))?;
     tune_accepted(&stream, kind);
-    let mut ack = Header::new(Op::HelloAck);
-    ack.request_id = local.engine_id;
-    write_frame(&mut stream, &ack, &[]).await?;
     let result = match kind {
         ConnKind::Control => {
             let _counted = local.control_peers.enter(hello.request_id);
             serve_control(stream, &local).await
         }
         ConnKind::Data => serve_data(stream, &local).await,
+        ConnKind::Shm => Err(Error::Protocol(
+            "shm connections go to the shm socket".into(),
+        )),
     };
     if let Err(e) = &result {
         if matches!(e, Error::Protocol(_)) {
@@ -169,7 +190,7 @@ async fn serve(mut stream: TcpStream, local: Arc<LocalSegment>) -> Result<()> {
 }
 
 async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()> {
-    while let Some((header, payload)) = read_frame(&mut stream).await? {
+    while let Some((header, payload)) = read_frame_within(&mut stream, local.frame_timeout).await? {
         match header.op {
             Op::TransportReq => {
                 // Handshakes may call into a device (e.g. create queue pairs): keep them
@@ -231,8 +252,11 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
     let mut r = BufReader::with_capacity(IO_BUFFER, rd);
     let mut w = BufWriter::with_capacity(IO_BUFFER, wr);
     let io = |ctx: &'static str| move |e: std::io::Error| Error::io(ctx, &e);
+    let within = |what: &'static str| {
+        move |_| Error::Protocol(format!("{what} not complete within frameTimeoutMs"))
+    };
     loop {
-        let Some(h) = read_header(&mut r).await? else {
+        let Some(h) = read_header_within(&mut r, local.frame_timeout).await? else {
             return Ok(());
         };
         let mut reply = Header::new(Op::Error);
@@ -242,8 +266,9 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                 Ok(region) => {
                     let mut dst = Window::new(&region, h.offset, h.length)
                         .map_err(|e| Error::Protocol(e.to_string()))?;
-                    r.read_exact(dst.as_mut_slice())
+                    tokio::time::timeout(local.frame_timeout, r.read_exact(dst.as_mut_slice()))
                         .await
+                        .map_err(within("WRITE payload"))?
                         .map_err(|e| Error::Protocol(format!("truncated WRITE payload: {e}")))?;
                     reply.op = Op::WriteAck;
                     reply.length = 0;
@@ -252,7 +277,9 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                         .map_err(io("write ack"))?;
                 }
                 Err((code, reason)) => {
-                    drain(&mut r, h.length).await?;
+                    tokio::time::timeout(local.frame_timeout, drain(&mut r, h.length))
+                        .await
+                        .map_err(within("refused WRITE payload"))??;
                     reject(&mut w, reply, code, &reason).await?;
                 }
             },

@@ -169,6 +169,14 @@ pub struct TransportContext {
     pub control_peers: Arc<ControlPeers>,
     /// The engine's access token (what peers must present for its memory).
     pub token: crate::wire::Token,
+    /// The cluster secret a transport's own sockets demand (shm).
+    pub secret: Option<crate::auth::Secret>,
+    /// Connection caps and refusal counters shared with the listener.
+    pub(crate) admission: Arc<crate::admission::Admission>,
+    /// Serve the shm socket to other uids too.
+    pub shm_any_uid: bool,
+    /// Deadline of a handshake or a started frame.
+    pub frame_timeout: std::time::Duration,
 }
 
 /// Builds a transport for an engine. Every transport is built this way: tcp, shm and the

@@ -31,6 +31,8 @@ pub enum ConnKind {
     Control = 1,
     /// READ/WRITE slices.
     Data = 2,
+    /// The shm transport's unix socket (memfds).
+    Shm = 3,
 }
 
 impl ConnKind {
@@ -39,6 +41,7 @@ impl ConnKind {
         match raw {
             1 => Some(Self::Control),
             2 => Some(Self::Data),
+            3 => Some(Self::Shm),
             _ => None,
         }
     }
@@ -75,6 +78,10 @@ pub enum Op {
     TransportReq = 12,
     /// The reply to `TransportReq`, payload = the transport's answer.
     TransportResp = 13,
+    /// The server's half of the handshake (`auth`): `token` = server nonce, payload = MAC.
+    AuthChallenge = 14,
+    /// The client's proof (`auth`): payload = MAC.
+    AuthProof = 15,
 }
 
 impl Op {
@@ -93,6 +100,8 @@ impl Op {
             11 => Self::Descriptor,
             12 => Self::TransportReq,
             13 => Self::TransportResp,
+            14 => Self::AuthChallenge,
+            15 => Self::AuthProof,
             _ => return None,
         })
     }
@@ -103,6 +112,7 @@ impl Op {
             Self::WriteReq | Self::ReadResp => MAX_DATA_PAYLOAD,
             Self::Descriptor | Self::TransportReq | Self::TransportResp => MAX_CONTROL_PAYLOAD,
             Self::Error => MAX_ERROR_PAYLOAD,
+            Self::AuthChallenge | Self::AuthProof => crate::auth::MAC_LEN as u64,
             Self::ReadReq => MAX_DATA_PAYLOAD, // requested length, not payload
             _ => 0,
         }
@@ -118,6 +128,8 @@ impl Op {
                 | Self::Descriptor
                 | Self::TransportReq
                 | Self::TransportResp
+                | Self::AuthChallenge
+                | Self::AuthProof
         )
     }
 }
@@ -135,6 +147,8 @@ pub enum RejectCode {
     Permission = 4,
     /// Anything else.
     BadRequest = 5,
+    /// The handshake failed: no secret, wrong secret, or a refused connection.
+    Auth = 6,
 }
 
 impl RejectCode {
@@ -145,6 +159,7 @@ impl RejectCode {
             2 => Self::UnknownBuffer,
             3 => Self::OutOfRange,
             4 => Self::Permission,
+            6 => Self::Auth,
             _ => Self::BadRequest,
         }
     }
@@ -330,9 +345,10 @@ mod tests {
 
     #[test]
     fn round_trip_every_op() {
-        for raw in 1..=11u8 {
+        for raw in 1..=15u8 {
+            // Each op at a length it allows (auth frames carry exactly one MAC).
             let op = Op::from_raw(raw).expect("op");
-            let h = sample(op, if op.payload_cap() > 0 { 100 } else { 0 });
+            let h = sample(op, op.payload_cap().min(100));
             let bytes = h.encode();
             assert_eq!(Header::decode(&bytes).expect("decode"), h);
         }

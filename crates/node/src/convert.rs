@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use ferry_core::auth::Secret;
 use ferry_core::handle::{HandleKind, Handles};
 use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{
@@ -81,6 +82,52 @@ pub struct EngineOptions {
     pub etcd_password: Option<String>,
     /// With etcd: file holding the password of `etcdUser` (one line) [none].
     pub etcd_password_file: Option<String>,
+    /// The cluster secret, at least 32 bytes: every connection proves it both ways before
+    /// anything else is exchanged [FERRY_AUTH_SECRET_FILE's content, else none]. index.ts
+    /// also takes a Buffer, passed on as `authSecretHex`.
+    pub auth_secret: Option<String>,
+    /// The cluster secret's bytes in hex (what index.ts makes of a Buffer `authSecret`).
+    pub auth_secret_hex: Option<String>,
+    /// Listen beyond loopback without a secret [false: refused].
+    pub allow_unauthenticated: Option<bool>,
+    /// Serve the shm socket to processes of any uid [false: this process's uid only].
+    pub shm_any_uid: Option<bool>,
+    /// Connections open at once, all peers [4096; 1..=1000000]; excess refused at once.
+    pub max_connections: Option<f64>,
+    /// Connections open at once from one address [1024; 1..=1000000].
+    pub max_connections_per_address: Option<f64>,
+    /// A handshake or a started frame must complete within this many ms [30000; 10..=3600000].
+    pub frame_timeout_ms: Option<f64>,
+}
+
+/// The secret from `authSecret` / `authSecretHex`, else `FERRY_AUTH_SECRET_FILE`.
+fn auth_secret(text: Option<String>, hex: Option<String>) -> Result<Option<Secret>, Error> {
+    let bytes = match (text, hex) {
+        (Some(_), Some(_)) => {
+            return Err(Error::InvalidArgument(
+                "give authSecret or authSecretHex, not both".into(),
+            ))
+        }
+        (Some(t), None) => t.into_bytes(),
+        (None, Some(h)) => decode_hex(&h)?,
+        (None, None) => return Secret::from_env(),
+    };
+    Secret::new(bytes).map(Some)
+}
+
+fn decode_hex(h: &str) -> Result<Vec<u8>, Error> {
+    let bad = || Error::InvalidArgument("authSecretHex must be an even count of hex digits".into());
+    if h.len() % 2 != 0 {
+        return Err(bad());
+    }
+    (0..h.len())
+        .step_by(2)
+        .map(|i| {
+            h.get(i..i + 2)
+                .and_then(|d| u8::from_str_radix(d, 16).ok())
+                .ok_or_else(bad)
+        })
+        .collect()
 }
 
 /// RDMA transport settings. Every field is optional; defaults in brackets.
@@ -277,6 +324,18 @@ impl TryFrom<EngineOptions> for EngineConfig {
                 ))
             }
             None => {}
+        }
+        c.auth_secret = auth_secret(o.auth_secret, o.auth_secret_hex)?;
+        c.allow_unauthenticated = o.allow_unauthenticated.unwrap_or(false);
+        c.shm_any_uid = o.shm_any_uid.unwrap_or(false);
+        if let Some(v) = opt_int(o.max_connections, "maxConnections")? {
+            c.connections.total = v;
+        }
+        if let Some(v) = opt_int(o.max_connections_per_address, "maxConnectionsPerAddress")? {
+            c.connections.per_address = v;
+        }
+        if let Some(v) = opt_ms(o.frame_timeout_ms, "frameTimeoutMs")? {
+            c.frame_timeout = v;
         }
         c.validate()?;
         Ok(c)

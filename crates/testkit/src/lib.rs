@@ -6,6 +6,7 @@
 //! - [`Pair`]: a target and an initiator engine, a region on each, the target's segment
 //!   opened from the initiator, the initiator's events recorded; both engines close on drop;
 //! - [`fill`], [`bytes_of`], [`bytes_at`]: write a pattern into a region, copy bytes out;
+//! - [`user_region`]: registered (leaked) user memory with a chosen access;
 //! - [`request`], [`wait_batch`], [`one`]: requests and bounded waits on their outcome;
 //! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness.
 
@@ -16,5 +17,5 @@ mod wait;
 
 pub use etcd::{etcd_healthy, spawn_etcd};
 pub use pair::{request, Pair};
-pub use region::{bytes_at, bytes_of, fill};
+pub use region::{bytes_at, bytes_of, fill, user_region};
 pub use wait::{one, wait_batch, within};

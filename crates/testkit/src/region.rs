@@ -42,3 +42,17 @@ pub fn bytes_at(region: &Region, offset: u64, len: u64) -> Vec<u8> {
     // usize); the caller keeps transfers into it off meanwhile.
     unsafe { std::slice::from_raw_parts(p, len as usize) }.to_vec()
 }
+
+/// Registers `len` bytes of user memory holding `byte` with `access` on `engine`; the
+/// memory is leaked, so it outlives every use the test makes of it.
+pub fn user_region(
+    engine: &ferry_core::Engine,
+    byte: u8,
+    len: usize,
+    access: ferry_core::Access,
+) -> std::sync::Arc<Region> {
+    let memory: &'static mut [u8] = Box::leak(vec![byte; len].into_boxed_slice());
+    // SAFETY: the leaked slice lives, and stays where it is, for the rest of the process.
+    unsafe { engine.register_memory(memory.as_mut_ptr(), len, access, Box::new(())) }
+        .expect("register user memory")
+}

@@ -13,7 +13,7 @@ use ferry_core::transport::{Transport, TransportContext, TransportFactory};
 use ferry_core::{
     Engine, EngineConfig, EngineEvent, Opcode, Request, TransferStatus, TransportKind,
 };
-use ferry_testkit::{bytes_of, fill, one, within, Pair};
+use ferry_testkit::{bytes_of, fill, one, user_region, within, Pair};
 use ferry_verbs::emulated::{EmulatedFaults, EmulatedProvider};
 use ferry_verbs::{ProviderChoice, RdmaConfig, RdmaFactory, RdmaTransport};
 
@@ -494,5 +494,53 @@ fn the_target_side_of_a_departed_peer_is_released_and_a_connected_one_is_kept() 
         }
         initiator.close();
         target.close();
+    });
+}
+
+#[test]
+fn with_a_cluster_secret_the_rdma_handshake_runs_and_read_only_memory_stays_unwritten() {
+    within(Duration::from_secs(60), "test body", || {
+        let secret = |b: u8| Some(ferry_core::auth::Secret::new(vec![b; 32]).expect("secret"));
+        let target = engine_with(provider(EmulatedFaults::default()), |c, _| {
+            c.auth_secret = secret(1)
+        });
+        let initiator = engine_with(provider(EmulatedFaults::default()), |c, _| {
+            c.auth_secret = secret(1)
+        });
+        let r = Pair::new(target, initiator, 1 << 20);
+        fill(&r.local, 4);
+        let s = one(r
+            .initiator
+            .transfer_blocking(&[request(&r, Opcode::Write, 0, 1 << 20, true)])
+            .expect("write"));
+        assert_eq!(s.status, TransferStatus::Completed, "{s:?}");
+        assert!(bytes_of(&r.local) == bytes_of(&r.remote));
+        // Read-only user memory: published for rdma reads, writes refused.
+        let ro = user_region(&r.target, 6, 4096, ferry_core::Access::ReadOnly);
+        let info = r
+            .initiator
+            .open_segment_blocking(r.target.segment_name())
+            .expect("reopen");
+        let req = Request {
+            opcode: Opcode::Write,
+            local: r.local.id(),
+            local_offset: 0,
+            segment: info.handle,
+            remote_buffer: ro.id(),
+            remote_offset: 0,
+            length: 4096,
+            hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
+        };
+        let err = r.initiator.transfer_blocking(&[req]).expect_err("refused");
+        assert_eq!(err.code(), "ERR_FERRY_PERMISSION_DENIED", "{err}");
+        assert_eq!(bytes_of(&ro), vec![6u8; 4096]);
+        // Another secret opens nothing, so no rkey reaches it.
+        let stranger = engine_with(provider(EmulatedFaults::default()), |c, _| {
+            c.auth_secret = secret(2)
+        });
+        assert!(stranger
+            .open_segment_blocking(r.target.segment_name())
+            .is_err());
+        stranger.close();
     });
 }

@@ -27,15 +27,18 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Admission;
+use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
 use crate::kind::Opcode;
 use crate::kind::TransportKind;
 use crate::linux::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::memory::{Region, RegionTable};
+use crate::net::{client_handshake, server_handshake};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::task::Task;
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
-use crate::wire::{token_eq, Token};
+use crate::wire::{token_eq, ConnKind, Token};
 
 /// Copies up to this size run on the submitting thread.
 const INLINE_COPY_MAX: u64 = 256 << 10;
@@ -61,13 +64,19 @@ fn bind(engine_id: u64) -> Result<(UnixListener, String)> {
     Ok((listener, name))
 }
 
-/// Serves fd requests until `cancel` fires.
-async fn serve(
-    listener: UnixListener,
+/// Who may have this engine's memfds, and what they must prove.
+struct Gate {
+    engine_id: u64,
     regions: Arc<RegionTable>,
     token: Token,
-    cancel: CancellationToken,
-) {
+    secret: Option<Secret>,
+    admission: Arc<Admission>,
+    any_uid: bool,
+    timeout: Duration,
+}
+
+/// Serves fd requests until `cancel` fires.
+async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: CancellationToken) {
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -75,12 +84,16 @@ async fn serve(
         };
         match accepted {
             Ok((stream, _)) => {
-                let regions = regions.clone();
+                let Ok(slot) = gate.admission.enter(None) else {
+                    continue;
+                };
+                let gate = gate.clone();
                 let cancel = cancel.clone();
                 tokio::spawn(async move {
+                    let _slot = slot;
                     tokio::select! {
                         _ = cancel.cancelled() => {}
-                        r = serve_one(stream, &regions, &token) => {
+                        r = serve_one(stream, &gate) => {
                             if let Err(e) = r {
                                 tracing::debug!(error = %e, "shm connection ended");
                             }
@@ -96,9 +109,36 @@ async fn serve(
     }
 }
 
-/// One client: a 16-byte token, then 8-byte buffer ids, each answered with 16 bytes
-/// (status u32, reserved u32, length u64) and, on success, the buffer's memfd.
-async fn serve_one(mut stream: UnixStream, regions: &RegionTable, token: &Token) -> Result<()> {
+/// Checks the peer's uid (unless any uid may connect) and runs the handshake.
+async fn admit_peer(stream: &mut UnixStream, gate: &Gate) -> std::result::Result<(), Failure> {
+    if !gate.any_uid {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let ours = unsafe { libc::geteuid() };
+        if crate::linux::peer_uid(&*stream).ok() != Some(ours) {
+            return Err(Failure::Uid);
+        }
+    }
+    let handshake = server_handshake(stream, gate.secret.as_ref(), gate.engine_id);
+    let hello = tokio::time::timeout(gate.timeout, handshake)
+        .await
+        .unwrap_or(Err(Failure::Timeout))?;
+    if hello.buffer_id != ConnKind::Shm as u64 {
+        return Err(Failure::Protocol);
+    }
+    Ok(())
+}
+
+/// One client: the handshake, a 16-byte token, then 8-byte buffer ids, each answered with
+/// 16 bytes (status u32, reserved u32, length u64) and, on success, the buffer's memfd.
+async fn serve_one(mut stream: UnixStream, gate: &Gate) -> Result<()> {
+    if let Err(why) = admit_peer(&mut stream, gate).await {
+        gate.admission.auth_failed(why, None);
+        return Err(Error::Protocol(format!(
+            "shm peer refused: {}",
+            why.label()
+        )));
+    }
+    let (regions, token) = (&gate.regions, &gate.token);
     let io = |e: std::io::Error| Error::io("shm serve", &e);
     let mut got = [0u8; 16];
     tokio::time::timeout(AUTH_TIMEOUT, stream.read_exact(&mut got))
@@ -217,9 +257,8 @@ pub struct ShmTransport {
     me: std::sync::Weak<ShmTransport>,
     machine_id: String,
     local_engine_id: u64,
-    /// Served to same-host peers (their memfds), behind `token`.
-    regions: Arc<RegionTable>,
-    token: Token,
+    /// Served to same-host peers (their memfds), behind the handshake and `token`.
+    gate: Arc<Gate>,
     /// The abstract socket's name once `install` bound it.
     socket: std::sync::OnceLock<String>,
     peers: Mutex<HashMap<u64, Arc<ShmPeer>>>,
@@ -254,8 +293,15 @@ impl ShmTransport {
             me: me.clone(),
             machine_id: context.machine_id,
             local_engine_id: context.engine_id,
-            regions: context.regions,
-            token: context.token,
+            gate: Arc::new(Gate {
+                engine_id: context.engine_id,
+                regions: context.regions,
+                token: context.token,
+                secret: context.secret,
+                admission: context.admission,
+                any_uid: context.shm_any_uid,
+                timeout: context.frame_timeout,
+            }),
             socket: std::sync::OnceLock::new(),
             peers: Mutex::new(HashMap::new()),
             jobs: Mutex::new(Some(tx)),
@@ -285,7 +331,7 @@ impl ShmTransport {
             return Ok(());
         }
         let token = desc.token_bytes()?;
-        let attached = connect_and_map(&socket, &token, &desc).await?;
+        let attached = connect_and_map(&socket, self.local_engine_id, &token, &desc).await?;
         let (stream, pidfd, maps) = attached;
         let shm_peer = Arc::new(ShmPeer {
             peer: peer.clone(),
@@ -380,6 +426,7 @@ impl ShmTransport {
 /// Connects, proves the token, and maps every shm buffer of `desc`.
 async fn connect_and_map(
     socket: &str,
+    local_engine_id: u64,
     token: &Token,
     desc: &SegmentDescriptor,
 ) -> Result<(UnixStream, Pidfd, HashMap<u64, Arc<RemoteMapping>>)> {
@@ -388,6 +435,21 @@ async fn connect_and_map(
     let std_stream = StdUnixStream::connect_addr(&addr).map_err(io("connect shm socket"))?;
     let pid = peer_pid(&std_stream).map_err(io("shm peer pid"))?;
     let pidfd = Pidfd::open(pid).map_err(io("pidfd_open"))?;
+    // The handshake, as on tcp; then the token and fd requests, blocking with a timeout.
+    std_stream.set_nonblocking(true).map_err(io("shm socket"))?;
+    let mut tokio_stream = UnixStream::from_std(std_stream).map_err(io("shm socket"))?;
+    let shake = client_handshake(&mut tokio_stream, ConnKind::Shm, local_engine_id);
+    tokio::time::timeout(AUTH_TIMEOUT, shake)
+        .await
+        .map_err(|_| Error::Protocol("shm handshake timed out".into()))?
+        .map_err(|reason| Error::Connect {
+            peer: format!("shm socket {socket}"),
+            reason,
+        })?;
+    let std_stream = tokio_stream.into_std().map_err(io("shm socket"))?;
+    std_stream
+        .set_nonblocking(false)
+        .map_err(io("shm socket"))?;
     // The handshake is a few local round trips: done blocking with a timeout, before the
     // stream joins the runtime for watching.
     std_stream
@@ -500,12 +562,8 @@ impl Transport for ShmTransport {
     fn install(&self) -> Result<()> {
         let _guard = self.rt.enter();
         let (listener, name) = bind(self.local_engine_id)?;
-        self.rt.spawn(serve(
-            listener,
-            self.regions.clone(),
-            self.token,
-            self.shutdown.clone(),
-        ));
+        self.rt
+            .spawn(serve(listener, self.gate.clone(), self.shutdown.clone()));
         let _ = self.socket.set(name);
         Ok(())
     }

@@ -1,0 +1,54 @@
+import test from 'ava'
+import { randomBytes } from 'node:crypto'
+import { Engine, FerryError, TransferStatus } from '../index'
+
+const KiB = 1 << 10
+
+test('listening beyond loopback without a secret is refused, saying how to set one', async (t) => {
+  const err = await t.throwsAsync(Engine.create({ listen: '0.0.0.0:0', advertise: '127.0.0.1' }), { instanceOf: FerryError })
+  t.is(err?.code, 'ERR_FERRY_INVALID_ARGUMENT')
+  t.regex(err?.message ?? '', /authSecret .*FERRY_AUTH_SECRET_FILE/)
+  const open = await Engine.create({ listen: '0.0.0.0:0', advertise: '127.0.0.1', allowUnauthenticated: true })
+  t.teardown(() => open.close())
+  t.regex(open.segmentName, /^127\.0\.0\.1:\d+$/)
+})
+
+test('engines with the same secret (string or Buffer) move bytes; another secret or none is refused', async (t) => {
+  t.timeout(30_000)
+  const secret = randomBytes(32)
+  const target = await Engine.create({ authSecret: secret, listen: '0.0.0.0:0', advertise: '127.0.0.1' })
+  t.teardown(() => target.close())
+  const remote = target.allocate(64 * KiB)
+  const friend = await Engine.create({ authSecret: Buffer.from(secret) })
+  t.teardown(() => friend.close())
+  const local = friend.allocate(64 * KiB)
+  randomBytes(64 * KiB).copy(local.buffer)
+  const seg = await friend.openSegment(target.segmentName)
+  const r = await friend.write({ local, remote: seg, remoteBuffer: remote.id, length: 64 * KiB })
+  t.is(r.tasks[0].status, TransferStatus.COMPLETED)
+  t.true(remote.buffer.equals(local.buffer))
+  for (const authSecret of [randomBytes(32), undefined]) {
+    const stranger = await Engine.create(authSecret === undefined ? {} : { authSecret })
+    t.teardown(() => stranger.close())
+    const err = await t.throwsAsync(stranger.openSegment(target.segmentName), { instanceOf: FerryError })
+    t.is(err?.code, 'ERR_FERRY_CONNECT', err?.message)
+  }
+  const text = target.metricsText()
+  t.regex(text, /^ferry_auth_failures_total\{reason="aborted"\} 1$/m)
+  t.regex(text, /^ferry_auth_failures_total\{reason="no_secret"\} 1$/m)
+  t.regex(text, /^ferry_connections_refused_total\{reason="per_address"\} 0$/m)
+  // A string secret is its UTF-8 bytes.
+  const texted = await Engine.create({ authSecret: 'x'.repeat(40) })
+  t.teardown(() => texted.close())
+  const other = await Engine.create({ authSecret: Buffer.from('x'.repeat(40)) })
+  t.teardown(() => other.close())
+  await t.notThrowsAsync(texted.openSegment(other.segmentName))
+})
+
+test('a short secret is refused', async (t) => {
+  for (const authSecret of ['short', Buffer.alloc(31)]) {
+    const err = await t.throwsAsync(Engine.create({ authSecret }), { instanceOf: FerryError })
+    t.is(err?.code, 'ERR_FERRY_INVALID_ARGUMENT')
+    t.regex(err?.message ?? '', /at least 32 bytes/)
+  }
+})
