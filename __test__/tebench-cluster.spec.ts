@@ -382,7 +382,7 @@ if (skip) {
   test.skip(`two-host tebench tests skipped: ${skip}`, (t) => t.pass())
 } else {
   for (const metadata of ['p2p', 'etcd'] as const) {
-    test(`two hosts (${metadata}): write, read and mix with --check_consistency=true over tcp, exit 0`, async (t) => {
+    test(`two hosts (${metadata}): write, read and mix with --check_consistency=true over tcp, exit 0; another secret file, exit 1`, async (t) => {
       t.timeout(150_000)
       const net = createNetwork()
       t.teardown(() => net.destroy())
@@ -429,6 +429,10 @@ if (skip) {
       const table = await run(TEBENCH, [`--target_seg_name=${target.segment}`, ...auth, ...meta, '--op_type=write', ...QUICK], 60_000)
       t.is(table.code, 0, table.stderr)
       t.regex(table.stdout, /^transport tcp \(100 %\)/m)
+      // Another secret: refused at the handshake, exit 1 with the auth error.
+      const wrong = await run(TEBENCH, [`--target_seg_name=${target.segment}`, `--auth_secret_file=${secretFile()}`, ...meta, '--op_type=write', ...QUICK], 60_000)
+      t.is(wrong.code, 1, `${wrong.stdout}${wrong.stderr}`)
+      t.regex(wrong.stderr, /FAILED \(ERR_FERRY_CONNECT\).*authentication failed: the peer does not hold our cluster secret/)
       await delay(0)
     })
   }
