@@ -64,6 +64,11 @@ export declare class NativeEngine {
   /** This engine's segment name (`host:port`). */
   get segmentName(): string
   /**
+   * The warning this engine started with when it serves beyond loopback without a
+   * secret (`allowUnauthenticated`), else null.
+   */
+  get exposureWarning(): string | null
+  /**
    * Allocates an engine-owned region of `bytes` (any size the machine can back: a
    * memfd, touched lazily).
    */

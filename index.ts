@@ -644,11 +644,15 @@ export class Engine extends EventEmitter {
         ? { ...rest, authSecretHex: Buffer.from(authSecret.buffer, authSecret.byteOffset, authSecret.byteLength).toString('hex') }
         : authSecret === undefined ? rest : { ...rest, authSecret }
     const started = call(() => native.startEngine(nativeOptions))
+    let engine: Engine
     try {
-      return new Engine(await started)
+      engine = new Engine(await started)
     } catch (err) {
       throw startError(err)
     }
+    const warning = engine.#native.exposureWarning
+    if (warning) process.emitWarning(warning, { code: 'FERRY_UNAUTHENTICATED' })
+    return engine
   }
 
   /** @internal */

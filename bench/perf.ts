@@ -22,6 +22,7 @@
  */
 import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
+import { authSuite } from './suites/auth'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
 import { shmSuite } from './suites/shm'
@@ -36,6 +37,7 @@ const suites: Record<string, Suite> = {
   failover: failoverSuite,
   liveness: livenessSuite,
   soak: soakSuite,
+  auth: authSuite,
 }
 
 const MiB = 1 << 20
@@ -110,7 +112,10 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
     soak      resident memory of an initiator before and after
               --soak-transfers 4 KiB WRITEs (shm and tcp; Promise and
               batch API), each case in a fresh process; target growth
-              <= 32 MB`
+              <= 32 MB
+    auth      what the cluster secret costs: 1 MiB WRITEs over tcp and shm
+              with and without it (ratio = with / without; target >= 0.97)
+              and openSegment's median time with and without`
 
 const USAGE = [
   `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]`,

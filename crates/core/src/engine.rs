@@ -208,6 +208,12 @@ impl Engine {
         &self.shell.name
     }
 
+    /// The warning an engine started with when it serves beyond loopback without a secret
+    /// (allowed by `allow_unauthenticated`); `None` otherwise.
+    pub fn exposure_warning(&self) -> Option<String> {
+        crate::config::exposure_warning(&self.shell.config, self.shell.local_addr)
+    }
+
     /// Test hook: stops (or resumes) this engine's etcd keep-alives without revoking its
     /// lease, as if the engine had died. No effect without etcd metadata.
     #[doc(hidden)]

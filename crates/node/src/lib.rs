@@ -142,6 +142,13 @@ impl NativeEngine {
         self.engine.segment_name().to_string()
     }
 
+    /// The warning this engine started with when it serves beyond loopback without a
+    /// secret (`allowUnauthenticated`), else null.
+    #[napi(getter)]
+    pub fn exposure_warning(&self) -> Option<String> {
+        self.engine.exposure_warning()
+    }
+
     /// The id of region `handle` in this engine, checked to be this engine's.
     fn region_id(&self, handle: f64) -> Result<u64, ferry_core::Error> {
         let handle = to_u64(handle, "region")?;
