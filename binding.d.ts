@@ -286,6 +286,13 @@ export interface EngineMetrics {
   segmentsOpen: number
   /** Registered regions. */
   regions: number
+  /**
+   * Connections that failed the cluster-secret handshake, by reason (every reason,
+   * zeros too; `ferry_auth_failures_total{reason}`).
+   */
+  authFailures: Record<string, number>
+  /** Connections refused at once by a cap, by which (`total`, `per_address`). */
+  connectionsRefused: Record<string, number>
 }
 
 /**

@@ -53,6 +53,9 @@ test('engines with the same secret (string or Buffer) move bytes; another secret
   t.regex(text, /^ferry_auth_failures_total\{reason="aborted"\} 1$/m)
   t.regex(text, /^ferry_auth_failures_total\{reason="no_secret"\} 1$/m)
   t.regex(text, /^ferry_connections_refused_total\{reason="per_address"\} 0$/m)
+  const m = target.metrics()
+  t.like(m.authFailures, { aborted: 1, no_secret: 1, bad_proof: 0 })
+  t.like(m.connectionsRefused, { total: 0, per_address: 0 })
   // A string secret is its UTF-8 bytes.
   const texted = await Engine.create({ authSecret: 'x'.repeat(40) })
   t.teardown(() => texted.close())

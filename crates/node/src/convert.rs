@@ -723,6 +723,18 @@ pub struct EngineMetrics {
     pub segments_open: f64,
     /// Registered regions.
     pub regions: f64,
+    /// Connections that failed the cluster-secret handshake, by reason (every reason,
+    /// zeros too; `ferry_auth_failures_total{reason}`).
+    pub auth_failures: std::collections::HashMap<String, f64>,
+    /// Connections refused at once by a cap, by which (`total`, `per_address`).
+    pub connections_refused: std::collections::HashMap<String, f64>,
+}
+
+fn by_reason(counts: &[(&'static str, u64)]) -> std::collections::HashMap<String, f64> {
+    counts
+        .iter()
+        .map(|(r, n)| ((*r).to_string(), *n as f64))
+        .collect()
 }
 
 impl From<Metrics> for EngineMetrics {
@@ -757,6 +769,8 @@ impl From<Metrics> for EngineMetrics {
             transports_disabled: m.transports_disabled as f64,
             segments_open: m.segments_open as f64,
             regions: m.regions as f64,
+            auth_failures: by_reason(&m.auth_failures),
+            connections_refused: by_reason(&m.connections_refused),
         }
     }
 }
