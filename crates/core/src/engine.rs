@@ -463,8 +463,9 @@ impl Engine {
         let b = self.live()?.batch(batch)?;
         Ok(b.with_tasks(|tasks| {
             crate::blocks::fill_status(starts, out, |r| {
-                tasks
-                    .get(first_task + r)
+                first_task
+                    .checked_add(r)
+                    .and_then(|i| tasks.get(i))
                     .map_or(TransferStatus::Invalid, |t| t.status())
             })
         }))
