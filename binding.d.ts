@@ -61,6 +61,20 @@ export declare class NativeBench {
 
 /** The native engine. Use the `Engine` class of the package, which wraps this one. */
 export declare class NativeEngine {
+  /**
+   * Starts a block-list transfer; returns `{ op, requests, promise }` where the promise
+   * resolves with every block's outcome (one wake of the JS thread for all of them).
+   */
+  transferBlocks(opcode: 'read' | 'write', list: NativeBlockList): { op: number, requests: number, promise: Promise<BlocksOutcome> }
+  /** Submits a block list as tasks of a batch. */
+  submitBlocks(batch: number, opcode: 'read' | 'write', list: NativeBlockList): BlockSubmissionJs
+  /** Writes the raw status of tasks `firstTask..` into `out`; returns how many. */
+  getTransferStatusInto(batch: number, firstTask: number, out: Uint8Array): number
+  /**
+   * Writes each block's status of a `submitBlocks` list into `out`; returns the blocks
+   * not yet terminal.
+   */
+  getBlockStatusInto(batch: number, firstTask: number, starts: Uint32Array, out: Uint8Array): number
   /** This engine's segment name (`host:port`). */
   get segmentName(): string
   /**
@@ -221,6 +235,24 @@ export interface BenchTarget {
   peer: string
   /** Remote buffer id. */
   remoteBuffer: number
+}
+
+/** What happened to every block of a call. */
+export interface BlocksOutcome {
+  /** One raw status per block (4 = completed). */
+  status: Uint8Array
+  /** The blocks that did not complete, by request. */
+  failed: Array<FailedBlocks>
+  /** Requests the blocks were merged into. */
+  requests: number
+}
+
+/** A block list submitted to a batch. */
+export interface BlockSubmissionJs {
+  /** Index of the first task. */
+  firstTask: number
+  /** Task `firstTask + r` covers blocks `starts[r]..starts[r + 1]`. */
+  starts: Uint32Array
 }
 
 /** Bytes of completed transfers over one transport for one operation. */
@@ -389,6 +421,20 @@ export interface EngineOptions {
   frameTimeoutMs?: number
 }
 
+/** Blocks of one request that did not complete. */
+export interface FailedBlocks {
+  /** First block. */
+  first: number
+  /** Number of blocks (all of the request's). */
+  count: number
+  /** Their raw status. */
+  status: number
+  /** Error code. */
+  code: string
+  /** Error message. */
+  message: string
+}
+
 /** Fault injection on one transport. */
 export interface FaultOptions {
   /** "tcp", "shm" or "rdma". */
@@ -405,6 +451,29 @@ export interface FaultOptions {
   failInstall?: boolean
   /** Seed of the random choices [0]. */
   seed?: number
+}
+
+/**
+ * The block list as index.ts passes it (the typed arrays are read in place). Declared
+ * for TypeScript only: the binding reads these fields itself, to take typed arrays.
+ */
+export interface NativeBlockList {
+  /** Region handle, or one per block. */
+  local: number | Float64Array
+  /** Segment handle, or one per block. */
+  remote: number | Float64Array
+  /** Remote buffer id, or one per block [0]. */
+  remoteBuffer?: number | Float64Array | BigUint64Array
+  /** Offset of each block in its local region. */
+  localOffsets: Float64Array | BigUint64Array
+  /** Offset of each block in its remote buffer. */
+  remoteOffsets: Float64Array | BigUint64Array
+  /** Length of each block, or one for all. */
+  lengths: number | Float64Array | BigUint64Array
+  /** Transport to try first. */
+  transport?: string
+  /** The only transport that may serve the blocks. */
+  requireTransport?: string
 }
 
 /** Outcome of openSegment (a value; the TypeScript layer turns failures into rejections). */

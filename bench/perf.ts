@@ -7,7 +7,8 @@
  * Suites: `tcp` (tcp transport over loopback vs iperf3 and a pure-Node round trip), `shm`
  * (shared-memory transport to a same-host peer vs a one-thread memcpy, plus 4 KiB write
  * latency), `failover` (shm WRITE throughput with a share of shm completions failing over to
- * tcp, vs the same engine setup without faults).
+ * tcp, vs the same engine setup without faults), `blocks` (many 4 KiB / 64 KiB blocks per call
+ * through the vectorized API, over shm vs memcpy and over tcp vs pure Node).
  *
  * Prints one JSON line per case on stdout (the only thing written there) and progress on
  * stderr. Each figure is compared with a baseline measured in the same invocation (these
@@ -23,6 +24,7 @@
 import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
 import { authSuite } from './suites/auth'
+import { blocksSuite } from './suites/blocks'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
 import { shmSuite } from './suites/shm'
@@ -38,6 +40,7 @@ const suites: Record<string, Suite> = {
   liveness: livenessSuite,
   soak: soakSuite,
   auth: authSuite,
+  blocks: blocksSuite,
 }
 
 const MiB = 1 << 20

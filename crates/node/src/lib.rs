@@ -5,6 +5,7 @@
 #![deny(clippy::all)]
 
 mod bench;
+mod blocks;
 mod buffer;
 mod convert;
 mod js;
