@@ -27,6 +27,7 @@ import { livenessSuite } from './suites/liveness'
 import { shmSuite } from './suites/shm'
 import { soakSuite } from './suites/soak'
 import { tcpSuite } from './suites/tcp'
+import { tebenchLoopSuite } from './suites/tebench-loop'
 import type { Suite, SuiteOptions } from './suites/types'
 import { helpLines, parseFlags, SHARED, UsageError, type Schema } from './options'
 
@@ -36,6 +37,7 @@ const suites: Record<string, Suite> = {
   failover: failoverSuite,
   liveness: livenessSuite,
   soak: soakSuite,
+  'tebench-loop': tebenchLoopSuite,
 }
 
 const MiB = 1 << 20
@@ -110,7 +112,11 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
     soak      resident memory of an initiator before and after
               --soak-transfers 4 KiB WRITEs (shm and tcp; Promise and
               batch API), each case in a fresh process; target growth
-              <= 32 MB`
+              <= 32 MB
+    tebench-loop  the native tebench loop, 1 thread, fixed addressing:
+              shm 4 KiB and 1 MiB WRITE vs memcpy of the same block and
+              working set (Avg Tx in the record; target ratio >= 0.9 at
+              1 MiB), tcp 1 MiB WRITE and READ vs iperf3 -l 1M (>= 0.7)`
 
 const USAGE = [
   `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]`,
