@@ -3,13 +3,15 @@
 //! Engine-owned regions are memfds sealed against resizing. A same-host initiator connects
 //! to the target's abstract unix socket, proves the segment token, and receives each
 //! buffer's memfd over SCM_RIGHTS; it maps every buffer once and copies straight into or out
-//! of the mapping: one copy, no target CPU. Small copies run on the submitting thread;
-//! larger ones are cut into chunks for a small pool of copy threads.
+//! of the mapping: one copy, no target CPU. Copies up to 1 MiB run on the submitting
+//! thread; larger ones are cut into chunks, the first copied by the submitting thread and
+//! the others by a small pool of copy threads.
 //!
 //! A dead process's memory stays mapped, so a copy into it would "succeed" silently. The
 //! transport therefore watches the target: a pidfd (exit) and the unix connection (EOF)
 //! report its death at once, after which every copy fails; each copy also checks the pidfd
-//! after it finishes, so no attempt completes into a dead target.
+//! after it finishes (the one syscall of a copy: the checks before it read a flag), so no
+//! attempt completes into a dead target.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
