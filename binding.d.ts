@@ -166,6 +166,11 @@ export interface BenchCase {
   stripeBase: number
   /** Bytes per worker stripe. */
   stripeLen: number
+  /**
+   * "fixed" (Mooncake's: every batch re-uses the blocks at the start of the stripe) or
+   * "walk" (each batch takes the next blocks, through the whole stripe). Default "walk".
+   */
+  addressing?: 'fixed' | 'walk'
   /** Further targets (tebench's comma list): worker i uses target i % (1 + n). */
   extraTargets?: Array<BenchTarget>
   /** Pin every request to this transport. */

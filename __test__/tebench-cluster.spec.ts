@@ -11,7 +11,7 @@ import * as os from 'node:os'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
 import { parseFlags, UsageError } from '../bench/options'
-import { OPTIONS, parseConfig } from '../bench/tebench'
+import { OPTIONS, parseConfig, stripeLength } from '../bench/tebench'
 import { enableAuth, makePki, startEtcd, stopAllEtcd } from './etcd'
 import { delay, killAll, spawnNode } from './helpers'
 import { createNetwork, netnsUnavailable, sweep } from '../support/netns'
@@ -78,6 +78,21 @@ const usage = (argv: string[]) => {
   }
   return undefined
 }
+
+test("--addressing: Mooncake's fixed stripes by default, walk on request", (t) => {
+  const fixed = parseConfig(['--local'])
+  t.is(fixed.addressing, 'fixed')
+  t.is(parseConfig(['--local', '--addressing=walk']).addressing, 'walk')
+  t.throws(() => parseConfig(['--local', '--addressing=stride']))
+  const MiB = 1 << 20
+  // fixed: stride = max_block_size × max_batch_size (1 GiB buffer, 64 MiB × 1 by default)
+  t.is(stripeLength(fixed, 1, 4096), 64 * MiB)
+  t.is(stripeLength({ ...fixed, maxBatchSize: 4 }, 2, MiB), 256 * MiB)
+  // … or the split of the buffer when that stride does not fit the threads
+  t.is(stripeLength(fixed, 32, 4096), 32 * MiB)
+  // walk: the buffer split between the threads, whole blocks
+  t.is(stripeLength({ ...fixed, addressing: 'walk' }, 3, MiB), 341 * MiB)
+})
 
 test('gflags forms: --flag=true|false, --noflag, --flag value, -flag', (t) => {
   const mix = ['--local', '--op_type=mix']
@@ -218,7 +233,7 @@ test('table: the header names what served; --format=mooncake prints Mooncake\'s 
   t.timeout(60_000)
   const table = await run(TEBENCH, ['--local', '--op_type=write', '--xport_type=tcp', ...QUICK])
   t.is(table.code, 0, table.stderr)
-  t.regex(table.stdout, /^WRITE, 1 thread, requested transport tcp$/m)
+  t.regex(table.stdout, /^WRITE, 1 thread, requested transport tcp, addressing fixed$/m)
   t.regex(table.stdout, /^transport tcp \(100 %\), 0 failovers$/m)
   t.regex(table.stdout, /^ +65536 \|/m)
 

@@ -119,6 +119,7 @@ test('--local --json: one JSON object per case with the columns, exit 0', async 
     for (const c of COLUMNS) t.is(typeof row[c], 'number', `${c} in ${JSON.stringify(row)}`)
     t.true((row.ops as number) > 0)
     t.true((row.bwGbps as number) > 0)
+    t.is(row.addressing, 'fixed', 'the default addressing, named in every record')
   }
 })
 

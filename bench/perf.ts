@@ -118,7 +118,13 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
               <= 32 MB
     auth      what the cluster secret costs: 1 MiB WRITEs over tcp and shm
               with and without it (ratio = with / without; target >= 0.97)
-              and openSegment's median time with and without`
+              and openSegment's median time with and without
+    blocks    many small blocks: writeBlocks/readBlocks over shm (4 KiB,
+              64 KiB) vs memcpy of those blocks and over tcp (4 KiB) vs pure
+              Node; then the native tebench loop, 1 thread, fixed addressing:
+              shm 4 KiB and 1 MiB WRITE vs memcpy of the same block and
+              working set (target ratio >= 0.9 at 1 MiB), tcp 1 MiB WRITE and
+              READ vs iperf3 -l 1M (>= 0.7)`
 
 const USAGE = [
   `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]`,

@@ -14,6 +14,8 @@ export interface CaseRecord extends BenchRow {
   transport: string
   /** The transport asked for: `auto` or the --xport_type. */
   requested: string
+  /** How the workers addressed their stripes: `fixed` (Mooncake's) or `walk`. */
+  addressing: 'fixed' | 'walk'
   served: TransportShare[]
   failovers: number
   partial?: boolean
@@ -90,7 +92,7 @@ export class Output {
   }
 
   /** A group of cases (one op, one thread count) starts. */
-  groupStart(op: string, threads: number, requested: string): void {
+  groupStart(op: string, threads: number, requested: string, addressing: string): void {
     this.#header = ''
     if (this.format === 'json') return
     if (this.format === 'mooncake') {
@@ -99,7 +101,7 @@ export class Output {
       this.#mooncakeThreads = threads
       return
     }
-    const title = `${op.toUpperCase()}, ${threads} thread${threads === 1 ? '' : 's'}, requested transport ${requested}`
+    const title = `${op.toUpperCase()}, ${threads} thread${threads === 1 ? '' : 's'}, requested transport ${requested}, addressing ${addressing}`
     process.stdout.write(`\n${title}\n`)
   }
 

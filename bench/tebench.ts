@@ -74,6 +74,12 @@ export const OPTIONS = {
   max_num_threads: { type: 'integer', default: 1, min: 1, max: 1024, help: 'last thread count' },
   duration: SHARED.durationS,
   request_interval_us: { type: 'integer', default: 0, min: 0, help: 'per-thread pacing before each batch (µs)' },
+  addressing: {
+    type: 'string',
+    default: 'fixed',
+    choices: ['fixed', 'walk'],
+    help: "Ferry: fixed (Mooncake's: each thread one stripe of max_block_size × max_batch_size, every batch the same contiguous blocks at its start, cache-resident) or walk (each batch the next blocks, through total_buffer_size / threads: the DRAM-bound figure)",
+  },
   metadata_type: {
     type: 'string',
     default: 'p2p',
@@ -176,6 +182,8 @@ export interface Config {
   maxNumThreads: number
   durationS: number
   requestIntervalUs: number
+  /** How workers address their stripe: Mooncake's fixed blocks, or a walk through it. */
+  addressing: Addressing
   metadataType: 'p2p' | 'etcd'
   metadataUrlList: string
   localServerName: string
@@ -194,6 +202,19 @@ export interface Config {
   inject?: Injection
   format: OutputFormat
   help: boolean
+}
+
+export type Addressing = 'fixed' | 'walk'
+
+/**
+ * Bytes of each thread's stripe. `walk`: the buffer split between the threads. `fixed`:
+ * Mooncake's stride, max_block_size × max_batch_size (thread t at t × stride), or the
+ * split when that stride does not fit `threads` times; always whole blocks.
+ */
+export function stripeLength(cfg: Pick<Config, 'addressing' | 'totalBufferSize' | 'maxBlockSize' | 'maxBatchSize'>, threads: number, block: number): number {
+  const split = Math.floor(cfg.totalBufferSize / threads / block) * block
+  if (cfg.addressing === 'walk') return split
+  return Math.min(split, Math.floor((cfg.maxBlockSize * cfg.maxBatchSize) / block) * block)
 }
 
 export function helpText(): string {
@@ -297,6 +318,7 @@ export function parseConfig(argv: string[]): Config {
     maxNumThreads: v.max_num_threads,
     durationS: v.duration,
     requestIntervalUs: v.request_interval_us,
+    addressing: v.addressing as Addressing,
     metadataType: v.metadata_type as Config['metadataType'],
     metadataUrlList: urls,
     localServerName: v.local_server_name,
@@ -568,6 +590,7 @@ interface InitiatorResult {
 
 function toRecord(
   op: 'read' | 'write',
+  addressing: Addressing,
   requested: string,
   result: BenchResult,
   row: BenchRow,
@@ -578,6 +601,7 @@ function toRecord(
     op,
     transport: result.served.length === 1 ? result.served[0].transport : result.servedLabel,
     requested,
+    addressing,
     served: result.served,
     failovers: result.failovers,
     ...row,
@@ -644,7 +668,7 @@ async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget)
         for (const block of doubling(cfg.startBlockSize, cfg.maxBlockSize)) {
           for (const batch of doubling(cfg.startBatchSize, cfg.maxBatchSize)) {
             if (block * batch > cfg.totalBufferSize / threads) continue
-            const stripeLen = Math.floor(cfg.totalBufferSize / threads / block) * block
+            const stripeLen = stripeLength(cfg, threads, block)
             for (const op of ops) {
               if (interrupt.stopped) return { code: 130 }
               const what = `${op} ${block} B × ${batch}, ${threads} thread(s)`
@@ -654,7 +678,7 @@ async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget)
               }
               const target = op === 'read' && readBack ? readBack : local
               if (op === 'read' && readBack) readBack.fill(0)
-              if (group !== `${op}/${threads}`) out.groupStart(op, threads, requested)
+              if (group !== `${op}/${threads}`) out.groupStart(op, threads, requested, cfg.addressing)
               group = `${op}/${threads}`
               progress.show(`tebench: ${what} over ${requested}…`)
               const warmupMs = WARMUP_MS
@@ -678,6 +702,7 @@ async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget)
                 extraTargets,
                 stripeBase: 0,
                 stripeLen,
+                addressing: cfg.addressing,
                 transport: cfg.xportType,
                 durationMs: Math.round(cfg.durationS * 1000),
                 warmupMs,
@@ -709,7 +734,7 @@ async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget)
                 return { code: 1 }
               }
               if (result.row) {
-                const record = toRecord(op, requested, result, result.row, result.outcome === 'stopped')
+                const record = toRecord(op, cfg.addressing, requested, result, result.row, result.outcome === 'stopped')
                 out.row(record, result.row, result.servedLabel)
               }
               if (result.outcome === 'stopped' || interrupt.stopped) return { code: 130 }

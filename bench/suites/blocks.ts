@@ -8,6 +8,7 @@
  *   write-64KiB-vector  shm   GB/s       vs memcpy of 64 KiB blocks, 1 thread
  *   write-4KiB-vector   tcp   blocks/s   vs pure Node over loopback TCP, the same block stream
  *   read-4KiB-vector    tcp   blocks/s   vs pure Node over loopback TCP, the same block stream
+ *   tebench-*           the native tebench loop's cases, after these (bench/suites/tebench-loop.ts)
  *
  * The block stream: calls of BLOCKS_PER_CALL blocks; the local and the remote pages of the
  * working set (WORKING_SET per side, pre-touched) each in a seeded shuffle, so that no two
@@ -26,6 +27,7 @@ import { log } from '../lib/log'
 import { MiB, startTarget, type Target } from '../lib/rig'
 import { attempt, compare, hostLoad, isResult, perMethod, roundErrors, runRounds, type Method, type Rounds } from '../lib/rounds'
 import { median, nowNs, round } from '../lib/stats'
+import { tebenchLoopCases } from './tebench-loop'
 import type { CaseRecord, SuiteOptions } from './types'
 
 const SUITE = 'blocks'
@@ -301,5 +303,7 @@ export async function blocksSuite(options: SuiteOptions): Promise<CaseRecord[]> 
     log(`${SUITE}: ${c.name} over ${c.transport}: ${options.repeat} rounds, ${options.durationSeconds} s each`)
     records.push(await measureCase(c, options))
   }
+  // The native tebench loop's per-op figures (bench/suites/tebench-loop.ts).
+  records.push(...(await tebenchLoopCases(options)))
   return records
 }

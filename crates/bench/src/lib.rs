@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use ferry_bench::{bench_gate, BenchSpec, GateHooks, ReportRow, RunError, Stripe};
+//! use ferry_bench::{bench_gate, Addressing, BenchSpec, GateHooks, ReportRow, RunError, Stripe};
 //! use ferry_core::{Engine, EngineConfig, Opcode};
 //!
 //! let target = Engine::new(EngineConfig::default())?;
@@ -19,7 +19,7 @@
 //! let spec = BenchSpec {
 //!     opcode: Opcode::Write, block_size: 64 << 10, batch_size: 1, local: local.id(),
 //!     segment: seg.handle, peer: seg.name, remote_buffer: remote.id(), extra_targets: vec![],
-//!     stripe: Stripe { base: 0, len: 4 << 20 }, transport: None,
+//!     stripe: Stripe { base: 0, len: 4 << 20 }, addressing: Addressing::Walk, transport: None,
 //!     duration: Duration::from_secs(1), warmup: Duration::from_millis(100),
 //!     request_interval_us: 0, stall_timeout: ferry_bench::DEFAULT_STALL_TIMEOUT,
 //! };
@@ -58,6 +58,6 @@ pub use report::ReportRow;
 pub use runner::{Bench, CaseOutcome, CaseReport, MAX_THREADS};
 pub use served::{Served, TransportShare};
 pub use worker::{
-    bench_gate, run_worker, Backoff, BenchGate, BenchSpec, OffsetCycle, Pause, Stripe, WorkerStats,
-    DEFAULT_STALL_TIMEOUT,
+    bench_gate, run_worker, Addressing, Backoff, BenchGate, BenchSpec, OffsetCycle, Pause, Stripe,
+    WorkerStats, DEFAULT_STALL_TIMEOUT,
 };

@@ -6,7 +6,8 @@ use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_bench::{
-    bench_gate, Backoff, BenchSpec, GateHooks, ReportRow, RunError, Stripe, DEFAULT_STALL_TIMEOUT,
+    bench_gate, Addressing, Backoff, BenchSpec, GateHooks, ReportRow, RunError, Stripe,
+    DEFAULT_STALL_TIMEOUT,
 };
 use ferry_core::{Engine, EngineConfig, Opcode, Request, TransferStatus, TransportKind};
 
@@ -46,6 +47,7 @@ fn rig(stripes: u64, stripe_len: u64, block: u64, batch: usize, duration: Durati
             base: 0,
             len: stripe_len,
         },
+        addressing: Addressing::Walk,
         transport: Some(TransportKind::Tcp),
         duration,
         warmup: Duration::from_millis(50),

@@ -82,15 +82,17 @@ impl Batch {
         self.tasks().iter().map(|t| t.snapshot()).collect()
     }
 
-    /// The aggregate status and bytes moved.
+    /// The aggregate status and bytes moved. Reads each task's atomics under the batch's
+    /// lock: no snapshot, no copy of the task list (this is what pollers call in a loop).
     pub fn status(&self) -> (TransferStatus, u64, usize) {
-        let snaps = self.snapshots();
-        let bytes = snaps.iter().map(|s| s.transferred).sum();
-        (
-            aggregate(snaps.iter().map(|s| s.status)),
-            bytes,
-            snaps.len(),
-        )
+        let all = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = all.iter().map(|t| t.transferred()).sum();
+        (aggregate(all.iter().map(|t| t.status())), bytes, all.len())
+    }
+
+    /// Takes every task out (the batch is being freed).
+    pub(crate) fn take_tasks(&self) -> Vec<Arc<Task>> {
+        std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 

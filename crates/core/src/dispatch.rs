@@ -68,7 +68,7 @@ impl Inner {
             task: task.clone(),
             attempt,
         };
-        if let Some(Err(e)) = transport.submit(std::slice::from_ref(&a)).pop() {
+        if let Err(e) = transport.submit_one(&a) {
             task.attempt_failed(attempt, e);
         }
     }

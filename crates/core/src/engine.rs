@@ -408,7 +408,7 @@ impl Engine {
     pub fn free_batch(&self, batch: u64) -> Result<()> {
         let l = self.live()?;
         let b = l.batches.free(batch).map_err(|e| l.or_closed(e))?;
-        for t in b.tasks() {
+        for t in b.take_tasks() {
             t.finish(TransferStatus::Canceled, Some(Error::Canceled));
         }
         Ok(())

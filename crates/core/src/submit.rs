@@ -38,8 +38,7 @@ impl Inner {
         let registered = v
             .descriptor
             .buffer(v.remote_buffer)
-            .map(|b| b.transports.clone())
-            .unwrap_or_default();
+            .map_or(&[][..], |b| &b.transports[..]);
         let path = |k| self.path(k, &v.peer);
         let peer = v.peer.handle();
         let dirty = self.health_dirty.load(Ordering::Relaxed);
@@ -47,7 +46,7 @@ impl Inner {
         let view = PeerView {
             name: v.peer.name(),
             buffer: v.remote_buffer,
-            registered: &registered,
+            registered,
             path: &path,
             lost: v.peer.is_lost().then(|| v.peer.lost_error()),
             paused: &paused,

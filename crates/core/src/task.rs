@@ -376,6 +376,13 @@ impl Task {
         true
     }
 
+    /// Bytes known to have moved (a lower bound while pending), as [`TaskSnapshot::transferred`].
+    pub fn transferred(&self) -> u64 {
+        self.transferred
+            .load(Ordering::Acquire)
+            .min(self.request.length)
+    }
+
     /// A consistent-enough view for status reads.
     pub fn snapshot(&self) -> TaskSnapshot {
         let status = self.status();
@@ -386,10 +393,7 @@ impl Task {
         };
         TaskSnapshot {
             status,
-            transferred: self
-                .transferred
-                .load(Ordering::Acquire)
-                .min(self.request.length),
+            transferred: self.transferred(),
             length: self.request.length,
             transport: TransportKind::from_raw(self.transport.load(Ordering::Acquire)),
             attempts: self.attempts.load(Ordering::Acquire),

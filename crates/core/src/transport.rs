@@ -43,6 +43,14 @@ pub trait Transport: Send + Sync {
     /// slice done (`Task::slice_done`) or the attempt failed (`Task::attempt_failed`).
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>>;
 
+    /// [`Transport::submit`] of one attempt, without a `Vec` of results: the engine starts
+    /// attempts one at a time, on the hot path. The default goes through `submit`.
+    fn submit_one(&self, attempt: &Attempt) -> Result<()> {
+        self.submit(std::slice::from_ref(attempt))
+            .pop()
+            .unwrap_or(Ok(()))
+    }
+
     /// Fails every in-flight and queued slice towards `peer` at once and drops its
     /// connections (the peer was declared lost).
     fn fail_peer(&self, peer: &Peer, error: crate::Error);

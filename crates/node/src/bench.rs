@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use ferry_bench::gate::Failure;
-use ferry_bench::worker::{BenchSpec, Stripe, Target};
+use ferry_bench::worker::{Addressing, BenchSpec, Stripe, Target};
 use ferry_bench::{Bench, CaseReport, ReportRow, TransportShare, DEFAULT_STALL_TIMEOUT};
 use ferry_core::Opcode;
 use napi::bindgen_prelude::Object;
@@ -40,6 +40,10 @@ pub struct BenchCase {
     pub stripe_base: f64,
     /// Bytes per worker stripe.
     pub stripe_len: f64,
+    /// "fixed" (Mooncake's: every batch re-uses the blocks at the start of the stripe) or
+    /// "walk" (each batch takes the next blocks, through the whole stripe). Default "walk".
+    #[napi(ts_type = "'fixed' | 'walk'")]
+    pub addressing: Option<String>,
     /// Further targets (tebench's comma list): worker i uses target i % (1 + n).
     pub extra_targets: Option<Vec<BenchTarget>>,
     /// Pin every request to this transport.
@@ -175,6 +179,14 @@ fn spec(c: &BenchCase, handles: &Handles) -> Result<BenchSpec, ferry_core::Error
         stripe: Stripe {
             base: to_u64(c.stripe_base, "stripeBase")?,
             len: to_u64(c.stripe_len, "stripeLen")?,
+        },
+        addressing: match c.addressing.as_deref() {
+            None => Addressing::Walk,
+            Some(name) => Addressing::parse(name).ok_or_else(|| {
+                ferry_core::Error::InvalidArgument(format!(
+                    "addressing must be 'fixed' or 'walk', got {name:?}"
+                ))
+            })?,
         },
         transport: c
             .transport

@@ -3,13 +3,15 @@
 //! Engine-owned regions are memfds sealed against resizing. A same-host initiator connects
 //! to the target's abstract unix socket, proves the segment token, and receives each
 //! buffer's memfd over SCM_RIGHTS; it maps every buffer once and copies straight into or out
-//! of the mapping: one copy, no target CPU. Small copies run on the submitting thread;
-//! larger ones are cut into chunks for a small pool of copy threads.
+//! of the mapping: one copy, no target CPU. Copies up to 1 MiB run on the submitting
+//! thread; larger ones are cut into chunks, the first copied by the submitting thread and
+//! the others by a small pool of copy threads.
 //!
 //! A dead process's memory stays mapped, so a copy into it would "succeed" silently. The
 //! transport therefore watches the target: a pidfd (exit) and the unix connection (EOF)
 //! report its death at once, after which every copy fails; each copy also checks the pidfd
-//! after it finishes, so no attempt completes into a dead target.
+//! after it finishes (the one syscall of a copy: the checks before it read a flag), so no
+//! attempt completes into a dead target.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -22,6 +24,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use rustc_hash::FxHashMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::runtime::Handle;
@@ -40,10 +43,33 @@ use crate::task::Task;
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 use crate::wire::{token_eq, ConnKind, Token};
 
-/// Copies up to this size run on the submitting thread.
-const INLINE_COPY_MAX: u64 = 256 << 10;
-/// Larger copies are cut into chunks of this size for the copy threads.
+/// Copies up to this size run on the submitting thread, as one memcpy: a hand-off to a
+/// copy thread costs a wake-up (and, on a busy host, a wait for a core) that a copy of
+/// this size does not repay.
+const INLINE_COPY_MAX: u64 = CHUNK;
+/// Larger copies are cut into chunks of at most this size; the submitting thread copies
+/// one, the copy threads the others.
 const CHUNK: u64 = 1 << 20;
+/// How a copy larger than [`INLINE_COPY_MAX`] is cut: chunks of at most [`CHUNK`], and
+/// never fewer than two, so that the submitting thread (which copies the first) always
+/// shares the work with a copy thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChunkPlan {
+    chunk: u64,
+    chunks: u64,
+}
+
+impl ChunkPlan {
+    fn new(length: u64) -> Self {
+        let chunks = length.div_ceil(CHUNK).max(2);
+        let chunk = length.div_ceil(chunks);
+        Self {
+            chunk,
+            chunks: length.div_ceil(chunk.max(1)),
+        }
+    }
+}
+
 /// How long the server waits for a client's token.
 const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -189,8 +215,27 @@ struct ShmPeer {
 }
 
 impl ShmPeer {
-    fn alive(&self) -> bool {
-        !self.dead.load(Ordering::Acquire) && self.pidfd.is_alive()
+    /// Whether the target's death is not known yet: a flag read, no syscall. The watcher
+    /// (pidfd, connection EOF), `fail_peer` and [`ShmPeer::confirm_alive`] set it. Good for
+    /// the checks before a copy: copying into a dead target's memory is harmless as long as
+    /// the copy is not reported done, and the check after it ([`ShmPeer::confirm_alive`])
+    /// is what decides that.
+    fn known_alive(&self) -> bool {
+        !self.dead.load(Ordering::Acquire)
+    }
+
+    /// Whether the target still runs, asked of the kernel (one `poll` of the pidfd). Run
+    /// once after each copy, so no copy that ends after the target exited completes; the
+    /// first that sees the death records it for every later check.
+    fn confirm_alive(&self) -> bool {
+        if !self.known_alive() {
+            return false;
+        }
+        if self.pidfd.is_alive() {
+            return true;
+        }
+        self.dead.store(true, Ordering::Release);
+        false
     }
 }
 
@@ -212,7 +257,7 @@ struct CopyJob {
 impl CopyJob {
     /// Copies, then checks the target is still alive before reporting success.
     fn run(self) {
-        if !self.peer.alive() {
+        if !self.peer.known_alive() {
             self.task.attempt_failed(
                 self.attempt,
                 self.peer.peer.lost_error_or("target process exited"),
@@ -240,7 +285,7 @@ impl CopyJob {
         // keeps alive (`mapping`, `region`); they belong to different mappings, so they do
         // not overlap. Concurrent access by the peers is the transfer contract, as with RDMA.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, self.len as usize) };
-        if self.peer.alive() {
+        if self.peer.confirm_alive() {
             self.task.slice_done(self.attempt, self.len);
         } else {
             self.task.attempt_failed(
@@ -261,7 +306,7 @@ pub struct ShmTransport {
     gate: Arc<Gate>,
     /// The abstract socket's name once `install` bound it.
     socket: std::sync::OnceLock<String>,
-    peers: Mutex<HashMap<u64, Arc<ShmPeer>>>,
+    peers: Mutex<FxHashMap<u64, Arc<ShmPeer>>>,
     jobs: Mutex<Option<mpsc::Sender<CopyJob>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     rt: Handle,
@@ -303,7 +348,7 @@ impl ShmTransport {
                 timeout: context.frame_timeout,
             }),
             socket: std::sync::OnceLock::new(),
-            peers: Mutex::new(HashMap::new()),
+            peers: Mutex::new(FxHashMap::default()),
             jobs: Mutex::new(Some(tx)),
             threads: Mutex::new(threads),
             rt: context.handle,
@@ -354,7 +399,7 @@ impl ShmTransport {
         Ok(())
     }
 
-    fn submit_one(&self, a: &Attempt) -> Result<()> {
+    fn submit_attempt(&self, a: &Attempt) -> Result<()> {
         if self.shutdown.is_cancelled() {
             return Err(Error::Closed);
         }
@@ -362,7 +407,7 @@ impl ShmTransport {
         let peer = self.peer(req.peer.handle()).ok_or_else(|| {
             Error::TransportUnavailable(format!("no shared memory with {}", req.peer.name()))
         })?;
-        if !peer.alive() {
+        if !peer.known_alive() {
             return Err(req.peer.lost_error_or("target process exited"));
         }
         let mapping = peer
@@ -403,22 +448,28 @@ impl ShmTransport {
             job(0, req.length).run();
             return Ok(());
         }
-        let chunks = u32::try_from(req.length.div_ceil(CHUNK))
+        let plan = ChunkPlan::new(req.length);
+        let chunks = u32::try_from(plan.chunks)
             .map_err(|_| Error::InvalidArgument("request too large".into()))?;
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         let Some(tx) = jobs.as_ref() else {
             return Err(Error::Closed);
         };
         a.task.expect_slices(a.attempt, chunks);
-        let mut offset = 0;
+        // Every chunk but the first goes to the copy threads, queued before this thread
+        // copies the first itself: the copy threads start at once, and the op never waits
+        // on a hand-off alone (a dip in bandwidth where copies move off this thread).
+        let mut offset = plan.chunk;
         while offset < req.length {
-            let len = CHUNK.min(req.length - offset);
+            let len = plan.chunk.min(req.length - offset);
             if let Err(mpsc::SendError(job)) = tx.send(job(offset, len)) {
                 job.task.attempt_failed(job.attempt, Error::Closed);
-                break;
+                return Ok(());
             }
             offset += len;
         }
+        drop(jobs);
+        job(0, plan.chunk.min(req.length)).run();
         Ok(())
     }
 }
@@ -582,7 +633,7 @@ impl Transport for ShmTransport {
 
     fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
         match self.peer(peer.handle()) {
-            Some(p) if p.alive() => Ok(()),
+            Some(p) if p.known_alive() => Ok(()),
             Some(_) => Err("the target process exited".into()),
             None => {
                 let desc = peer.descriptor();
@@ -609,7 +660,11 @@ impl Transport for ShmTransport {
     }
 
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
-        attempts.iter().map(|a| self.submit_one(a)).collect()
+        attempts.iter().map(|a| self.submit_attempt(a)).collect()
+    }
+
+    fn submit_one(&self, attempt: &Attempt) -> Result<()> {
+        self.submit_attempt(attempt)
     }
 
     fn fail_peer(&self, peer: &Peer, _error: Error) {
@@ -655,5 +710,37 @@ impl Transport for ShmTransport {
                 let _ = t.join();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_copies_are_cut_into_at_least_two_chunks_that_cover_them() {
+        for length in [
+            INLINE_COPY_MAX + 1,
+            CHUNK + 1,
+            2 * CHUNK,
+            3 * CHUNK - 7,
+            64 * CHUNK,
+        ] {
+            let plan = ChunkPlan::new(length);
+            assert!(plan.chunks >= 2, "{length}: {plan:?}");
+            assert!(plan.chunk <= CHUNK, "{length}: {plan:?}");
+            assert!(plan.chunk * plan.chunks >= length, "{length}: {plan:?}");
+            assert!(
+                plan.chunk * (plan.chunks - 1) < length,
+                "{length}: {plan:?}"
+            );
+        }
+        assert_eq!(
+            ChunkPlan::new(2 * CHUNK),
+            ChunkPlan {
+                chunk: CHUNK,
+                chunks: 2
+            }
+        );
     }
 }

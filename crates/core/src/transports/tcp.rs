@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use rustc_hash::FxHashMap;
 use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Handle;
@@ -299,7 +300,7 @@ pub struct TcpTransport {
     rt: Handle,
     local_engine_id: u64,
     config: TcpConfig,
-    pools: Mutex<HashMap<u64, Arc<PeerPool>>>,
+    pools: Mutex<FxHashMap<u64, Arc<PeerPool>>>,
     shutdown: CancellationToken,
 }
 
@@ -318,7 +319,7 @@ impl TcpTransport {
             rt,
             local_engine_id,
             config,
-            pools: Mutex::new(HashMap::new()),
+            pools: Mutex::new(FxHashMap::default()),
             shutdown,
         }
     }
@@ -354,7 +355,7 @@ impl TcpTransport {
             .clone()
     }
 
-    fn submit_one(&self, a: &Attempt) -> Result<()> {
+    fn submit_attempt(&self, a: &Attempt) -> Result<()> {
         if self.shutdown.is_cancelled() {
             return Err(Error::Closed);
         }
@@ -405,7 +406,11 @@ impl Transport for TcpTransport {
     }
 
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
-        attempts.iter().map(|a| self.submit_one(a)).collect()
+        attempts.iter().map(|a| self.submit_attempt(a)).collect()
+    }
+
+    fn submit_one(&self, attempt: &Attempt) -> Result<()> {
+        self.submit_attempt(attempt)
     }
 
     fn fail_peer(&self, peer: &Peer, error: Error) {

@@ -1,0 +1,195 @@
+/**
+ * The `blocks` suite's tebench cases: tebench's native loop (ferry-bench's workers: allocate → submit →
+ * poll with backoff → free, one batch of one block at a time, 1 thread) against a target
+ * engine in a child process (bench/target.ts), each case with a baseline measured in the
+ * same run, in interleaved rounds (odd rounds engine first, even rounds baseline first).
+ *
+ *   tebench-shm-write-4KiB   shm, 4 KiB WRITEs, GB/s and Avg Tx   vs memcpy of 4 KiB blocks
+ *   tebench-shm-write-1MiB   shm, 1 MiB WRITEs, GB/s and Avg Tx   vs memcpy of 1 MiB blocks
+ *   tebench-tcp-write-1MiB   tcp, 1 MiB WRITEs, GB/s              vs iperf3 -l 1M
+ *   tebench-tcp-read-1MiB    tcp, 1 MiB READs, GB/s               vs iperf3 -l 1M
+ *
+ * Addressing is tebench's default, Mooncake's (`fixed`): the worker re-uses one block at the
+ * start of its stripe, so the working set is one block on each side; the memcpy baseline
+ * (bench/baselines/memcpy_bench.c) copies blocks of the same size over the same working set
+ * (source and destination one block each). `ratio` = engine / baseline; targets: 0.9 for
+ * shm at 1 MiB, 0.7 for tcp at 1 MiB; at 4 KiB the figure to watch is `avg_tx_us` (aim ≤ 1.0).
+ */
+import { Engine, type Bench, type BenchResult, type Segment } from '../../index'
+import { startIperf3Loopback, type Iperf3Session } from '../baselines/iperf3'
+import { startMemcpyBaseline, type MemcpySession } from '../baselines/memcpy'
+import { log } from '../lib/log'
+import { MiB, startTarget } from '../lib/rig'
+import { hostLoad, ORDER_NOTE } from '../lib/rounds'
+import { median, round } from '../lib/stats'
+import type { CaseRecord, SuiteOptions } from './types'
+
+const SUITE = 'blocks'
+const KiB = 1024
+
+interface LoopCase {
+  name: string
+  transport: 'shm' | 'tcp'
+  opcode: 'read' | 'write'
+  block: number
+  /** The ratio to reach; null where the case is reported only. */
+  targetRatio: number | null
+}
+
+const CASES: LoopCase[] = [
+  { name: 'tebench-shm-write-4KiB', transport: 'shm', opcode: 'write', block: 4 * KiB, targetRatio: null },
+  { name: 'tebench-shm-write-1MiB', transport: 'shm', opcode: 'write', block: MiB, targetRatio: 0.9 },
+  { name: 'tebench-tcp-write-1MiB', transport: 'tcp', opcode: 'write', block: MiB, targetRatio: 0.7 },
+  { name: 'tebench-tcp-read-1MiB', transport: 'tcp', opcode: 'read', block: MiB, targetRatio: 0.7 },
+]
+
+/** What one round measured of a case. */
+interface Round {
+  gbps: number | null
+  avgTxUs: number | null
+  baseline: number | null
+  load: number | null
+  error?: string
+}
+
+/** A baseline: GB/s of one run, or null with a note. */
+type Baseline = (seconds: number, warmup: number) => Promise<{ gbps: number | null; note?: string }>
+
+interface Rig {
+  engine: Engine
+  bench: Bench
+  remote: Segment
+  remoteBuffer: number
+  options: SuiteOptions
+}
+
+async function engineRun(rig: Rig, c: LoopCase, warmupSeconds: number): Promise<BenchResult> {
+  const local = rig.engine.allocate(c.block)
+  local.buffer.fill(0x3c)
+  try {
+    return await rig.bench.runCase({
+      opcode: c.opcode,
+      blockSize: c.block,
+      batchSize: 1,
+      local,
+      remote: rig.remote,
+      remoteBuffer: rig.remoteBuffer,
+      stripeBase: 0,
+      stripeLen: c.block,
+      addressing: 'fixed',
+      transport: c.transport,
+      durationMs: Math.round(rig.options.durationSeconds * 1000),
+      warmupMs: Math.round(warmupSeconds * 1000),
+      requestIntervalUs: 0,
+    })
+  } finally {
+    local.release()
+  }
+}
+
+async function measureCase(rig: Rig, c: LoopCase, baseline: Baseline): Promise<Round[]> {
+  const { options } = rig
+  const rounds: Round[] = []
+  for (let r = 0; r < options.repeat; r++) {
+    const warm = r === 0 ? options.warmupSeconds : 0
+    const tag = `${SUITE}: round ${r + 1}/${options.repeat} ${c.name}`
+    const round: Round = { gbps: null, avgTxUs: null, baseline: null, load: hostLoad() }
+    const errors: string[] = []
+    const engineStep = async () => {
+      const res = await engineRun(rig, c, warm).catch((e: Error) => e)
+      if (res instanceof Error) return void errors.push(`engine: ${res.message}`)
+      if (res.outcome !== 'ok' || !res.row) return void errors.push(`engine: ${res.outcome} ${res.failure?.reason ?? ''}`.trim())
+      if (res.servedLabel !== `${c.transport} (100 %)`) errors.push(`transport: expected ${c.transport}, served ${res.servedLabel}`)
+      round.gbps = res.row.bwGbps
+      round.avgTxUs = res.row.avgTxUs
+      log(`${tag}: engine ${res.row.bwGbps.toFixed(3)} GB/s, Avg Tx ${res.row.avgTxUs.toFixed(2)} us`)
+    }
+    const baselineStep = async () => {
+      const b = await baseline(options.durationSeconds, warm)
+      round.baseline = b.gbps
+      if (b.note) errors.push(`baseline: ${b.note}`)
+      log(`${tag}: baseline ${b.gbps ?? 'n/a'} GB/s`)
+    }
+    const steps = r % 2 === 0 ? [engineStep, baselineStep] : [baselineStep, engineStep]
+    for (const step of steps) await step()
+    if (errors.length) round.error = errors.join('; ')
+    rounds.push(round)
+  }
+  return rounds
+}
+
+function record(c: LoopCase, rounds: Round[], baselineLabel: string, options: SuiteOptions): CaseRecord {
+  const value = round(median(rounds.map((r) => r.gbps)), 3)
+  const base = round(median(rounds.map((r) => r.baseline)), 3)
+  const perRound = rounds.map((r) => (r.gbps !== null && r.baseline ? r.gbps / r.baseline : null))
+  const ratio = round(median(perRound), 3)
+  const rec: CaseRecord = {
+    suite: SUITE,
+    case: c.name,
+    value,
+    unit: 'GB/s',
+    baseline: baselineLabel,
+    baseline_value: base,
+    ratio,
+    ratio_note: 'median over rounds of engine / baseline of the same round',
+    target_ratio: c.targetRatio,
+    meets_target: c.targetRatio === null || ratio === null ? null : ratio >= c.targetRatio,
+    avg_tx_us: round(median(rounds.map((r) => r.avgTxUs)), 3),
+    method: 'native tebench loop (ferry-bench workers), 1 thread, batch 1, addressing fixed (Mooncake\'s)',
+    transport: c.transport,
+    opcode: c.opcode,
+    block_bytes: c.block,
+    working_set_bytes: c.block,
+    rounds: rounds.map((r) => ({ gbps: r.gbps, avg_tx_us: r.avgTxUs, baseline_gbps: r.baseline, host_load: r.load })),
+    seconds: options.durationSeconds,
+    repeat: options.repeat,
+    warmup_s_round1: options.warmupSeconds,
+    order: ORDER_NOTE,
+    host_load: median(rounds.map((r) => r.load)),
+  }
+  const errors = rounds.flatMap((r, i) => (r.error ? [`round ${i + 1}: ${r.error}`] : []))
+  if (errors.length) rec.error = errors.join('; ')
+  return rec
+}
+
+export async function tebenchLoopCases(options: SuiteOptions): Promise<CaseRecord[]> {
+  const records: CaseRecord[] = []
+  const target = await startTarget(MiB)
+  let engine: Engine | undefined
+  let bench: Bench | undefined
+  let iperf3: Iperf3Session | undefined
+  try {
+    // Default transports (['shm', 'tcp']); each case pins its own.
+    engine = await Engine.create({ listen: '127.0.0.1:0' })
+    const remote = await engine.openSegment(target.segment)
+    bench = engine.bench(1)
+    const rig: Rig = { engine, bench, remote, remoteBuffer: target.buffer, options }
+    for (const c of CASES) {
+      if (c.transport === 'shm') {
+        let memcpy: MemcpySession | undefined
+        try {
+          memcpy = await startMemcpyBaseline(c.block, c.block)
+          const session = memcpy
+          const rounds = await measureCase(rig, c, (s, w) => session.run(s, w))
+          records.push(record(c, rounds, memcpy.label, options))
+        } finally {
+          await memcpy?.close()
+        }
+      } else {
+        iperf3 ??= startIperf3Loopback('1M')
+        const session = iperf3
+        const rounds = await measureCase(rig, c, async (s, w) => {
+          const r = await session.run(Math.max(1, Math.round(s)), Math.round(w))
+          return { gbps: r.gbps, note: r.note }
+        })
+        records.push(record(c, rounds, 'iperf3 -l 1M, loopback', options))
+      }
+    }
+  } finally {
+    bench?.stop()
+    await iperf3?.close()
+    await engine?.close()
+    await target.stop()
+  }
+  return records
+}
