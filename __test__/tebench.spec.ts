@@ -45,7 +45,7 @@ async function startTarget(extra: string[] = [], env: Record<string, string> = {
   const proc = spawnNode(TEBENCH, env, ['--rpc_server_port=0', '--total_buffer_size=64M', ...extra])
   const w = watch(proc)
   const segment = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`target did not start: ${w.err()}`)), 20_000)
+    const timer = setTimeout(() => reject(new Error(`target did not start: ${w.err()}`)), 60_000)
     const lines = readline.createInterface({ input: proc.stdout! })
     lines.on('line', (line) => {
       const m = /--target_seg_name=(\S+)/.exec(line)
@@ -78,7 +78,7 @@ function startWriter(segment: string, xport: string, extra: string[] = []) {
 }
 
 /** Waits (bounded) for the table's title, printed right before the first case starts. */
-async function waitForTable(w: ReturnType<typeof watch>, limitMs = 15_000): Promise<boolean> {
+async function waitForTable(w: ReturnType<typeof watch>, limitMs = 60_000): Promise<boolean> {
   const started = Date.now()
   const title = /^(READ|WRITE), /m
   while (!title.test(w.out()) && Date.now() - started < limitMs) await delay(20)
@@ -100,7 +100,7 @@ test.after.always(() => {
 })
 
 test('--local --json: one JSON object per case with the columns, exit 0', async (t) => {
-  t.timeout(60_000)
+  t.timeout(180_000)
   const r = await runTebench([
     '--local',
     '--duration=1',
@@ -124,7 +124,7 @@ test('--local --json: one JSON object per case with the columns, exit 0', async 
 })
 
 test('--local --xport_type=rdma on the emulated verbs device: every case over rdma, data checked, exit 0', async (t) => {
-  t.timeout(60_000)
+  t.timeout(180_000)
   const r = await watch(
     spawnNode(TEBENCH, EMULATED, [
       '--local',
@@ -148,7 +148,7 @@ test('--local --xport_type=rdma on the emulated verbs device: every case over rd
 })
 
 test('bad usage exits 2 with one message on stderr', async (t) => {
-  t.timeout(30_000)
+  t.timeout(150_000)
   for (const args of [['--no_such_flag'], ['--op_type=erase'], ['--metadata_type=etcd'], ['--duration']]) {
     const r = await runTebench(args).done
     t.is(r.code, 2, `${args.join(' ')}: ${r.stderr}`)
@@ -162,7 +162,7 @@ test('bad usage exits 2 with one message on stderr', async (t) => {
 
 for (const xport of ['tcp', 'shm', 'rdma'] as const) {
   test(`target SIGKILLed mid-case over ${xport}: initiator exits 1 promptly with a FAILED line`, async (t) => {
-    t.timeout(60_000)
+    t.timeout(180_000)
     const target = await startTarget([], envFor(xport))
     const w = startWriter(target.segment, xport)
     // The table header comes right before the first case starts (1 s warm-up, then measured).
@@ -188,7 +188,7 @@ for (const xport of ['tcp', 'shm', 'rdma'] as const) {
 
 for (const xport of ['tcp', 'shm'] as const) {
   test(`target SIGSTOPped (a hung peer) over ${xport}: initiator exits 1 within peerTimeoutMs + 2 s`, async (t) => {
-    t.timeout(60_000)
+    t.timeout(180_000)
     const peerTimeoutMs = 1500
     const target = await startTarget()
     const w = startWriter(target.segment, xport, [`--peer_timeout_ms=${peerTimeoutMs}`])
@@ -214,10 +214,10 @@ for (const xport of ['tcp', 'shm'] as const) {
 }
 
 test('Ctrl-C: the first stops cleanly with partial results and exit 130', async (t) => {
-  t.timeout(60_000)
+  t.timeout(180_000)
   const init = spawnNode(TEBENCH, {}, ['--local', '--op_type=write', '--xport_type=tcp', '--total_buffer_size=64M', '--start_block_size=65536', '--max_block_size=65536', '--duration=20'])
   const w = watch(init)
-  t.true(await waitForTable(w, 20_000), `did not start: ${w.err()}`)
+  t.true(await waitForTable(w), `did not start: ${w.err()}`)
   await delay(2000) // past the 1 s warm-up: measured results exist
   process.kill(init.pid!, 'SIGINT')
   const interruptedAt = Date.now()
@@ -231,7 +231,7 @@ test('Ctrl-C: the first stops cleanly with partial results and exit 130', async 
 })
 
 test('a comma list of targets: workers spread over them, data verified, and a dead second target names itself', async (t) => {
-  t.timeout(90_000)
+  t.timeout(210_000)
   const a = await startTarget()
   const b = await startTarget()
   const common = [
@@ -263,7 +263,7 @@ test('a comma list of targets: workers spread over them, data verified, and a de
 })
 
 test('--total_buffer_size=8G runs: regions beyond 4 GiB, lazily touched', async (t) => {
-  t.timeout(120_000)
+  t.timeout(240_000)
   const r = await runTebench([
     '--local',
     '--op_type=mix',
@@ -277,7 +277,7 @@ test('--total_buffer_size=8G runs: regions beyond 4 GiB, lazily touched', async 
 })
 
 test('--local --op_type=mix --check_consistency exits 0', async (t) => {
-  t.timeout(60_000)
+  t.timeout(180_000)
   const r = await runTebench([
     '--local',
     '--op_type=mix',
@@ -293,7 +293,7 @@ test('--local --op_type=mix --check_consistency exits 0', async (t) => {
 })
 
 test('etcd: a target registered under --local_server_name is benchmarked by name, data verified', async (t) => {
-  t.timeout(90_000)
+  t.timeout(210_000)
   const etcd = await startEtcd()
   const meta = ['--metadata_type=etcd', `--metadata_url_list=${etcd.clientUrl}`]
   const target = await startTarget([...meta, '--local_server_name=bench-target'])

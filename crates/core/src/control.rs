@@ -138,6 +138,7 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
         match link.state() {
             LinkState::Connecting => {
                 let connected = tokio::select! {
+                    biased;
                     _ = cancel.cancelled() => return,
                     r = connect_fresh(&peer, cfg) => r,
                 };
@@ -153,6 +154,7 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
                     events.peer_back(&peer);
                 }
                 let ended = tokio::select! {
+                    biased;
                     _ = cancel.cancelled() => return,
                     r = heartbeat(stream, &mut link, &peer) => r,
                 };
@@ -160,6 +162,7 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
             }
             LinkState::Waiting { until } => {
                 tokio::select! {
+                    biased;
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep_until(until.into()) => {}
                 }

@@ -161,6 +161,7 @@ pub(crate) async fn sweep_deadlines(inner: Weak<Inner>, cancel: CancellationToke
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            biased;
             _ = cancel.cancelled() => return,
             _ = interval.tick() => {}
         }

@@ -367,11 +367,13 @@ impl Registry {
         let mut backoff = BACKOFF_START;
         loop {
             let outcome = tokio::select! {
+                biased;
                 _ = self.cancel.cancelled() => return,
                 r = self.keep_alive_once(&mut backoff) => r,
             };
             tracing::info!(name = %self.record.name, reason = %outcome, "etcd keep-alive interrupted; retrying");
             tokio::select! {
+                biased;
                 _ = self.cancel.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
@@ -482,11 +484,13 @@ impl Registry {
             let mut backoff = BACKOFF_START;
             loop {
                 let why = tokio::select! {
+                    biased;
                     _ = cancel.cancelled() => return,
                     r = reg.watch_once(&peer, &events, &mut rev, local_engine_id, &mut backoff) => r,
                 };
                 tracing::info!(peer = peer.name(), reason = %why, "etcd watch interrupted; resuming");
                 tokio::select! {
+                    biased;
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
                 }

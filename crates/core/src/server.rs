@@ -121,6 +121,7 @@ pub(crate) async fn accept_loop(
 ) {
     loop {
         let accepted = tokio::select! {
+            biased;
             _ = cancel.cancelled() => return,
             a = listener.accept() => a,
         };
@@ -134,7 +135,11 @@ pub(crate) async fn accept_loop(
                 let cancel = cancel.clone();
                 tokio::spawn(async move {
                     let _slot = slot;
+                    // Biased: once close has begun, no frame is answered — above all no
+                    // Pong, which would vouch to a peer holding failures that this engine
+                    // is alive (an unbiased select may poll `serve` first and answer).
                     tokio::select! {
+                        biased;
                         _ = cancel.cancelled() => {}
                         r = serve(stream, from, local) => {
                             if let Err(e) = r {

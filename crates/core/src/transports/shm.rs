@@ -105,6 +105,7 @@ struct Gate {
 async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: CancellationToken) {
     loop {
         let accepted = tokio::select! {
+            biased;
             _ = cancel.cancelled() => return,
             a = listener.accept() => a,
         };
@@ -118,6 +119,7 @@ async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: CancellationToke
                 tokio::spawn(async move {
                     let _slot = slot;
                     tokio::select! {
+                        biased;
                         _ = cancel.cancelled() => {}
                         r = serve_one(stream, &gate) => {
                             if let Err(e) = r {
@@ -562,6 +564,7 @@ async fn connect_and_map(
 async fn watch(peer: Arc<ShmPeer>, mut stream: UnixStream, on_death: DeathHook) {
     let mut byte = [0u8; 1];
     let why = tokio::select! {
+        biased;
         _ = peer.cancel.cancelled() => return,
         r = peer.pidfd.exited() => match r {
             Ok(()) => "target process exited".to_string(),
