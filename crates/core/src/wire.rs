@@ -91,7 +91,8 @@ pub enum Op {
     AuthProof = 15,
     /// First frame of a notification connection: payload = the sender's segment name.
     NotifyOpen = 16,
-    /// A notification: `request_id` = the sender's sequence number, payload = its data.
+    /// A notification: `request_id` = the sender's sequence number, `offset` = bytes of
+    /// the call it rode on, payload = its data.
     Notify = 17,
     /// The target took the notification: `request_id` = its sequence number, `flags` =
     /// `NotifyOutcome`.

@@ -125,6 +125,7 @@ fn the_handler_finds_the_data_and_the_sender_name() {
                 );
                 assert_eq!(n.from, r.initiator.segment_name());
                 assert_eq!(n.engine_id, r.initiator.engine_id());
+                assert_eq!(n.bytes, 200_000);
             }
             assert_eq!(r.initiator.metrics().notifications.sent, 20);
             assert_eq!(r.target.metrics().notifications.received, 20);

@@ -173,6 +173,7 @@ mod tests {
             from: from.into(),
             engine_id: 7,
             data: vec![n],
+            bytes: 0,
         }
     }
 

@@ -38,6 +38,8 @@ pub struct Notification {
     pub engine_id: u64,
     /// The payload.
     pub data: Vec<u8>,
+    /// Bytes of the call it rode on (0 for one sent alone).
+    pub bytes: u64,
 }
 
 /// Notification settings.
@@ -126,9 +128,10 @@ impl Inner {
         &self,
         handle: u64,
         data: Arc<[u8]>,
+        bytes: u64,
     ) -> Result<tokio::sync::oneshot::Receiver<Result<NotifyOutcome>>> {
         let peer = self.segments.get(handle)?;
-        Ok(self.notifier.send(&self.handle, &peer, data))
+        Ok(self.notifier.send(&self.handle, &peer, data, bytes))
     }
 
     /// Counts a failed delivery and passes the outcome on.
@@ -153,7 +156,7 @@ impl Engine {
     ) -> impl std::future::Future<Output = Result<NotifyOutcome>> + Send + 'static {
         let sent = self.live().and_then(|live| {
             check_size(data, live.config.notify.max_bytes)?;
-            let rx = live.notify_peer(segment, data.into())?;
+            let rx = live.notify_peer(segment, data.into(), 0)?;
             Ok((Arc::downgrade(&live), rx))
         });
         async move {
@@ -206,7 +209,8 @@ impl Engine {
             let Some(inner) = weak.upgrade().filter(|_| completed) else {
                 return once.finish(None);
             };
-            let rx = match inner.notify_peer(segment, data) {
+            let bytes = once.snaps.iter().map(|s| s.transferred).sum();
+            let rx = match inner.notify_peer(segment, data, bytes) {
                 Ok(rx) => rx,
                 Err(e) => {
                     inner.stats.notify.failed.fetch_add(1, Ordering::Relaxed);
@@ -251,7 +255,8 @@ impl Engine {
             let Some(inner) = weak.upgrade().filter(|_| completed) else {
                 return;
             };
-            match inner.notify_peer(segment, data) {
+            let bytes = tasks.iter().map(|t| t.request().length).sum();
+            match inner.notify_peer(segment, data, bytes) {
                 Ok(rx) => {
                     let weak = weak.clone();
                     inner.handle.spawn(async move {

@@ -44,6 +44,8 @@ type Read = Result<Option<(Header, Vec<u8>)>>;
 struct Outgoing {
     seq: u64,
     data: Arc<[u8]>,
+    /// Bytes of the call it rides on.
+    bytes: u64,
     deadline: Instant,
     done: oneshot::Sender<Result<NotifyOutcome>>,
 }
@@ -87,11 +89,13 @@ impl Notifier {
         rt: &Handle,
         peer: &Arc<Peer>,
         data: Arc<[u8]>,
+        bytes: u64,
     ) -> oneshot::Receiver<Result<NotifyOutcome>> {
         let (done, outcome) = oneshot::channel();
         let mut item = Outgoing {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             data,
+            bytes,
             deadline: Instant::now() + self.config.deadline,
             done,
         };
@@ -297,6 +301,7 @@ async fn open(peer: &Peer, cfg: &OutboxConfig) -> Result<TcpStream> {
 async fn send_one(wr: &mut OwnedWriteHalf, o: &Outgoing) -> Result<()> {
     let mut h = Header::new(Op::Notify);
     h.request_id = o.seq;
+    h.offset = o.bytes;
     h.length = o.data.len() as u64;
     // A target that stops reading must not hold the outbox past the deadline.
     tokio::time::timeout_at(o.deadline, write_frame(wr, &h, &o.data))

@@ -61,6 +61,7 @@ pub(crate) async fn serve_notify(
                 from: from.clone(),
                 engine_id: sender,
                 data,
+                bytes: h.offset,
             };
             reply.flags = inbox.offer(sender, h.request_id, note) as u16;
         }
