@@ -1,7 +1,7 @@
 import test from 'ava'
 import { createHash, randomBytes } from 'node:crypto'
 import * as net from 'node:net'
-import { Engine, FerryError, TransferStatus, type TransportName } from '../index'
+import { Engine, FerryError, TransferStatus, type EngineOptions, type TransportName } from '../index'
 import { killAll, spawnNode, startTarget, type TargetProcess } from './helpers'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
@@ -28,12 +28,20 @@ async function notesWhen(target: TargetProcess, n: number): Promise<{ notes: Not
 /** The payload naming `[off, off+len)` of `src` by its hash, for the target to check. */
 const range = (src: Buffer, off: number, len: number) => JSON.stringify({ off, len, sha: sha256(src.subarray(off, off + len)) })
 
-for (const transport of ['tcp', 'shm'] as TransportName[]) {
+// rdma runs on the emulated verbs device at both ends (no NIC here).
+const EMULATED_TARGET = { FERRY_RDMA_PROVIDER: 'emulated', FERRY_TARGET_TRANSPORTS: 'rdma,tcp' }
+const setups: Record<TransportName, { target: Record<string, string>; sender: EngineOptions }> = {
+  tcp: { target: {}, sender: {} },
+  shm: { target: {}, sender: {} },
+  rdma: { target: EMULATED_TARGET, sender: { transports: ['rdma', 'tcp'], rdma: { provider: 'emulated' } } },
+}
+
+for (const transport of ['tcp', 'shm', 'rdma'] as TransportName[]) {
   for (const mode of ['event', 'iterator']) {
     test(`${transport}, ${mode}: the target's handler finds the data, from the sender's name, in order`, async (t) => {
       t.timeout(60_000)
-      const target = await notifyTarget({ FERRY_NOTIFY_MODE: mode })
-      const engine = await Engine.create()
+      const target = await notifyTarget({ ...setups[transport].target, FERRY_NOTIFY_MODE: mode })
+      const engine = await Engine.create(setups[transport].sender)
       try {
         const seg = await engine.openSegment(target.segment)
         const src = engine.allocate(8 * MiB)
