@@ -175,6 +175,8 @@ export interface BenchCase {
   requestIntervalUs: number
   /** An operation without progress for this long fails with TIMEOUT (default 30 s). */
   stallTimeoutMs?: number
+  /** Every submission carries a notification (tebench's `--notifi`) [false]. */
+  notify?: boolean
 }
 
 /** Why a case failed. */
@@ -299,6 +301,8 @@ export interface EngineMetrics {
   regions: number
   /** Notifications handed to a peer's outbox. */
   notificationsSent: number
+  /** Notifications their target acknowledged. */
+  notificationsDelivered: number
   /** Notifications whose delivery failed. */
   notificationsFailed: number
   /** Notifications received and queued here. */

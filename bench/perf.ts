@@ -24,6 +24,7 @@ import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
+import { notifySuite } from './suites/notify'
 import { shmSuite } from './suites/shm'
 import { soakSuite } from './suites/soak'
 import { tcpSuite } from './suites/tcp'
@@ -36,6 +37,7 @@ const suites: Record<string, Suite> = {
   failover: failoverSuite,
   liveness: livenessSuite,
   soak: soakSuite,
+  notify: notifySuite,
 }
 
 const MiB = 1 << 20
@@ -110,7 +112,10 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
     soak      resident memory of an initiator before and after
               --soak-transfers 4 KiB WRITEs (shm and tcp; Promise and
               batch API), each case in a fresh process; target growth
-              <= 32 MB`
+              <= 32 MB
+    notify    notifications/s (engine.notify, --window outstanding) and the
+              latency a notification adds to a 4 KiB WRITE (p50, p99), with
+              and without alternating in the same run (shm and tcp)`
 
 const USAGE = [
   `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]`,

@@ -133,6 +133,8 @@ pub struct Metrics {
 pub struct NotifyMetrics {
     /// Handed to an outbox to send.
     pub sent: u64,
+    /// Acknowledged by their target.
+    pub delivered: u64,
     /// Whose delivery failed.
     pub failed: u64,
     /// Queued here for the application.
@@ -149,6 +151,7 @@ impl NotifyMetrics {
         use std::sync::atomic::Ordering::Relaxed;
         Self {
             sent: c.sent.load(Relaxed),
+            delivered: c.delivered.load(Relaxed),
             failed: c.failed.load(Relaxed),
             received: c.received.load(Relaxed),
             dropped: c.dropped.load(Relaxed),
@@ -300,6 +303,12 @@ impl Metrics {
             "counter",
             "Notifications handed to a peer's outbox.",
             &plain(n.sent),
+        );
+        family(
+            "ferry_notifications_delivered_total",
+            "counter",
+            "Notifications their target acknowledged (queued or dropped there).",
+            &plain(n.delivered),
         );
         family(
             "ferry_notifications_failed_total",

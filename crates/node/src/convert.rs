@@ -736,6 +736,8 @@ pub struct EngineMetrics {
     pub regions: f64,
     /// Notifications handed to a peer's outbox.
     pub notifications_sent: f64,
+    /// Notifications their target acknowledged.
+    pub notifications_delivered: f64,
     /// Notifications whose delivery failed.
     pub notifications_failed: f64,
     /// Notifications received and queued here.
@@ -779,6 +781,7 @@ impl From<Metrics> for EngineMetrics {
             segments_open: m.segments_open as f64,
             regions: m.regions as f64,
             notifications_sent: m.notifications.sent as f64,
+            notifications_delivered: m.notifications.delivered as f64,
             notifications_failed: m.notifications.failed as f64,
             notifications_received: m.notifications.received as f64,
             notifications_dropped: m.notifications.dropped as f64,

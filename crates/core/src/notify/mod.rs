@@ -66,6 +66,8 @@ impl Default for NotifyConfig {
 pub struct NotifyCounters {
     /// Notifications handed to an outbox.
     pub sent: AtomicU64,
+    /// Notifications the target acknowledged (queued or dropped there).
+    pub delivered: AtomicU64,
     /// Notifications whose delivery failed (peer lost, closed, refused, timed out).
     pub failed: AtomicU64,
     /// Notifications queued here for the application.
@@ -137,9 +139,11 @@ impl Inner {
     /// Counts a failed delivery and passes the outcome on.
     fn delivered(&self, got: Option<Result<NotifyOutcome>>) -> Result<NotifyOutcome> {
         let r = got.unwrap_or(Err(Error::Closed));
-        if r.is_err() {
-            self.stats.notify.failed.fetch_add(1, Ordering::Relaxed);
-        }
+        let counter = match r {
+            Ok(_) => &self.stats.notify.delivered,
+            Err(_) => &self.stats.notify.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         r
     }
 }
