@@ -62,6 +62,20 @@ export declare class NativeBench {
 /** The native engine. Use the `Engine` class of the package, which wraps this one. */
 export declare class NativeEngine {
   /**
+   * Starts a block-list transfer; returns `{ op, requests, promise }` where the promise
+   * resolves with every block's outcome (one wake of the JS thread for all of them).
+   */
+  transferBlocks(opcode: 'read' | 'write', list: NativeBlockList): { op: number, requests: number, promise: Promise<BlocksOutcome> }
+  /** Submits a block list as tasks of a batch. */
+  submitBlocks(batch: number, opcode: 'read' | 'write', list: NativeBlockList): BlockSubmissionJs
+  /** Writes the raw status of tasks `firstTask..` into `out`; returns how many. */
+  getTransferStatusInto(batch: number, firstTask: number, out: Uint8Array): number
+  /**
+   * Writes each block's status of a `submitBlocks` list into `out`; returns the blocks
+   * not yet terminal.
+   */
+  getBlockStatusInto(batch: number, firstTask: number, starts: Uint32Array, out: Uint8Array): number
+  /**
    * `transfer` with a notification sent once every task completed; returns `{ op,
    * promise }`, the promise resolving with the statuses and any delivery error.
    */
@@ -79,6 +93,11 @@ export declare class NativeEngine {
   setNotificationHandler(callback: (arg: NotifySignalJs) => void): void
   /** This engine's segment name (`host:port`). */
   get segmentName(): string
+  /**
+   * The warning this engine started with when it serves beyond loopback without a
+   * secret (`allowUnauthenticated`), else null.
+   */
+  get exposureWarning(): string | null
   /**
    * Allocates an engine-owned region of `bytes` (any size the machine can back: a
    * memfd, touched lazily).
@@ -236,6 +255,24 @@ export interface BenchTarget {
   remoteBuffer: number
 }
 
+/** What happened to every block of a call. */
+export interface BlocksOutcome {
+  /** One raw status per block (4 = completed). */
+  status: Uint8Array
+  /** The blocks that did not complete, by request. */
+  failed: Array<FailedBlocks>
+  /** Requests the blocks were merged into. */
+  requests: number
+}
+
+/** A block list submitted to a batch. */
+export interface BlockSubmissionJs {
+  /** Index of the first task. */
+  firstTask: number
+  /** Task `firstTask + r` covers blocks `starts[r]..starts[r + 1]`. */
+  starts: Uint32Array
+}
+
 /** Bytes of completed transfers over one transport for one operation. */
 export interface BytesByTransport {
   /** "tcp", "shm" or "rdma". */
@@ -311,6 +348,13 @@ export interface EngineMetrics {
   notificationsDropped: number
   /** Notifications waiting in the receive queue. */
   notificationsQueued: number
+  /**
+   * Connections that failed the cluster-secret handshake, by reason (every reason,
+   * zeros too; `ferry_auth_failures_total{reason}`).
+   */
+  authFailures: Record<string, number>
+  /** Connections refused at once by a cap, by which (`total`, `per_address`). */
+  connectionsRefused: Record<string, number>
 }
 
 /**
@@ -414,6 +458,20 @@ export interface EngineOptions {
   notifyMaxBytes?: number
 }
 
+/** Blocks of one request that did not complete. */
+export interface FailedBlocks {
+  /** First block. */
+  first: number
+  /** Number of blocks (all of the request's). */
+  count: number
+  /** Their raw status. */
+  status: number
+  /** Error code. */
+  code: string
+  /** Error message. */
+  message: string
+}
+
 /** Fault injection on one transport. */
 export interface FaultOptions {
   /** "tcp", "shm" or "rdma". */
@@ -430,6 +488,29 @@ export interface FaultOptions {
   failInstall?: boolean
   /** Seed of the random choices [0]. */
   seed?: number
+}
+
+/**
+ * The block list as index.ts passes it (the typed arrays are read in place). Declared
+ * for TypeScript only: the binding reads these fields itself, to take typed arrays.
+ */
+export interface NativeBlockList {
+  /** Region handle, or one per block. */
+  local: number | Float64Array
+  /** Segment handle, or one per block. */
+  remote: number | Float64Array
+  /** Remote buffer id, or one per block [0]. */
+  remoteBuffer?: number | Float64Array | BigUint64Array
+  /** Offset of each block in its local region. */
+  localOffsets: Float64Array | BigUint64Array
+  /** Offset of each block in its remote buffer. */
+  remoteOffsets: Float64Array | BigUint64Array
+  /** Length of each block, or one for all. */
+  lengths: number | Float64Array | BigUint64Array
+  /** Transport to try first. */
+  transport?: string
+  /** The only transport that may serve the blocks. */
+  requireTransport?: string
 }
 
 /** A notification that arrived. */

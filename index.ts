@@ -348,6 +348,73 @@ export interface TransferResult {
   tasks: TaskStatus[]
 }
 
+/** Offsets or lengths of a block list, one entry per block (integers; below 2^53 in a Float64Array). */
+export type BlockArray = Float64Array | BigUint64Array
+
+/**
+ * Many blocks in one call, described by parallel typed arrays: block `i` moves
+ * `lengths[i]` bytes between `localOffsets[i]` of its local region and `remoteOffsets[i]`
+ * of its remote buffer. `local`, `remote` and `remoteBuffer` are one for every block or an
+ * array with one entry per block. Blocks adjacent and contiguous on both sides are merged
+ * into one request; overlapping blocks are not merged (their order is unspecified).
+ */
+export interface BlockList {
+  /** Local region(s). */
+  local: Region | Region[]
+  /** Remote segment(s). */
+  remote: Segment | Segment[]
+  /** Remote buffer id(s). Default 0. */
+  remoteBuffer?: number | number[] | BlockArray
+  /** Offset of each block in its local region. */
+  localOffsets: BlockArray
+  /** Offset of each block in its remote buffer. */
+  remoteOffsets: BlockArray
+  /** Length of each block (> 0), or one length for all. */
+  lengths: number | BlockArray
+  /** Pin the first attempt to this transport (fallback allowed). */
+  transport?: TransportName
+  /** Only this transport may serve the blocks. */
+  requireTransport?: TransportName
+}
+
+/** A block list submitted to a batch: the list and its opcode. */
+export type BatchBlockList = BlockList & { opcode: 'read' | 'write' }
+
+/** A block list through the Promise API. */
+export type BlocksRequest = BlockList & CallOptions
+
+/** A block that did not complete. */
+export interface BlockFailure {
+  /** Index of the block. */
+  block: number
+  /** Its status. */
+  status: TransferStatus
+  code: FerryErrorCode
+  message: string
+}
+
+/** Outcome of `readBlocks` / `writeBlocks`. */
+export interface BlocksResult {
+  /** One status per block (`TransferStatus`; 4 = COMPLETED). */
+  status: Uint8Array
+  /** Requests the blocks were merged into. */
+  requests: number
+  /** The blocks that did not complete (empty when all did). */
+  failed: BlockFailure[]
+}
+
+/** A block list submitted to a batch (`submitBlocks`), for `getBlockStatusInto`. */
+export interface BlockSubmission {
+  /** Index of the first task in the batch. */
+  firstTask: number
+  /** Tasks (merged requests) the list became. */
+  tasks: number
+  /** Blocks of the list. */
+  blocks: number
+  /** Task `firstTask + r` covers blocks `starts[r]..starts[r + 1]`. */
+  starts: Uint32Array
+}
+
 /** Bytes of completed transfers over one transport for one operation. */
 export interface BytesByTransport extends Native.BytesByTransport {}
 
@@ -543,6 +610,60 @@ function checkOptions(what: string, options: unknown, keys: string[]): Record<st
   return o
 }
 
+const BLOCK_KEYS = new Set(['local', 'remote', 'remoteBuffer', 'localOffsets', 'remoteOffsets', 'lengths', 'transport', 'requireTransport'])
+
+function checkBytes(what: string, v: unknown): void {
+  if (!(v instanceof Uint8Array)) throw invalid(`${what} must be a Uint8Array, got ${describe(v)}`)
+}
+
+/** One handle, or a Float64Array of one per block, of `engine`'s regions or segments. */
+function blockHandles(engine: Engine, what: string, v: unknown, kind: typeof Region | typeof Segment): number | Float64Array {
+  const one = (x: unknown, at: string): number => {
+    if (!(x instanceof kind)) throw invalid(`${at} must be a ${kind.name}, got ${describe(x)}`)
+    if (x.engine !== engine) throw new FerryError('ERR_FERRY_FOREIGN_HANDLE', `${at} is a ${kind.name} of another engine`)
+    return x.handle
+  }
+  if (!Array.isArray(v)) return one(v, what)
+  const out = new Float64Array(v.length)
+  for (let i = 0; i < v.length; i++) out[i] = one(v[i], `${what}[${i}]`)
+  return out
+}
+
+/** The native arguments of a block list (the arrays themselves are checked natively). */
+function toNativeBlocks(engine: Engine, b: unknown, form: 'promise' | 'batch') {
+  if (typeof b !== 'object' || b === null || Array.isArray(b)) throw invalid(`blocks must be an object, got ${describe(b)}`)
+  const q = b as Record<string, unknown>
+  for (const key in q) {
+    const known = BLOCK_KEYS.has(key) || key === (form === 'promise' ? 'signal' : 'opcode')
+    if (!known && q[key] !== undefined) throw invalid(`blocks has no field ${JSON.stringify(key)} (a typo?)`)
+  }
+  checkTransport('transport', q.transport)
+  checkTransport('requireTransport', q.requireTransport)
+  const rb = q.remoteBuffer
+  const list: Native.NativeBlockList = {
+    local: blockHandles(engine, 'local', q.local, Region),
+    remote: blockHandles(engine, 'remote', q.remote, Segment),
+    remoteBuffer: Array.isArray(rb) ? Float64Array.from(rb, (x) => (typeof x === 'number' ? x : NaN)) : (rb as number | undefined),
+    localOffsets: q.localOffsets as Float64Array,
+    remoteOffsets: q.remoteOffsets as Float64Array,
+    lengths: q.lengths as number,
+    transport: q.transport as string | undefined,
+    requireTransport: q.requireTransport as string | undefined,
+  }
+  return list
+}
+
+/** The per-block failures of an outcome (one entry per block of each failed request). */
+function blockFailures(runs: Native.FailedBlocks[]): BlockFailure[] {
+  const failed: BlockFailure[] = []
+  for (const r of runs) {
+    for (let b = r.first; b < r.first + r.count; b++) {
+      failed.push({ block: b, status: r.status, code: r.code as FerryErrorCode, message: r.message })
+    }
+  }
+  return failed
+}
+
 function checkSignal(signal: unknown): AbortSignal | undefined {
   if (signal === undefined) return undefined
   if (!(signal instanceof AbortSignal)) throw invalid(`signal must be an AbortSignal, got ${describe(signal)}`)
@@ -687,9 +808,9 @@ export class Engine extends EventEmitter {
    * status that shows such a failure emits the event first if it has not arrived yet (the
    * native one is then not emitted again).
    */
-  #explainLosses(tasks: TaskStatus[]): void {
+  #explainLosses(tasks: ReadonlyArray<{ code?: string | null; message?: string | null }>): void {
     for (const t of tasks) {
-      if (t.code !== 'ERR_FERRY_PEER_LOST' || t.message === undefined) continue
+      if (t.code !== 'ERR_FERRY_PEER_LOST' || typeof t.message !== 'string') continue
       // The core's wording: "peer <segment> lost: <reason>".
       const m = /^peer (.+?) lost: (.*)$/s.exec(t.message)
       if (m) this.#announceLoss(m[1], m[2])
@@ -710,11 +831,15 @@ export class Engine extends EventEmitter {
         ? { ...rest, authSecretHex: Buffer.from(authSecret.buffer, authSecret.byteOffset, authSecret.byteLength).toString('hex') }
         : authSecret === undefined ? rest : { ...rest, authSecret }
     const started = call(() => native.startEngine(nativeOptions))
+    let engine: Engine
     try {
-      return new Engine(await started, typeof rest.notifyQueueSize === 'number' ? rest.notifyQueueSize : 1024)
+      engine = new Engine(await started, typeof rest.notifyQueueSize === 'number' ? rest.notifyQueueSize : 1024)
     } catch (err) {
       throw startError(err)
     }
+    const warning = engine.#native.exposureWarning
+    if (warning) process.emitWarning(warning, { code: 'FERRY_UNAUTHENTICATED' })
+    return engine
   }
 
   /** @internal */
@@ -839,6 +964,86 @@ export class Engine extends EventEmitter {
   /** Frees a batch; tasks still pending are canceled. */
   freeBatch(batch: number): void {
     this.native((n) => n.freeBatch(batch))
+  }
+
+  /**
+   * Reads many blocks (see `BlockList`) in one call: one Promise for all of them, settled
+   * with one status byte per block. Blocks that fail are reported in `failed`, not by a
+   * rejection; bad input rejects with nothing moved, and an abort rejects with an
+   * `AbortError`.
+   */
+  async readBlocks(blocks: BlocksRequest): Promise<BlocksResult> {
+    return this.blocks('read', blocks)
+  }
+
+  /** Writes many blocks (see `readBlocks`). */
+  async writeBlocks(blocks: BlocksRequest): Promise<BlocksResult> {
+    return this.blocks('write', blocks)
+  }
+
+  private async blocks(opcode: 'read' | 'write', blocks: BlocksRequest): Promise<BlocksResult> {
+    const list = call(() => toNativeBlocks(this, blocks, 'promise'))
+    const signal = checkSignal(blocks.signal)
+    if (signal?.aborted) {
+      throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason })
+    }
+    const { op, requests, promise } = this.native((n) => n.transferBlocks(opcode, list))
+    const onAbort = () => {
+      this.#native.cancel(op)
+    }
+    signal?.addEventListener('abort', onAbort, { once: true })
+    let raw: Native.BlocksOutcome
+    try {
+      raw = await promise
+    } finally {
+      signal?.removeEventListener('abort', onAbort)
+    }
+    if (raw.failed.length === 0) return { status: raw.status, requests, failed: [] }
+    this.#explainLosses(raw.failed)
+    if (signal?.aborted && raw.failed.some((r) => r.code === 'ERR_FERRY_CANCELED')) {
+      throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason })
+    }
+    return { status: raw.status, requests, failed: blockFailures(raw.failed) }
+  }
+
+  /**
+   * Submits a block list (see `BlockList`) as tasks of `batch`, one per merged request;
+   * poll it with `getBlockStatusInto`. Every block is checked first; on any error nothing
+   * is submitted.
+   */
+  submitBlocks(batch: number, blocks: BatchBlockList): BlockSubmission {
+    checkNumber('batch', batch, false)
+    const list = call(() => toNativeBlocks(this, blocks, 'batch'))
+    const op = (blocks as { opcode?: unknown }).opcode
+    if (op !== 'read' && op !== 'write') throw invalid(`blocks: opcode must be 'read' or 'write', got ${typeof op === 'string' ? JSON.stringify(op) : describe(op)}`)
+    const { firstTask, starts } = this.native((n) => n.submitBlocks(batch, op, list))
+    return { firstTask, tasks: starts.length - 1, blocks: starts[starts.length - 1], starts }
+  }
+
+  /**
+   * Writes the status of every block of `submission` into `out` (one byte per block, as
+   * many as fit; `TransferStatus` values) and returns how many blocks are not yet done —
+   * a poll that creates no object per block. Codes of failed blocks: `getTransferStatus`
+   * of their task.
+   */
+  getBlockStatusInto(batch: number, submission: BlockSubmission, out: Uint8Array): number {
+    checkNumber('batch', batch, false)
+    if (typeof submission !== 'object' || submission === null || !(submission.starts instanceof Uint32Array)) {
+      throw invalid(`getBlockStatusInto takes the BlockSubmission of submitBlocks, got ${describe(submission)}`)
+    }
+    checkBytes('out', out)
+    return this.native((n) => n.getBlockStatusInto(batch, submission.firstTask, submission.starts, out))
+  }
+
+  /**
+   * Writes the status of tasks `firstTask..` of `batch` into `out` (one byte per task, as
+   * many as fit); returns how many it wrote.
+   */
+  getTransferStatusInto(batch: number, out: Uint8Array, firstTask = 0): number {
+    checkNumber('batch', batch, false)
+    checkNumber('firstTask', firstTask, false)
+    checkBytes('out', out)
+    return this.native((n) => n.getTransferStatusInto(batch, firstTask, out))
   }
 
   /** Reads remote bytes into local memory. Bad input rejects (never throws). */

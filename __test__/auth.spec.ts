@@ -4,13 +4,29 @@ import { Engine, FerryError, TransferStatus } from '../index'
 
 const KiB = 1 << 10
 
-test('listening beyond loopback without a secret is refused, saying how to set one', async (t) => {
+test('listening beyond loopback without a secret is refused, saying how to set one; allowUnauthenticated starts with a process warning', async (t) => {
   const err = await t.throwsAsync(Engine.create({ listen: '0.0.0.0:0', advertise: '127.0.0.1' }), { instanceOf: FerryError })
   t.is(err?.code, 'ERR_FERRY_INVALID_ARGUMENT')
   t.regex(err?.message ?? '', /authSecret .*FERRY_AUTH_SECRET_FILE/)
+  const warnings: Error[] = []
+  const onWarning = (w: Error) => warnings.push(w)
+  process.on('warning', onWarning)
+  t.teardown(() => process.off('warning', onWarning))
   const open = await Engine.create({ listen: '0.0.0.0:0', advertise: '127.0.0.1', allowUnauthenticated: true })
   t.teardown(() => open.close())
   t.regex(open.segmentName, /^127\.0\.0\.1:\d+$/)
+  // Started, with a process warning naming the exposure ('warning' is emitted on the next tick).
+  await new Promise((resolve) => setImmediate(resolve))
+  const unauthenticated = warnings.filter((w) => (w as Error & { code?: string }).code === 'FERRY_UNAUTHENTICATED')
+  t.is(unauthenticated.length, 1, warnings.map((w) => w.message).join('; '))
+  t.regex(unauthenticated[0].message, /0\.0\.0\.0:\d+ beyond loopback WITHOUT authentication/)
+  // On loopback, or with a secret, no warning.
+  const quiet = await Engine.create({})
+  t.teardown(() => quiet.close())
+  const secured = await Engine.create({ listen: '0.0.0.0:0', advertise: '127.0.0.1', authSecret: randomBytes(32) })
+  t.teardown(() => secured.close())
+  await new Promise((resolve) => setImmediate(resolve))
+  t.is(warnings.filter((w) => (w as Error & { code?: string }).code === 'FERRY_UNAUTHENTICATED').length, 1)
 })
 
 test('engines with the same secret (string or Buffer) move bytes; another secret or none is refused', async (t) => {
@@ -37,6 +53,9 @@ test('engines with the same secret (string or Buffer) move bytes; another secret
   t.regex(text, /^ferry_auth_failures_total\{reason="aborted"\} 1$/m)
   t.regex(text, /^ferry_auth_failures_total\{reason="no_secret"\} 1$/m)
   t.regex(text, /^ferry_connections_refused_total\{reason="per_address"\} 0$/m)
+  const m = target.metrics()
+  t.like(m.authFailures, { aborted: 1, no_secret: 1, bad_proof: 0 })
+  t.like(m.connectionsRefused, { total: 0, per_address: 0 })
   // A string secret is its UTF-8 bytes.
   const texted = await Engine.create({ authSecret: 'x'.repeat(40) })
   t.teardown(() => texted.close())

@@ -7,7 +7,8 @@
  * Suites: `tcp` (tcp transport over loopback vs iperf3 and a pure-Node round trip), `shm`
  * (shared-memory transport to a same-host peer vs a one-thread memcpy, plus 4 KiB write
  * latency), `failover` (shm WRITE throughput with a share of shm completions failing over to
- * tcp, vs the same engine setup without faults).
+ * tcp, vs the same engine setup without faults), `blocks` (many 4 KiB / 64 KiB blocks per call
+ * through the vectorized API, over shm vs memcpy and over tcp vs pure Node).
  *
  * Prints one JSON line per case on stdout (the only thing written there) and progress on
  * stderr. Each figure is compared with a baseline measured in the same invocation (these
@@ -22,6 +23,8 @@
  */
 import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
+import { authSuite } from './suites/auth'
+import { blocksSuite } from './suites/blocks'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
 import { notifySuite } from './suites/notify'
@@ -37,6 +40,8 @@ const suites: Record<string, Suite> = {
   failover: failoverSuite,
   liveness: livenessSuite,
   soak: soakSuite,
+  auth: authSuite,
+  blocks: blocksSuite,
   notify: notifySuite,
 }
 
@@ -113,6 +118,9 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
               --soak-transfers 4 KiB WRITEs (shm and tcp; Promise and
               batch API), each case in a fresh process; target growth
               <= 32 MB
+    auth      what the cluster secret costs: 1 MiB WRITEs over tcp and shm
+              with and without it (ratio = with / without; target >= 0.97)
+              and openSegment's median time with and without
     notify    notifications/s (engine.notify, --window outstanding) and the
               latency a notification adds to a 4 KiB WRITE (p50, p99), with
               and without alternating in the same run (shm and tcp)`

@@ -11,7 +11,7 @@
  */
 import * as net from 'node:net'
 import * as path from 'node:path'
-import { jsonLines, startTsx, stopChild, tailStderr } from '../lib/children'
+import { connectBaseline } from '../lib/loopback'
 import { nowNs } from '../lib/stats'
 
 export interface LatencyBaselineOptions {
@@ -34,51 +34,12 @@ export interface LatencyBaselineSession {
 const SPAN = 64 << 20
 
 export async function startNodeTcpLatency(messageBytes: number): Promise<LatencyBaselineSession> {
-  const server = startTsx('node tcp latency server', path.join(__dirname, 'node_tcp_lat_server.ts'), [], {
+  const { sock: connected, close } = await connectBaseline('node tcp latency server', path.join(__dirname, 'node_tcp_lat_server.ts'), {
     FERRY_BENCH_LAT_BYTES: String(SPAN),
   })
-  const stderr = tailStderr(server)
-  const lines = jsonLines(server, () => stderr())
-  let sock: net.Socket | undefined
-  let closed = false
-  const close = async () => {
-    if (closed) return
-    closed = true
-    sock?.destroy()
-    lines.close()
-    server.stdin?.end()
-    await stopChild(server)
-  }
-  try {
-    const hello = await lines.next(20_000)
-    const port = Number(hello.port)
-    const connectTimer = { t: undefined as NodeJS.Timeout | undefined }
-    sock = await new Promise<net.Socket>((resolve, reject) => {
-      const s = net.connect(port, '127.0.0.1', () => {
-        clearTimeout(connectTimer.t)
-        resolve(s)
-      })
-      s.once('error', (e) => {
-        clearTimeout(connectTimer.t)
-        reject(e)
-      })
-      connectTimer.t = setTimeout(() => {
-        s.destroy()
-        reject(new Error('baseline: connect timed out after 10 s'))
-      }, 10_000)
-    })
-    sock.setNoDelay(true)
-  } catch (err) {
-    await close()
-    throw err
-  }
-  const connected = sock
-  // Absorbs socket errors between runs (a run listens for them itself while it lasts).
-  connected.on('error', () => undefined)
   const dst = Buffer.alloc(SPAN, 0)
   return {
     run(opts) {
-      if (closed) return Promise.reject(new Error('baseline session closed'))
       return pingPong(connected, dst, { ...opts, messageBytes })
     },
     close,

@@ -8,7 +8,7 @@
  * suite can check which transport really served it (TaskStatus.transport).
  */
 import * as path from 'node:path'
-import { Engine, TransferStatus, type IoRequest, type Region, type Segment, type TransferRequest } from '../../index'
+import { Engine, TransferStatus, type EngineOptions, type IoRequest, type Region, type Segment, type TransferRequest } from '../../index'
 import { jsonLines, startTsx, stopChild, tailStderr } from './children'
 import { log } from './log'
 import { blockFor, median, nowNs, round } from './stats'
@@ -78,11 +78,13 @@ export interface TargetPlacement {
   machineId?: string
   /** A command that execs the target, e.g. `ip netns exec NS`. */
   prefix?: string[]
+  /** More environment for the target (e.g. FERRY_AUTH_SECRET_FILE). */
+  env?: Record<string, string>
 }
 
 export async function startTarget(bytes: number, placement: TargetPlacement = {}): Promise<Target> {
   // 30 s for the hello covers tsx start-up and pre-touching a large region.
-  const env: Record<string, string> = { FERRY_BENCH_BYTES: String(bytes) }
+  const env: Record<string, string> = { ...placement.env, FERRY_BENCH_BYTES: String(bytes) }
   if (placement.listen) env.FERRY_BENCH_LISTEN = placement.listen
   if (placement.machineId) env.FERRY_BENCH_MACHINE_ID = placement.machineId
   const proc = startTsx('target engine', path.join(__dirname, '..', 'target.ts'), [], env, placement.prefix)
@@ -153,6 +155,20 @@ export interface Rig {
   remoteBuffer: number
   target: Target
   options: SuiteOptions
+}
+
+/** An initiator engine (`extra` options) with a pre-touched region and `target` opened. */
+export async function openRig(target: Target, regionBytes: number, options: SuiteOptions, extra: EngineOptions): Promise<Rig> {
+  const engine = await Engine.create({ listen: '127.0.0.1:0', ...extra })
+  try {
+    const local = engine.allocate(regionBytes)
+    local.buffer.fill(0x3c) // fault every page in before anything is timed
+    const remote = await engine.openSegment(target.segment)
+    return { engine, local, regionBytes, remote, remoteBuffer: target.buffer, target, options }
+  } catch (err) {
+    await engine.close()
+    throw err
+  }
 }
 
 export function request(rig: Rig, opcode: Opcode, offset: number, length: number): TransferRequest {

@@ -19,19 +19,19 @@
  * `engine.metrics().failovers` of both engines and the share of tasks served by each
  * transport (TaskStatus.transport of every task the runs saw, warm-up included).
  */
-import { Engine, type EngineOptions, type FaultOptions } from '../../index'
+import type { Engine, FaultOptions } from '../../index'
 import { log } from '../lib/log'
 import {
   MiB,
   medianCpu,
   mergeTallies,
+  openRig,
   startTarget,
   throughputBatch,
   throughputMethodLabel,
   throughputPromise,
   unexpectedTransports,
   type Rig,
-  type Target,
   type ThroughputResult,
   type TransportTally,
 } from '../lib/rig'
@@ -51,19 +51,6 @@ interface FaultyRun extends ThroughputResult {
 }
 
 type Phase = RoundsOutcome<Side, FaultyRun> & { hostLoad: number | null }
-
-async function openRig(target: Target, regionBytes: number, options: SuiteOptions, extra: EngineOptions): Promise<Rig> {
-  const engine = await Engine.create({ listen: '127.0.0.1:0', ...extra })
-  try {
-    const local = engine.allocate(regionBytes)
-    local.buffer.fill(0x3c) // fault every page in before anything is timed
-    const remote = await engine.openSegment(target.segment)
-    return { engine, local, regionBytes, remote, remoteBuffer: target.buffer, target, options }
-  } catch (err) {
-    await engine.close()
-    throw err
-  }
-}
 
 /** Share of the tasks per transport, 3 decimals. */
 function shares(t: TransportTally): Record<string, number | null> {

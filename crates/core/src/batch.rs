@@ -67,6 +67,11 @@ impl Batch {
             .cloned()
     }
 
+    /// Runs `f` on the tasks under the batch's lock (status reads that allocate nothing).
+    pub fn with_tasks<R>(&self, f: impl FnOnce(&[Arc<Task>]) -> R) -> R {
+        f(&self.tasks.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     /// All tasks.
     pub fn tasks(&self) -> Vec<Arc<Task>> {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner()).clone()

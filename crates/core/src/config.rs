@@ -236,22 +236,31 @@ impl EngineConfig {
 
 /// Refuses to serve beyond loopback without a secret, unless that was asked for.
 pub(crate) fn check_exposure(config: &EngineConfig, bound: SocketAddr) -> Result<()> {
+    match exposure_warning(config, bound) {
+        None => Ok(()),
+        Some(warning) if config.allow_unauthenticated => {
+            tracing::warn!(%bound, "{warning}");
+            Ok(())
+        }
+        Some(_) => Err(Error::InvalidArgument(format!(
+            "listening on {bound} (beyond loopback) needs a cluster secret: set authSecret \
+             (at least 32 bytes) or FERRY_AUTH_SECRET_FILE=PATH on every engine, or \
+             allowUnauthenticated: true to accept anyone who can reach it"
+        ))),
+    }
+}
+
+/// What an engine serving on `bound` without a secret exposes, or `None` when it is on
+/// loopback or holds a secret. An engine that started with a warning was allowed by
+/// `allowUnauthenticated`.
+pub(crate) fn exposure_warning(config: &EngineConfig, bound: SocketAddr) -> Option<String> {
     if bound.ip().is_loopback() || config.auth_secret.is_some() {
-        return Ok(());
+        return None;
     }
-    if config.allow_unauthenticated {
-        tracing::warn!(
-            %bound,
-            "listening beyond loopback WITHOUT authentication (allowUnauthenticated): \
-             anyone who can reach this address can read and write registered memory"
-        );
-        return Ok(());
-    }
-    Err(Error::InvalidArgument(format!(
-        "listening on {bound} (beyond loopback) needs a cluster secret: set authSecret \
-         (at least 32 bytes) or FERRY_AUTH_SECRET_FILE=PATH on every engine, or \
-         allowUnauthenticated: true to accept anyone who can reach it"
-    )))
+    Some(format!(
+        "listening on {bound} beyond loopback WITHOUT authentication (allowUnauthenticated): \
+         anyone who can reach this address can read and write registered memory"
+    ))
 }
 
 /// The segment name for an advertise address: `host:port` as given, or `host` with the

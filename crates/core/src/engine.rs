@@ -26,6 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::attempt::Rail;
 use crate::batch::BatchTable;
+use crate::block_submit::BlockSubmission;
+use crate::blocks::{BlockOutcome, Blocks};
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::events::{EventHub, EventSink};
@@ -209,6 +211,12 @@ impl Engine {
     /// logical name published in etcd.
     pub fn segment_name(&self) -> &str {
         &self.shell.name
+    }
+
+    /// The warning an engine started with when it serves beyond loopback without a secret
+    /// (allowed by `allow_unauthenticated`); `None` otherwise.
+    pub fn exposure_warning(&self) -> Option<String> {
+        crate::config::exposure_warning(&self.shell.config, self.shell.local_addr)
     }
 
     /// Test hook: stops (or resumes) this engine's etcd keep-alives without revoking its
@@ -416,6 +424,60 @@ impl Engine {
         F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
     {
         self.live()?.transfer(requests, on_done)
+    }
+
+    /// Submits a block list (`blocks`), merged into requests, and calls `on_done` once
+    /// with every block's outcome. Returns the operation id for `cancel` and the number of
+    /// requests. Every block is checked before any moves.
+    pub fn transfer_blocks<F>(&self, blocks: &Blocks, on_done: F) -> Result<(u64, usize)>
+    where
+        F: FnOnce(BlockOutcome) + Send + 'static,
+    {
+        self.live()?.transfer_blocks(blocks, on_done)
+    }
+
+    /// Submits a block list as tasks of `batch` (see `transfer_blocks`).
+    pub fn submit_blocks(&self, batch: u64, blocks: &Blocks) -> Result<BlockSubmission> {
+        self.live()?.submit_blocks(batch, blocks)
+    }
+
+    /// Writes the raw status of tasks `first_task..` of `batch` into `out`, one byte each,
+    /// as many as fit; returns how many were written. Allocates nothing.
+    pub fn transfer_status_into(
+        &self,
+        batch: u64,
+        first_task: usize,
+        out: &mut [u8],
+    ) -> Result<usize> {
+        let b = self.live()?.batch(batch)?;
+        Ok(b.with_tasks(|tasks| {
+            let tasks = tasks.get(first_task..).unwrap_or_default();
+            out.iter_mut()
+                .zip(tasks)
+                .map(|(o, t)| *o = t.status().raw())
+                .count()
+        }))
+    }
+
+    /// Writes the status of each block of a `submit_blocks` list into `out` (`starts` as
+    /// its `BlockMap` has them); returns the blocks not yet terminal.
+    pub fn block_status_into(
+        &self,
+        batch: u64,
+        first_task: usize,
+        starts: &[u32],
+        out: &mut [u8],
+    ) -> Result<usize> {
+        crate::blocks::check_starts(starts)?;
+        let b = self.live()?.batch(batch)?;
+        Ok(b.with_tasks(|tasks| {
+            crate::blocks::fill_status(starts, out, |r| {
+                first_task
+                    .checked_add(r)
+                    .and_then(|i| tasks.get(i))
+                    .map_or(TransferStatus::Invalid, |t| t.status())
+            })
+        }))
     }
 
     /// `transfer` for synchronous callers (tests, tools): waits for the outcome.

@@ -32,6 +32,8 @@ mod assembly;
 mod attempt;
 pub mod auth;
 pub mod batch;
+mod block_submit;
+pub mod blocks;
 mod config;
 pub mod control;
 mod dispatch;
@@ -64,6 +66,7 @@ pub mod transports;
 pub mod wire;
 
 pub use admission::ConnLimits;
+pub use block_submit::BlockSubmission;
 pub use config::EngineConfig;
 pub use engine::{BatchSnapshot, Engine, SegmentInfo, WeakEngine};
 pub use error::{Error, Result};

@@ -746,6 +746,18 @@ pub struct EngineMetrics {
     pub notifications_dropped: f64,
     /// Notifications waiting in the receive queue.
     pub notifications_queued: f64,
+    /// Connections that failed the cluster-secret handshake, by reason (every reason,
+    /// zeros too; `ferry_auth_failures_total{reason}`).
+    pub auth_failures: std::collections::HashMap<String, f64>,
+    /// Connections refused at once by a cap, by which (`total`, `per_address`).
+    pub connections_refused: std::collections::HashMap<String, f64>,
+}
+
+fn by_reason(counts: &[(&'static str, u64)]) -> std::collections::HashMap<String, f64> {
+    counts
+        .iter()
+        .map(|(r, n)| ((*r).to_string(), *n as f64))
+        .collect()
 }
 
 impl From<Metrics> for EngineMetrics {
@@ -786,6 +798,8 @@ impl From<Metrics> for EngineMetrics {
             notifications_received: m.notifications.received as f64,
             notifications_dropped: m.notifications.dropped as f64,
             notifications_queued: m.notifications.queued as f64,
+            auth_failures: by_reason(&m.auth_failures),
+            connections_refused: by_reason(&m.connections_refused),
         }
     }
 }

@@ -7,16 +7,20 @@ use ferry_core::Error;
 use napi::bindgen_prelude::{FromNapiValue, Object, ToNapiValue, Unknown};
 use napi::{Env, JsValue, Status, ValueType};
 
+/// `value` as an integer, if it is a non-negative one that a double holds exactly
+/// (at most 2^53 - 1; NaN and infinities are not).
+pub(crate) fn exact_u64(value: f64) -> Option<u64> {
+    ((0.0..=9_007_199_254_740_991.0).contains(&value) && value.fract() == 0.0)
+        .then_some(value as u64)
+}
+
 /// A JS number that must be a non-negative integer, exact in a double.
 pub(crate) fn to_u64(value: f64, what: &str) -> Result<u64, Error> {
-    if value.is_finite() && value >= 0.0 && value.fract() == 0.0 && value <= 9_007_199_254_740_991.0
-    {
-        Ok(value as u64)
-    } else {
-        Err(Error::InvalidArgument(format!(
+    exact_u64(value).ok_or_else(|| {
+        Error::InvalidArgument(format!(
             "{what} must be a non-negative integer, got {value}"
-        )))
-    }
+        ))
+    })
 }
 
 /// An optional non-negative integer field.

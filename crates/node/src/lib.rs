@@ -5,6 +5,7 @@
 #![deny(clippy::all)]
 
 mod bench;
+mod blocks;
 mod buffer;
 mod callback;
 mod convert;
@@ -139,6 +140,13 @@ impl NativeEngine {
     #[napi(getter)]
     pub fn segment_name(&self) -> String {
         self.engine.segment_name().to_string()
+    }
+
+    /// The warning this engine started with when it serves beyond loopback without a
+    /// secret (`allowUnauthenticated`), else null.
+    #[napi(getter)]
+    pub fn exposure_warning(&self) -> Option<String> {
+        self.engine.exposure_warning()
     }
 
     /// The id of region `handle` in this engine, checked to be this engine's.

@@ -1,0 +1,597 @@
+//! Block lists: many small transfers described by parallel arrays (local offsets, remote
+//! offsets, lengths), as a scheduler moves a KV cache — layers × pages per call.
+//!
+//! This module is pure. It checks a list (every block, before anything moves), merges
+//! blocks that are adjacent and contiguous on both sides into one request (as TENT's
+//! `merge_requests` does), keeps which blocks each request covers, and expands the
+//! requests' outcomes back into one status byte per block. The engine side
+//! (`block_submit`) looks the regions and buffers up and submits the requests.
+
+use crate::error::{Error, Result};
+use crate::kind::{Opcode, TransportHint};
+use crate::memory::{check_range, RegionId};
+use crate::request::Request;
+use crate::status::TransferStatus;
+use crate::task::TaskSnapshot;
+
+/// Most blocks one call may carry (block indices and request starts fit a `u32`).
+pub const MAX_BLOCKS: usize = 1 << 24;
+
+/// A field that is the same for every block, or given for each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PerBlock<T> {
+    /// One value for all blocks.
+    One(T),
+    /// One value per block.
+    Each(Vec<T>),
+}
+
+impl<T: Copy> PerBlock<T> {
+    /// The value of block `i` (the caller checked `i` against the list's length).
+    fn at(&self, i: usize) -> T {
+        match self {
+            Self::One(v) => *v,
+            Self::Each(v) => v[i],
+        }
+    }
+
+    fn len(&self) -> Option<usize> {
+        match self {
+            Self::One(_) => None,
+            Self::Each(v) => Some(v.len()),
+        }
+    }
+}
+
+/// A block list: block `i` moves `lengths[i]` bytes between `local_offsets[i]` of its local
+/// region and `remote_offsets[i]` of its remote buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocks {
+    /// Read or write, for every block.
+    pub opcode: Opcode,
+    /// Local region id(s).
+    pub local: PerBlock<RegionId>,
+    /// Segment handle(s).
+    pub segment: PerBlock<u64>,
+    /// Remote buffer id(s).
+    pub remote_buffer: PerBlock<u64>,
+    /// Offset of each block in its local region.
+    pub local_offsets: Vec<u64>,
+    /// Offset of each block in its remote buffer.
+    pub remote_offsets: Vec<u64>,
+    /// Length of each block, or one length for all.
+    pub lengths: PerBlock<u64>,
+    /// Transport choice, for every block.
+    pub hint: TransportHint,
+}
+
+/// One block, resolved from the lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Block {
+    local: RegionId,
+    segment: u64,
+    remote_buffer: u64,
+    local_offset: u64,
+    remote_offset: u64,
+    length: u64,
+}
+
+impl Blocks {
+    /// Number of blocks.
+    pub fn len(&self) -> usize {
+        self.local_offsets.len()
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.local_offsets.is_empty()
+    }
+
+    fn block(&self, i: usize) -> Block {
+        Block {
+            local: self.local.at(i),
+            segment: self.segment.at(i),
+            remote_buffer: self.remote_buffer.at(i),
+            local_offset: self.local_offsets[i],
+            remote_offset: self.remote_offsets[i],
+            length: self.lengths.at(i),
+        }
+    }
+
+    /// Checks the shape: a count in `1..=MAX_BLOCKS`, every per-block array of that count,
+    /// no zero length. Ranges are checked by `check_bounds`.
+    pub fn check_shape(&self) -> Result<()> {
+        let n = self.len();
+        if n == 0 {
+            return Err(Error::InvalidArgument("no blocks given".into()));
+        }
+        if n > MAX_BLOCKS {
+            return Err(Error::InvalidArgument(format!(
+                "at most {MAX_BLOCKS} blocks per call, got {n}"
+            )));
+        }
+        let arrays = [
+            ("remoteOffsets", Some(self.remote_offsets.len())),
+            ("lengths", self.lengths.len()),
+            ("local", self.local.len()),
+            ("remote", self.segment.len()),
+            ("remoteBuffer", self.remote_buffer.len()),
+        ];
+        for (name, len) in arrays {
+            if let Some(len) = len.filter(|&l| l != n) {
+                return Err(Error::InvalidArgument(format!(
+                    "{name} has {len} entries for {n} blocks (localOffsets)"
+                )));
+            }
+        }
+        match &self.lengths {
+            PerBlock::One(0) => Err(Error::InvalidArgument("length must be > 0".into())),
+            PerBlock::One(_) => Ok(()),
+            PerBlock::Each(v) => match v.iter().position(|&l| l == 0) {
+                Some(i) => Err(Error::InvalidArgument(format!(
+                    "block {i}: length must be > 0"
+                ))),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Checks every block's two ranges. `local_len` gives a region's length, `remote_len`
+    /// a (segment, buffer)'s; each is asked once per distinct value in a row of blocks, so
+    /// a list of one region and one buffer costs two lookups. The first bad block is named.
+    pub fn check_bounds(
+        &self,
+        mut local_len: impl FnMut(RegionId) -> Result<u64>,
+        mut remote_len: impl FnMut(u64, u64) -> Result<u64>,
+    ) -> Result<()> {
+        let mut local: Option<(RegionId, u64)> = None;
+        let mut remote: Option<((u64, u64), u64)> = None;
+        for i in 0..self.len() {
+            let b = self.block(i);
+            let at = |e: Error| annotate(e, i);
+            let llen = match local {
+                Some((id, len)) if id == b.local => len,
+                _ => {
+                    let len = local_len(b.local).map_err(at)?;
+                    local = Some((b.local, len));
+                    len
+                }
+            };
+            let key = (b.segment, b.remote_buffer);
+            let rlen = match remote {
+                Some((k, len)) if k == key => len,
+                _ => {
+                    let len = remote_len(b.segment, b.remote_buffer).map_err(at)?;
+                    remote = Some((key, len));
+                    len
+                }
+            };
+            check_range(b.local_offset, b.length, llen).map_err(|e| at(side(e, "local region")))?;
+            check_range(b.remote_offset, b.length, rlen)
+                .map_err(|e| at(side(e, "remote buffer")))?;
+        }
+        Ok(())
+    }
+
+    /// Merges the list into requests: a block joins the previous block's request when it
+    /// names the same region, segment and buffer and starts, on both sides, where that
+    /// request ends. Only exact adjacency merges: overlapping or reordered blocks stay
+    /// requests of their own. Call after `check_shape` and `check_bounds` (ends cannot
+    /// overflow then).
+    pub fn merge(&self) -> Merged {
+        let mut requests: Vec<Request> = Vec::new();
+        let mut starts: Vec<u32> = Vec::new();
+        for i in 0..self.len() {
+            let b = self.block(i);
+            if let Some(last) = requests.last_mut() {
+                let joins = last.local == b.local
+                    && last.segment == b.segment
+                    && last.remote_buffer == b.remote_buffer
+                    && last.local_offset.checked_add(last.length) == Some(b.local_offset)
+                    && last.remote_offset.checked_add(last.length) == Some(b.remote_offset);
+                if let (true, Some(length)) = (joins, last.length.checked_add(b.length)) {
+                    last.length = length;
+                    continue;
+                }
+            }
+            starts.push(i as u32);
+            requests.push(Request {
+                opcode: self.opcode,
+                local: b.local,
+                local_offset: b.local_offset,
+                segment: b.segment,
+                remote_buffer: b.remote_buffer,
+                remote_offset: b.remote_offset,
+                length: b.length,
+                hint: self.hint,
+            });
+        }
+        starts.push(self.len() as u32);
+        Merged {
+            requests,
+            map: BlockMap { starts },
+        }
+    }
+}
+
+/// Names the block an error is about.
+fn annotate(e: Error, block: usize) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("block {block}: {m}")),
+        Error::OutOfRange(m) => Error::OutOfRange(format!("block {block}: {m}")),
+        other => other,
+    }
+}
+
+/// Says which side a range error is about.
+fn side(e: Error, what: &str) -> Error {
+    match e {
+        Error::OutOfRange(m) => Error::OutOfRange(format!("{what}: {m}")),
+        other => other,
+    }
+}
+
+/// A block list as requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Merged {
+    /// The requests, in block order.
+    pub requests: Vec<Request>,
+    /// Which blocks each request covers.
+    pub map: BlockMap,
+}
+
+/// Which blocks each request of a merged list covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMap {
+    /// Request `r` covers blocks `starts[r]..starts[r + 1]` (one more entry than requests).
+    pub starts: Vec<u32>,
+}
+
+impl BlockMap {
+    /// Number of requests.
+    pub fn requests(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    /// The blocks request `r` covers.
+    pub fn blocks_of(&self, r: usize) -> std::ops::Range<usize> {
+        self.starts[r] as usize..self.starts[r + 1] as usize
+    }
+
+    /// Number of blocks.
+    pub fn blocks(&self) -> usize {
+        self.starts.last().map_or(0, |&n| n as usize)
+    }
+
+    /// Writes each block's status (its request's, TENT's numbering) into `out` (one byte
+    /// per block; `out` may be shorter: the blocks past its end are skipped). `status`
+    /// gives request `r`'s status. Returns the blocks not yet in a terminal status.
+    pub fn fill_status(&self, out: &mut [u8], status: impl Fn(usize) -> TransferStatus) -> usize {
+        fill_status(&self.starts, out, status)
+    }
+
+    /// The outcome of every block from the requests' final snapshots (in request order).
+    pub fn outcome(&self, snaps: &[TaskSnapshot]) -> BlockOutcome {
+        let mut status = vec![TransferStatus::Failed.raw(); self.blocks()];
+        self.fill_status(&mut status, |r| {
+            snaps.get(r).map_or(TransferStatus::Failed, |s| s.status)
+        });
+        let mut failed = Vec::new();
+        for (r, s) in snaps.iter().enumerate().take(self.requests()) {
+            if s.status != TransferStatus::Completed {
+                failed.push(FailedRun {
+                    blocks: self.blocks_of(r),
+                    status: s.status,
+                    error: s.error.clone(),
+                });
+            }
+        }
+        BlockOutcome {
+            status,
+            failed,
+            requests: self.requests(),
+        }
+    }
+}
+
+/// `BlockMap::fill_status` over a map's `starts` as the poller holds them (a Uint32Array
+/// from JS: starts that decrease are refused by `check_starts`; out-of-order ones would
+/// only skip blocks, never index past `out`).
+pub fn fill_status(
+    starts: &[u32],
+    out: &mut [u8],
+    status: impl Fn(usize) -> TransferStatus,
+) -> usize {
+    let mut open = 0;
+    for (r, w) in starts.windows(2).enumerate() {
+        let s = status(r);
+        let (start, end) = (w[0] as usize, w[1] as usize);
+        if !s.is_terminal() {
+            open += end.saturating_sub(start);
+        }
+        if let Some(dst) = out.get_mut(start..end.min(out.len())) {
+            dst.fill(s.raw());
+        }
+    }
+    open
+}
+
+/// Checks a map's `starts` given back by a caller: from 0, never decreasing.
+pub fn check_starts(starts: &[u32]) -> Result<()> {
+    if starts.first() != Some(&0) || starts.windows(2).any(|w| w[0] > w[1]) {
+        return Err(Error::InvalidArgument(
+            "starts must begin at 0 and never decrease (as submitBlocks returned them)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Blocks of one request that did not complete, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailedRun {
+    /// The blocks.
+    pub blocks: std::ops::Range<usize>,
+    /// Their status.
+    pub status: TransferStatus,
+    /// The request's error.
+    pub error: Option<Error>,
+}
+
+/// What happened to each block of a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockOutcome {
+    /// One status byte per block (TENT's numbering; 4 = completed).
+    pub status: Vec<u8>,
+    /// The blocks that did not complete, by request.
+    pub failed: Vec<FailedRun>,
+    /// Requests the blocks were merged into.
+    pub requests: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(local: &[u64], remote: &[u64], lengths: &[u64]) -> Blocks {
+        Blocks {
+            opcode: Opcode::Write,
+            local: PerBlock::One(1),
+            segment: PerBlock::One(2),
+            remote_buffer: PerBlock::One(3),
+            local_offsets: local.to_vec(),
+            remote_offsets: remote.to_vec(),
+            lengths: PerBlock::Each(lengths.to_vec()),
+            hint: TransportHint::Auto,
+        }
+    }
+
+    fn spans(m: &Merged) -> Vec<(u64, u64, u64)> {
+        m.requests
+            .iter()
+            .map(|r| (r.local_offset, r.remote_offset, r.length))
+            .collect()
+    }
+
+    fn lens(
+        local: u64,
+        remote: u64,
+    ) -> (
+        impl FnMut(RegionId) -> Result<u64>,
+        impl FnMut(u64, u64) -> Result<u64>,
+    ) {
+        (move |_| Ok(local), move |_, _| Ok(remote))
+    }
+
+    #[test]
+    fn contiguous_on_both_sides_merges() {
+        let b = list(&[0, 4, 8, 20], &[100, 104, 108, 200], &[4, 4, 4, 4]);
+        let m = b.merge();
+        assert_eq!(spans(&m), vec![(0, 100, 12), (20, 200, 4)]);
+        assert_eq!(m.map.starts, vec![0, 3, 4]);
+        assert_eq!(m.map.blocks_of(0), 0..3);
+        assert_eq!(m.map.blocks(), 4);
+    }
+
+    #[test]
+    fn contiguous_on_one_side_only_does_not_merge() {
+        // local contiguous, remote not; then remote contiguous, local not.
+        let b = list(&[0, 4, 100], &[0, 50, 54], &[4, 4, 4]);
+        assert_eq!(spans(&b.merge()), vec![(0, 0, 4), (4, 50, 4), (100, 54, 4)]);
+    }
+
+    #[test]
+    fn overlapping_and_reordered_blocks_stay_apart() {
+        let b = list(&[0, 2, 8, 4], &[0, 2, 8, 4], &[4, 4, 4, 4]);
+        let m = b.merge();
+        assert_eq!(m.requests.len(), 4, "{:?}", spans(&m));
+        // The same block twice is not adjacent to itself.
+        let b = list(&[0, 0], &[0, 0], &[4, 4]);
+        assert_eq!(b.merge().requests.len(), 2);
+    }
+
+    #[test]
+    fn different_region_segment_or_buffer_does_not_merge() {
+        let mut b = list(&[0, 4, 8, 12], &[0, 4, 8, 12], &[4, 4, 4, 4]);
+        b.local = PerBlock::Each(vec![1, 1, 9, 9]);
+        assert_eq!(b.merge().map.starts, vec![0, 2, 4]);
+        b.local = PerBlock::One(1);
+        b.segment = PerBlock::Each(vec![2, 5, 5, 5]);
+        assert_eq!(b.merge().map.starts, vec![0, 1, 4]);
+        b.segment = PerBlock::One(2);
+        b.remote_buffer = PerBlock::Each(vec![3, 3, 3, 4]);
+        assert_eq!(b.merge().map.starts, vec![0, 3, 4]);
+    }
+
+    #[test]
+    fn one_length_for_all() {
+        let mut b = list(&[0, 4096, 8192], &[0, 4096, 8192], &[]);
+        b.lengths = PerBlock::One(4096);
+        b.check_shape().expect("shape");
+        let m = b.merge();
+        assert_eq!(spans(&m), vec![(0, 0, 3 * 4096)]);
+    }
+
+    #[test]
+    fn zero_length_is_refused_naming_the_block() {
+        let b = list(&[0, 4], &[0, 4], &[4, 0]);
+        let e = b.check_shape().expect_err("zero length");
+        assert_eq!(e.code(), "ERR_FERRY_INVALID_ARGUMENT");
+        assert!(e.to_string().contains("block 1"), "{e}");
+        let mut b = list(&[0], &[0], &[]);
+        b.lengths = PerBlock::One(0);
+        assert!(b.check_shape().is_err());
+    }
+
+    #[test]
+    fn shapes_are_checked() {
+        assert!(list(&[], &[], &[]).check_shape().is_err());
+        let e = list(&[0, 4], &[0], &[4, 4])
+            .check_shape()
+            .expect_err("short");
+        assert!(
+            e.to_string()
+                .contains("remoteOffsets has 1 entries for 2 blocks"),
+            "{e}"
+        );
+        let e = list(&[0, 4], &[0, 4], &[4])
+            .check_shape()
+            .expect_err("short");
+        assert!(e.to_string().contains("lengths"), "{e}");
+        let mut b = list(&[0, 4], &[0, 4], &[4, 4]);
+        b.segment = PerBlock::Each(vec![1, 2, 3]);
+        assert!(b
+            .check_shape()
+            .expect_err("long")
+            .to_string()
+            .contains("remote has 3"));
+    }
+
+    #[test]
+    fn every_block_is_bounds_checked_and_named() {
+        // Block 2 overruns the remote buffer by one byte; blocks 0 and 1 are fine.
+        let b = list(&[0, 4, 8], &[0, 4, 97], &[4, 4, 4]);
+        let (l, r) = lens(1000, 100);
+        let e = b.check_bounds(l, r).expect_err("out of range");
+        assert_eq!(e.code(), "ERR_FERRY_OUT_OF_RANGE");
+        assert!(e.to_string().contains("block 2: remote buffer"), "{e}");
+        let b = list(&[0, 997], &[0, 4], &[4, 4]);
+        let (l, r) = lens(1000, 100);
+        let e = b.check_bounds(l, r).expect_err("local out of range");
+        assert!(e.to_string().contains("block 1: local region"), "{e}");
+        let (l, r) = lens(1000, 100);
+        list(&[0, 996], &[0, 96], &[4, 4])
+            .check_bounds(l, r)
+            .expect("in range");
+    }
+
+    #[test]
+    fn ends_past_u64_are_out_of_range_not_wrapped() {
+        let b = list(&[u64::MAX - 1], &[0], &[4]);
+        let (l, r) = lens(u64::MAX, u64::MAX);
+        assert_eq!(
+            b.check_bounds(l, r).expect_err("wraps").code(),
+            "ERR_FERRY_OUT_OF_RANGE"
+        );
+        // 2^53 - 1 is the largest offset a Float64Array carries exactly; it is a plain offset here.
+        let top = (1u64 << 53) - 1;
+        let b = list(&[top - 4], &[top - 4], &[4]);
+        let (l, r) = lens(top, top);
+        b.check_bounds(l, r).expect("fits");
+    }
+
+    #[test]
+    fn lookups_happen_once_per_run_of_equal_values() {
+        let mut b = list(&[0, 4, 8, 12], &[0, 4, 8, 12], &[4, 4, 4, 4]);
+        b.local = PerBlock::Each(vec![1, 1, 7, 7]);
+        let (mut nl, mut nr) = (0, 0);
+        b.check_bounds(
+            |_| {
+                nl += 1;
+                Ok(64)
+            },
+            |_, _| {
+                nr += 1;
+                Ok(64)
+            },
+        )
+        .expect("ok");
+        assert_eq!((nl, nr), (2, 1));
+        // A failed lookup names the block.
+        let e = b
+            .check_bounds(
+                |id| {
+                    if id == 7 {
+                        Err(Error::UnknownRegion(7))
+                    } else {
+                        Ok(64)
+                    }
+                },
+                |_, _| Ok(64),
+            )
+            .expect_err("unknown");
+        assert_eq!(e.code(), "ERR_FERRY_UNKNOWN_REGION");
+    }
+
+    fn snap(status: TransferStatus, error: Option<Error>) -> TaskSnapshot {
+        TaskSnapshot {
+            status,
+            transferred: 0,
+            length: 4,
+            transport: None,
+            attempts: 1,
+            error,
+        }
+    }
+
+    #[test]
+    fn outcomes_expand_to_blocks() {
+        let m = list(&[0, 4, 8, 100, 200], &[0, 4, 8, 100, 200], &[4, 4, 4, 4, 4]).merge();
+        assert_eq!(m.map.starts, vec![0, 3, 4, 5]);
+        let out = m.map.outcome(&[
+            snap(TransferStatus::Completed, None),
+            snap(TransferStatus::Failed, Some(Error::Io("boom".into()))),
+            snap(TransferStatus::Completed, None),
+        ]);
+        assert_eq!(out.status, vec![4, 4, 4, 6, 4]);
+        assert_eq!(out.requests, 3);
+        assert_eq!(out.failed.len(), 1);
+        assert_eq!(out.failed[0].blocks, 3..4);
+        assert_eq!(
+            out.failed[0].error.as_ref().map(|e| e.code()),
+            Some("ERR_FERRY_IO")
+        );
+    }
+
+    #[test]
+    fn starts_from_a_caller_are_checked() {
+        assert!(check_starts(&[0, 3, 3, 5]).is_ok());
+        assert!(check_starts(&[]).is_err());
+        assert!(check_starts(&[1, 3]).is_err());
+        assert!(check_starts(&[0, 3, 2]).is_err());
+        // Even unchecked, a bad map never writes past `out` (a decreasing range is skipped).
+        let mut out = [0u8; 4];
+        assert_eq!(
+            fill_status(&[0, 9, 2], &mut out, |_| TransferStatus::Pending),
+            9
+        );
+        assert_eq!(out, [1, 1, 1, 1]);
+        let mut out = [0u8; 4];
+        fill_status(&[3, 1], &mut out, |_| TransferStatus::Pending);
+        assert_eq!(out, [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn fill_status_counts_open_blocks_and_tolerates_a_short_output() {
+        let m = list(&[0, 4, 50], &[0, 4, 50], &[4, 4, 4]).merge();
+        let mut out = [0u8; 2];
+        let open = m.map.fill_status(&mut out, |r| {
+            if r == 0 {
+                TransferStatus::Pending
+            } else {
+                TransferStatus::Completed
+            }
+        });
+        assert_eq!(open, 2);
+        assert_eq!(out, [1, 1]);
+    }
+}
