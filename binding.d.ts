@@ -75,6 +75,22 @@ export declare class NativeEngine {
    * not yet terminal.
    */
   getBlockStatusInto(batch: number, firstTask: number, starts: Uint32Array, out: Uint8Array): number
+  /**
+   * `transfer` with a notification sent once every task completed; returns `{ op,
+   * promise }`, the promise resolving with the statuses and any delivery error.
+   */
+  transferNotify(requestsJs: Array<TransferRequest>, notify: Buffer): { op: number, promise: Promise<NotifiedTransfer> }
+  /** `submitTransfer` with a notification sent once every task of it completed. */
+  submitTransferNotify(batch: number, requestsJs: Array<TransferRequest>, notify: Buffer): number
+  /** Sends a notification without data; resolves with its outcome. */
+  notify(segment: number, data: Buffer): Promise<NotifyResult>
+  /** Takes up to `max` notifications that arrived, oldest first. */
+  takeNotifications(max: number): Array<NotificationJs>
+  /**
+   * Sets the function told when notifications wait or were dropped. It does not keep
+   * Node alive.
+   */
+  setNotificationHandler(callback: (arg: NotifySignalJs) => void): void
   /** This engine's segment name (`host:port`). */
   get segmentName(): string
   /**
@@ -183,6 +199,8 @@ export interface BenchCase {
   requestIntervalUs: number
   /** An operation without progress for this long fails with TIMEOUT (default 30 s). */
   stallTimeoutMs?: number
+  /** Every submission carries a notification (tebench's `--notifi`) [false]. */
+  notify?: boolean
 }
 
 /** Why a case failed. */
@@ -323,6 +341,18 @@ export interface EngineMetrics {
   segmentsOpen: number
   /** Registered regions. */
   regions: number
+  /** Notifications handed to a peer's outbox. */
+  notificationsSent: number
+  /** Notifications their target acknowledged. */
+  notificationsDelivered: number
+  /** Notifications whose delivery failed. */
+  notificationsFailed: number
+  /** Notifications received and queued here. */
+  notificationsReceived: number
+  /** Notifications dropped here: the receive queue was full. */
+  notificationsDropped: number
+  /** Notifications waiting in the receive queue. */
+  notificationsQueued: number
   /**
    * Connections that failed the cluster-secret handshake, by reason (every reason,
    * zeros too; `ferry_auth_failures_total{reason}`).
@@ -424,6 +454,13 @@ export interface EngineOptions {
   maxConnectionsPerAddress?: number
   /** A handshake or a started frame must complete within this many ms [30000; 10..=3600000]. */
   frameTimeoutMs?: number
+  /**
+   * Notifications the receive queue holds; past it they are dropped and counted
+   * (`ferry_notifications_dropped_total`) [1024; 1..=1000000].
+   */
+  notifyQueueSize?: number
+  /** Largest notification payload sent or accepted, in bytes [4096; 1..=65536]. */
+  notifyMaxBytes?: number
 }
 
 /** Blocks of one request that did not complete. */
@@ -479,6 +516,49 @@ export interface NativeBlockList {
   transport?: string
   /** The only transport that may serve the blocks. */
   requireTransport?: string
+}
+
+/** A notification that arrived. */
+export interface NotificationJs {
+  /** The sender's segment name. */
+  from: string
+  /** The sender's engine id (decimal). */
+  engineId: string
+  /** The payload. */
+  data: Buffer
+  /** Bytes of the transfer it rode on (0 for `notify`). */
+  bytes: number
+}
+
+/** A transfer's statuses and, when its notification was not delivered, why. */
+export interface NotifiedTransfer {
+  /** Every task's final status. */
+  tasks: Array<TaskStatus>
+  /** Set when the data landed but the notification was not delivered. */
+  notifyError?: NotifyResult
+}
+
+/** The outcome of a notification: "queued" or "dropped" by the target, or an error. */
+export interface NotifyResult {
+  /** "queued" or "dropped"; absent on error. */
+  outcome?: string
+  /** Error code when it was not delivered. */
+  code?: string
+  /** Error message when it was not delivered. */
+  message?: string
+}
+
+/**
+ * What the receive queue signals: "ready" (notifications wait) or "dropped" (the queue
+ * was full; `from` and `total` set).
+ */
+export interface NotifySignalJs {
+  /** "ready" or "dropped". */
+  kind: string
+  /** The sender whose notification was dropped. */
+  from?: string
+  /** Notifications dropped by this engine so far. */
+  total?: number
 }
 
 /** Outcome of openSegment (a value; the TypeScript layer turns failures into rejections). */

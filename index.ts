@@ -51,6 +51,8 @@ export type FerryErrorCode =
   | 'ERR_FERRY_METADATA'
   | 'ERR_FERRY_TRANSFER_FAILED'
   | 'ERR_FERRY_INTERNAL'
+  | 'ERR_FERRY_NOTIFY_TOO_LARGE'
+  | 'ERR_FERRY_NOTIFY_FAILED'
   | 'ABORT_ERR'
 
 /** Status of one task: what happened, which transport served it, how many attempts. */
@@ -326,8 +328,17 @@ export interface CallOptions {
   signal?: AbortSignal
 }
 
+/** A notification's payload: bytes, or a string (sent as UTF-8). At most `notifyMaxBytes` (4 KiB by default). */
+export type NotifyData = string | ArrayBufferView
+
+/** Options of `transfer` and `submitTransfer`. */
+export interface NotifyOptions {
+  /** Sent to the target once every byte of the call is in its memory; never for a call that did not complete. */
+  notify?: NotifyData
+}
+
 /** A read or write through the Promise API. */
-export type IoRequest = Omit<TransferRequest, 'opcode'> & CallOptions
+export type IoRequest = Omit<TransferRequest, 'opcode'> & CallOptions & NotifyOptions
 
 /** Outcome of a completed transfer. */
 export interface TransferResult {
@@ -452,16 +463,39 @@ export interface TransportDisabledEvent {
   untilMs?: number
 }
 
+/** A notification that arrived: its data landed here before it was sent. */
+export interface Notification {
+  /** The sender's segment name (as it named itself on its authenticated connection). */
+  from: string
+  /** The sender's engine id. */
+  engineId: string
+  /** The payload. */
+  data: Buffer
+  /** Bytes of the transfer it rode on (0 for `engine.notify`). */
+  bytes: number
+}
+
+/** The receive queue (`notifyQueueSize`) was full: notifications were dropped and counted. Once per run of drops. */
+export interface NotificationsDroppedEvent {
+  kind: 'notificationsDropped'
+  /** The sender of the first dropped notification of this run. */
+  from: string
+  /** Notifications this engine dropped so far (`ferry_notifications_dropped_total`). */
+  total: number
+}
+
 /** Event name → payload. */
 export interface EngineEvents {
   peerLost: PeerLostEvent
   peerRecovered: PeerRecoveredEvent
   failover: FailoverEvent
   transportDisabled: TransportDisabledEvent
+  notification: Notification
+  notificationsDropped: NotificationsDroppedEvent
 }
 
-/** Any engine event. */
-export type EngineEvent = EngineEvents[keyof EngineEvents]
+/** Any engine event about peers and transports (the notification events are typed apart). */
+export type EngineEvent = Exclude<EngineEvents[keyof EngineEvents], Notification | NotificationsDroppedEvent>
 
 function toEvent(e: Native.EngineEventJs): EngineEvent | undefined {
   const segment = e.segment ?? undefined
@@ -503,6 +537,7 @@ const REQUEST_KEYS = new Set([
   'transport',
   'requireTransport',
   'signal',
+  'notify',
 ])
 const TRANSPORTS = new Set(['tcp', 'shm', 'rdma'])
 
@@ -522,7 +557,7 @@ function toNativeRequest(engine: Engine, r: unknown, i: number, opcode?: 'read' 
   if (typeof r !== 'object' || r === null || Array.isArray(r)) throw invalid(`${at} must be an object, got ${describe(r)}`)
   const q = r as Record<string, unknown>
   for (const key of Object.keys(q)) {
-    if (!REQUEST_KEYS.has(key) || (key === 'signal' && opcode === undefined)) {
+    if (!REQUEST_KEYS.has(key) || ((key === 'signal' || key === 'notify') && opcode === undefined)) {
       if (q[key] !== undefined) throw invalid(`${at} has no field ${JSON.stringify(key)} (a typo?)`)
     }
   }
@@ -556,6 +591,23 @@ function toNativeRequests(engine: Engine, requests: unknown): Native.TransferReq
   if (!Array.isArray(requests)) throw invalid(`requests must be an array, got ${describe(requests)}`)
   if (requests.length === 0) throw invalid('no requests given')
   return requests.map((r, i) => toNativeRequest(engine, r, i))
+}
+
+/** A notification payload as bytes; a string is UTF-8. */
+function notifyBytes(what: string, v: unknown): Buffer {
+  if (typeof v === 'string') return Buffer.from(v, 'utf8')
+  if (ArrayBuffer.isView(v)) return Buffer.from(v.buffer, v.byteOffset, v.byteLength)
+  throw invalid(`${what} must be a string, Buffer or TypedArray, got ${describe(v)}`)
+}
+
+/** Checks an options object of `transfer`/`submitTransfer` against the keys it may have. */
+function checkOptions(what: string, options: unknown, keys: string[]): Record<string, unknown> {
+  if (typeof options !== 'object' || options === null) throw invalid(`${what} options must be an object, got ${describe(options)}`)
+  const o = options as Record<string, unknown>
+  for (const key of Object.keys(o)) {
+    if (!keys.includes(key) && o[key] !== undefined) throw invalid(`${what} has no option ${JSON.stringify(key)}`)
+  }
+  return o
 }
 
 const BLOCK_KEYS = new Set(['local', 'remote', 'remoteBuffer', 'localOffsets', 'remoteOffsets', 'lengths', 'transport', 'requireTransport'])
@@ -700,9 +752,23 @@ export class Engine extends EventEmitter {
   #closing?: Promise<void>
   #unheard: TransportDisabledEvent[] = []
 
-  private constructor(n: Native.NativeEngine) {
+  /** Open `notifications()` iterators. */
+  readonly #inboxes = new Set<NotificationQueue>()
+
+  private constructor(n: Native.NativeEngine, queueSize: number) {
     super()
     this.#native = n
+    this.#queueSize = queueSize
+    super.on('newListener', (name: string | symbol) => {
+      // Notifications that waited for a listener go to it once it is in place.
+      if (name === 'notification') process.nextTick(() => this.#drainNotifications())
+    })
+    n.setNotificationHandler((s: Native.NotifySignalJs) => {
+      if (s.kind === 'ready') this.#drainNotifications()
+      else if (s.kind === 'dropped') {
+        super.emit('notificationsDropped', { kind: 'notificationsDropped', from: s.from ?? '', total: s.total ?? 0 })
+      }
+    })
     super.on('newListener', (name: string | symbol) => {
       if (name !== 'transportDisabled' || this.#unheard.length === 0) return
       // After the listener is in place (newListener runs before it is added).
@@ -767,7 +833,7 @@ export class Engine extends EventEmitter {
     const started = call(() => native.startEngine(nativeOptions))
     let engine: Engine
     try {
-      engine = new Engine(await started)
+      engine = new Engine(await started, typeof rest.notifyQueueSize === 'number' ? rest.notifyQueueSize : 1024)
     } catch (err) {
       throw startError(err)
     }
@@ -859,11 +925,18 @@ export class Engine extends EventEmitter {
     return this.native((n) => n.allocateBatch(capacity))
   }
 
-  /** Validates and submits requests as tasks of `batch`; returns the first task's index. */
-  submitTransfer(batch: number, requests: TransferRequest[]): number {
+  /**
+   * Validates and submits requests as tasks of `batch`; returns the first task's index. With
+   * `notify`, the requests' segment (they must share one) is notified once every task of this
+   * submission completed.
+   */
+  submitTransfer(batch: number, requests: TransferRequest[], options: NotifyOptions = {}): number {
     checkNumber('batch', batch, false)
+    const o = checkOptions('submitTransfer', options, ['notify'])
     const list = call(() => toNativeRequests(this, requests))
-    return this.native((n) => n.submitTransfer(batch, list))
+    if (o.notify === undefined) return this.native((n) => n.submitTransfer(batch, list))
+    const data = notifyBytes('submitTransfer: notify', o.notify)
+    return this.native((n) => n.submitTransferNotify(batch, list, data))
   }
 
   /** Status of one task. */
@@ -985,40 +1058,50 @@ export class Engine extends EventEmitter {
 
   private async io(opcode: 'read' | 'write', request: IoRequest): Promise<TransferResult> {
     const native = call(() => toNativeRequest(this, request, 0, opcode))
-    return this.run([native], request.signal)
+    return this.run([native], request.signal, request.notify === undefined ? undefined : notifyBytes('notify', request.notify))
   }
 
   /**
    * Runs several requests; resolves when all completed, rejects with the first failure
    * (a FerryError whose `tasks` holds every task's status).
    */
-  async transfer(requests: TransferRequest[], options: CallOptions = {}): Promise<TransferResult> {
-    if (typeof options !== 'object' || options === null) throw invalid(`transfer options must be an object, got ${describe(options)}`)
-    for (const key of Object.keys(options)) {
-      if (key !== 'signal' && (options as Record<string, unknown>)[key] !== undefined) throw invalid(`transfer has no option ${JSON.stringify(key)}`)
-    }
-    return this.run(call(() => toNativeRequests(this, requests)), options.signal)
+  async transfer(requests: TransferRequest[], options: CallOptions & NotifyOptions = {}): Promise<TransferResult> {
+    const o = checkOptions('transfer', options, ['signal', 'notify'])
+    const notify = o.notify === undefined ? undefined : notifyBytes('transfer: notify', o.notify)
+    return this.run(call(() => toNativeRequests(this, requests)), o.signal, notify)
   }
 
-  private async run(list: Native.TransferRequest[], signalArg: unknown): Promise<TransferResult> {
+  private async run(list: Native.TransferRequest[], signalArg: unknown, notify?: Buffer): Promise<TransferResult> {
     const signal = checkSignal(signalArg)
     if (signal?.aborted) {
       throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason })
     }
-    const { op, promise } = this.native((n) => n.transfer(list))
+    const started =
+      notify === undefined
+        ? this.native((n) => n.transfer(list))
+        : this.native((n) => n.transferNotify(list, notify))
     const onAbort = () => {
-      this.#native.cancel(op)
+      this.#native.cancel(started.op)
     }
     signal?.addEventListener('abort', onAbort, { once: true })
     let raw: Native.TaskStatus[]
+    let notifyError: Native.NotifyResult | undefined
     try {
-      raw = await promise
+      const done = await started.promise
+      if (Array.isArray(done)) raw = done
+      else {
+        raw = done.tasks
+        notifyError = done.notifyError ?? undefined
+      }
     } finally {
       signal?.removeEventListener('abort', onAbort)
     }
     const tasks = raw.map(toTaskStatus)
     this.#explainLosses(tasks)
     const failed = tasks.find((t) => t.status !== TransferStatus.COMPLETED)
+    if (!failed && notifyError) {
+      throw new FerryError((notifyError.code ?? 'ERR_FERRY_NOTIFY_FAILED') as FerryErrorCode, notifyError.message ?? 'notification not delivered', { tasks })
+    }
     if (!failed) {
       return { bytes: tasks.reduce((a, t) => a + t.transferredBytes, 0), tasks }
     }
@@ -1031,6 +1114,68 @@ export class Engine extends EventEmitter {
       attempts: failed.attempts,
       tasks,
     })
+  }
+
+  readonly #queueSize: number
+
+  /**
+   * Sends a notification without data to `segment`. Notifications from this engine reach a
+   * target in the order of the calls that sent them (these and the ones riding on transfers,
+   * in the order those completed). Resolves with what the target did with it: `queued`, or
+   * `dropped` when its queue was full.
+   */
+  async notify(segment: Segment, data: NotifyData): Promise<{ outcome: 'queued' | 'dropped' }> {
+    if (!(segment instanceof Segment)) throw invalid(`notify takes a Segment, got ${describe(segment)}`)
+    if (segment.engine !== this) throw new FerryError('ERR_FERRY_FOREIGN_HANDLE', 'notify: a Segment of another engine')
+    const bytes = call(() => notifyBytes('notify: data', data))
+    const r = await this.native((n) => n.notify(segment.handle, bytes))
+    if (r.outcome === 'queued' || r.outcome === 'dropped') return { outcome: r.outcome }
+    throw new FerryError((r.code ?? 'ERR_FERRY_NOTIFY_FAILED') as FerryErrorCode, r.message ?? 'notification not delivered')
+  }
+
+  /**
+   * The notifications that arrive, as an async iterator (`for await (const n of
+   * engine.notifications({ signal }))`). It ends when the engine closes; an abort rejects
+   * with an AbortError. While a consumer lags, notifications wait in the engine's bounded
+   * queue (`notifyQueueSize`), where overflow is dropped and counted — never in JS memory.
+   */
+  notifications(options: { signal?: AbortSignal } = {}): AsyncIterableIterator<Notification> {
+    const o = checkOptions('notifications', options, ['signal'])
+    const signal = checkSignal(o.signal)
+    const queue = new NotificationQueue(this.#queueSize, () => this.#drainNotifications())
+    if (signal?.aborted) queue.abort(signal.reason)
+    else {
+      const onAbort = () => queue.abort(signal?.reason)
+      signal?.addEventListener('abort', onAbort, { once: true })
+      queue.onEnd = () => {
+        signal?.removeEventListener('abort', onAbort)
+        this.#inboxes.delete(queue)
+      }
+      this.#inboxes.add(queue)
+      process.nextTick(() => this.#drainNotifications())
+    }
+    return queue
+  }
+
+  /**
+   * Takes waiting notifications to listeners and iterators, while someone listens and every
+   * iterator has room; otherwise they stay in the engine's bounded queue.
+   */
+  #drainNotifications(): void {
+    if (this.closed) return
+    for (;;) {
+      if (this.listenerCount('notification') === 0 && this.#inboxes.size === 0) return
+      let room = 256
+      for (const q of this.#inboxes) room = Math.min(room, q.room())
+      if (room <= 0) return
+      const batch = this.#native.takeNotifications(room)
+      if (batch.length === 0) return
+      for (const raw of batch) {
+        const n: Notification = { from: raw.from, engineId: raw.engineId, data: raw.data, bytes: raw.bytes }
+        super.emit('notification', n)
+        for (const q of this.#inboxes) q.push(n)
+      }
+    }
   }
 
   /** Starts `threads` native benchmark workers on this engine (tebench's runner). */
@@ -1067,9 +1212,78 @@ export class Engine extends EventEmitter {
     if (!this.#closing) {
       // Synchronous underneath: calls made after close() returns already see ERR_FERRY_CLOSED.
       this.#native.close()
+      for (const q of this.#inboxes) q.end()
       this.removeAllListeners()
       this.#closing = Promise.resolve()
     }
     return this.#closing
+  }
+}
+
+/** One `notifications()` iterator: what was taken for it and not yet consumed (bounded). */
+class NotificationQueue implements AsyncIterableIterator<Notification> {
+  readonly #items: Notification[] = []
+  readonly #waiting: Array<{ resolve: (r: IteratorResult<Notification>) => void; reject: (e: unknown) => void }> = []
+  #done = false
+  #error: unknown
+  onEnd?: () => void
+
+  constructor(
+    private readonly capacity: number,
+    private readonly pull: () => void,
+  ) {}
+
+  /** How many more it may hold. */
+  room(): number {
+    return this.capacity - this.#items.length
+  }
+
+  push(n: Notification): void {
+    const w = this.#waiting.shift()
+    if (w) w.resolve({ value: n, done: false })
+    else this.#items.push(n)
+  }
+
+  end(): void {
+    this.#finish(undefined)
+  }
+
+  abort(reason: unknown): void {
+    this.#finish(new FerryError('ABORT_ERR', 'The operation was aborted', { cause: reason }))
+  }
+
+  #finish(error: unknown): void {
+    if (this.#done) return
+    this.#done = true
+    this.#error = error
+    this.onEnd?.()
+    for (const w of this.#waiting.splice(0)) {
+      if (error === undefined) w.resolve({ value: undefined, done: true })
+      else w.reject(error)
+    }
+  }
+
+  next(): Promise<IteratorResult<Notification>> {
+    const n = this.#items.shift()
+    if (n) {
+      // Room again: what waits in the engine may come now.
+      if (this.#items.length === this.capacity - 1) this.pull()
+      return Promise.resolve({ value: n, done: false })
+    }
+    if (this.#done) {
+      const error = this.#error
+      this.#error = undefined
+      return error === undefined ? Promise.resolve({ value: undefined, done: true }) : Promise.reject(error)
+    }
+    return new Promise((resolve, reject) => this.#waiting.push({ resolve, reject }))
+  }
+
+  return(): Promise<IteratorResult<Notification>> {
+    this.end()
+    return Promise.resolve({ value: undefined, done: true })
+  }
+
+  [Symbol.asyncIterator](): AsyncIterableIterator<Notification> {
+    return this
   }
 }

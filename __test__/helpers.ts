@@ -47,9 +47,14 @@ export function spawnNode(script: string, env: Record<string, string> = {}, args
   return proc
 }
 
-/** Starts __test__/fixtures/target.ts (through `prefix`, if given) and waits for its hello. */
-export async function startTarget(env: Record<string, string> = {}, timeoutMs = 20_000, prefix: string[] = []): Promise<TargetProcess> {
-  const proc = spawnNode(path.join(__dirname, 'fixtures', 'target.ts'), env, [], prefix)
+/** Starts __test__/fixtures/target.ts (or `fixture`; through `prefix`, if given) and waits for its hello. */
+export async function startTarget(
+  env: Record<string, string> = {},
+  timeoutMs = 20_000,
+  prefix: string[] = [],
+  fixture = 'target.ts',
+): Promise<TargetProcess> {
+  const proc = spawnNode(path.join(__dirname, 'fixtures', fixture), env, [], prefix)
   let stderr = ''
   proc.stderr?.on('data', (d) => (stderr += d))
   const lines = readline.createInterface({ input: proc.stdout! })

@@ -114,8 +114,6 @@ test('gflags forms: --flag=true|false, --noflag, --flag value, -flag', (t) => {
 
 test('every refused Mooncake flag is refused with a message naming it; implemented values pass', (t) => {
   const refused: Array<[string, RegExp]> = [
-    ['--notifi', /^--notifi: .*comes with notifications/],
-    ['--notifi=true', /^--notifi: .*comes with notifications/],
     ['--local_gpu_id=1', /^--local_gpu_id: GPU memory/],
     ['--target_gpu_id=-1', /^--target_gpu_id: GPU memory/],
     ['--seg_type=VRAM', /^--seg_type=VRAM: GPU memory/],
@@ -131,7 +129,7 @@ test('every refused Mooncake flag is refused with a message naming it; implement
     ['--receiver_credit_mode=fixed', /^--receiver_credit_mode: receiver-credit/],
   ]
   for (const [flag, message] of refused) t.regex(usage(['--local', flag]) ?? '(accepted)', message, flag)
-  for (const ok of ['--backend=tent', '--seg_type=DRAM', '--notifi=false', '--nonotifi', '--local_gpu_id=0']) {
+  for (const ok of ['--backend=tent', '--seg_type=DRAM', '--notifi', '--notifi=false', '--nonotifi', '--local_gpu_id=0']) {
     t.is(usage(['--local', ok]), undefined, ok)
   }
 })
@@ -194,12 +192,33 @@ test('perf and tebench share one schema: the same bounds for the options they sh
 
 test('--json: bad usage is a JSON record on stdout, exit 2, nothing on stderr', async (t) => {
   t.timeout(30_000)
-  const r = await run(TEBENCH, ['--json', '--notifi'])
+  const r = await run(TEBENCH, ['--json', '--local_gpu_id=1'])
   t.is(r.code, 2, r.stderr)
   t.is(r.stderr, '')
   const [rec] = records(r.stdout)
   t.like(rec, { record: 'usage', code: 'ERR_USAGE' })
-  t.regex(String(rec.error), /comes with notifications/)
+  t.regex(String(rec.error), /GPU memory/)
+})
+
+test('--notifi: every submission notifies; the initiator reports the rate per case, the target the count it received', async (t) => {
+  t.timeout(60_000)
+  const r = await run(TEBENCH, ['--local', '--json', '--notifi', '--op_type=write', ...QUICK])
+  t.is(r.code, 0, r.stderr)
+  const all = records(r.stdout)
+  const cases = all.filter((x) => x.record === 'case')
+  const sent = all.filter((x) => x.record === 'notifications' && x.role === 'initiator')
+  const received = all.filter((x) => x.record === 'notifications' && x.role === 'target')
+  t.true(cases.length > 0)
+  t.is(sent.length, cases.length, 'one notifications record per case')
+  for (const s of sent) {
+    t.true(Number(s.count) > 0)
+    t.is(s.lost, 0)
+    t.true(Number(s.perSecond) > 0)
+  }
+  t.is(received.length, 1, 'the target prints its count once, at its end')
+  // Every notification sent reached the target: counted there, or dropped and counted.
+  t.is(Number(received[0].count) + Number(received[0].lost), sent.reduce((a, s) => a + Number(s.count), 0))
+  t.true(Number(received[0].count) > 0)
 })
 
 test('--json: a case names the transport that served it, its share and failovers; a failure is a record', async (t) => {

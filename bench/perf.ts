@@ -27,6 +27,7 @@ import { authSuite } from './suites/auth'
 import { blocksSuite } from './suites/blocks'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
+import { notifySuite } from './suites/notify'
 import { shmSuite } from './suites/shm'
 import { soakSuite } from './suites/soak'
 import { tcpSuite } from './suites/tcp'
@@ -41,6 +42,7 @@ const suites: Record<string, Suite> = {
   soak: soakSuite,
   auth: authSuite,
   blocks: blocksSuite,
+  notify: notifySuite,
 }
 
 const MiB = 1 << 20
@@ -124,7 +126,10 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
               Node; then the native tebench loop, 1 thread, fixed addressing:
               shm 4 KiB and 1 MiB WRITE vs memcpy of the same block and
               working set (target ratio >= 0.9 at 1 MiB), tcp 1 MiB WRITE and
-              READ vs iperf3 -l 1M (>= 0.7)`
+              READ vs iperf3 -l 1M (>= 0.7)
+    notify    notifications/s (engine.notify, --window outstanding) and the
+              latency a notification adds to a 4 KiB WRITE (p50, p99), with
+              and without alternating in the same run (shm and tcp)`
 
 const USAGE = [
   `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]`,

@@ -6,6 +6,7 @@
  * `{segment, buffer, pid, bytes}`. Commands on stdin, one per line, each answered with one
  * JSON line:
  *   cpu   -> {user_us, system_us} consumed by this process so far
+ *   notes -> {received} notifications taken so far (each is taken as it comes)
  *   exit  -> {ok: true}, then closes the engine and exits
  * It exits by itself when stdin closes (the parent went away).
  */
@@ -21,6 +22,8 @@ async function main(): Promise<void> {
   })
   const region = engine.allocate(bytes)
   region.buffer.fill(0xa5)
+  let received = 0
+  engine.on('notification', () => received++)
   const reply = (v: unknown) => process.stdout.write(JSON.stringify(v) + '\n')
   let closed = false
   const leave = (code: number) => {
@@ -35,6 +38,8 @@ async function main(): Promise<void> {
     if (cmd === 'cpu') {
       const u = process.cpuUsage()
       reply({ user_us: u.user, system_us: u.system })
+    } else if (cmd === 'notes') {
+      reply({ received })
     } else if (cmd === 'exit') {
       reply({ ok: true })
       leave(0)

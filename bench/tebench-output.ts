@@ -54,7 +54,19 @@ export interface UsageRecord {
   error: string
 }
 
-export type AnyRecord = CaseRecord | FailedRecord | InjectRecord | DisabledRecord | UsageRecord
+/** --notifi: the notifications of one case (initiator) or of the whole run (target). */
+export interface NotifyRecord {
+  record: 'notifications'
+  role: 'initiator' | 'target'
+  /** Initiator: sent during the case (warm-up included); target: received in all. */
+  count: number
+  /** Initiator: whose delivery failed; target: dropped because its queue was full. */
+  lost: number
+  /** Initiator: sent per second of the case's measured time; null for the target. */
+  perSecond: number | null
+}
+
+export type AnyRecord = CaseRecord | FailedRecord | InjectRecord | DisabledRecord | UsageRecord | NotifyRecord
 
 const COLUMNS: Array<[string, (r: CaseRecord) => string]> = [
   ['BlkSize (B)', (r) => String(r.blockSize)],
@@ -135,6 +147,16 @@ export class Output {
       `tebench: --inject: ${r.signal} to the target (pid ${r.targetPid}) ${r.afterMs} ms into the first measured case; ` +
         `first FAILED after ${ms(r.firstFailedMs)}, last request ended after ${ms(r.lastTerminalMs)}\n`,
     )
+  }
+
+  notifications(r: NotifyRecord): void {
+    if (this.format === 'json') return this.#json(r)
+    const text =
+      r.role === 'initiator'
+        ? `notifications: ${r.count} sent (${r.lost} not delivered), ${Math.round(r.perSecond ?? 0)}/s`
+        : `notifications: ${r.count} received (${r.lost} dropped)`
+    process.stdout.write(`tebench: ${text}
+`)
   }
 
   disabled(r: DisabledRecord): void {

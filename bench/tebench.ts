@@ -25,9 +25,9 @@ import {
   type TransportName,
 } from '../index'
 import { helpLines, parseFlags, refusedLines, SHARED, UsageError, type Schema, type Values } from './options'
-import { Output, type CaseRecord, type FailedRecord } from './tebench-output'
+import { Output, type CaseRecord, type FailedRecord, type NotifyRecord } from './tebench-output'
 
-export type { CaseRecord, DisabledRecord, FailedRecord, InjectRecord, UsageRecord } from './tebench-output'
+export type { CaseRecord, DisabledRecord, FailedRecord, InjectRecord, NotifyRecord, UsageRecord } from './tebench-output'
 
 // ---------------------------------------------------------------------------------------
 // Options: declared once, in the schema format of bench/options.ts.
@@ -140,8 +140,12 @@ export const OPTIONS = {
     metavar: 'PATH',
     help: 'both roles: a file holding the cluster secret (at least 32 bytes; one trailing newline is not part of it); needed to listen beyond loopback',
   },
+  notifi: {
+    type: 'boolean',
+    default: false,
+    help: 'every submission carries a notification; the initiator reports their rate per case, the target counts them and prints the count at its end',
+  },
   // Mooncake's flags that Ferry refuses, by name, rather than ignore.
-  notifi: { type: 'boolean', default: false, refused: 'RDMA notifications are not supported yet: --notifi comes with notifications' },
   local_gpu_id: { type: 'integer', default: 0, refused: GPU },
   target_gpu_id: { type: 'integer', default: 0, refused: GPU },
   target_offset: { type: 'integer', default: 0, refused: 'not supported: stripes start at offset 0 of the target buffer' },
@@ -193,6 +197,8 @@ export interface Config {
   listen: string
   /** Both roles: the file holding the cluster secret; '' = none. */
   authSecretFile: string
+  /** --notifi: every submission carries a notification. */
+  notifi: boolean
   /** Target: the address peers are told; undefined = the bound address. */
   advertise?: string
   rpcServerPort: number
@@ -325,6 +331,7 @@ export function parseConfig(argv: string[]): Config {
     etcd: etcdAccess(v),
     listen: listenAddress(v.listen, v.rpc_server_port),
     authSecretFile: v.auth_secret_file,
+    notifi: v.notifi,
     advertise: v.seg_name.trim() || undefined,
     rpcServerPort: v.rpc_server_port,
     xportType: v.xport_type === '' ? undefined : (v.xport_type as TransportName),
@@ -463,12 +470,27 @@ function initiatorCommand(cfg: Config, segment: string): string {
   return parts.join(' ')
 }
 
+/** --notifi: what the initiator sent since the last call, and its rate over the measured time. */
+function notified(engine: Engine, durationS: number): NotifyRecord {
+  const m = engine.metrics()
+  const before = notifiedSoFar.get(engine) ?? { sent: 0, failed: 0 }
+  notifiedSoFar.set(engine, { sent: m.notificationsSent, failed: m.notificationsFailed })
+  const count = m.notificationsSent - before.sent
+  return { record: 'notifications', role: 'initiator', count, lost: m.notificationsFailed - before.failed, perSecond: count / durationS }
+}
+const notifiedSoFar = new WeakMap<Engine, { sent: number; failed: number }>()
+
 async function runTarget(cfg: Config, out: Output): Promise<number> {
-  const engine = await Engine.create({ listen: cfg.listen, advertise: cfg.advertise, ...metadataOptions(cfg), ...authOptions(cfg) })
+  // --notifi: room for bursts while JS counts them (a full queue drops, counted and printed).
+  const queue = cfg.notifi ? { notifyQueueSize: 1 << 16 } : {}
+  const engine = await Engine.create({ listen: cfg.listen, advertise: cfg.advertise, ...metadataOptions(cfg), ...authOptions(cfg), ...queue })
   try {
     reportDisabled(engine, new Output(out.format === 'json' ? 'json' : 'table'))
     const region = engine.allocate(cfg.totalBufferSize)
     void region
+    // Notifications are counted as they come (taken, so the queue never fills).
+    let received = 0
+    engine.on('notification', () => received++)
     // The command names the segment as peers must spell it: the advertised address in
     // p2p, the registered name with etcd.
     process.stdout.write(initiatorCommand(cfg, engine.segmentName) + '\n')
@@ -488,6 +510,9 @@ async function runTarget(cfg: Config, out: Output): Promise<number> {
       }
     })
     progress.clear()
+    if (cfg.notifi || received > 0) {
+      out.notifications({ record: 'notifications', role: 'target', count: received, lost: engine.metrics().notificationsDropped, perSecond: null })
+    }
     return 0
   } finally {
     await engine.close()
@@ -707,6 +732,7 @@ async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget)
                 durationMs: Math.round(cfg.durationS * 1000),
                 warmupMs,
                 requestIntervalUs: cfg.requestIntervalUs,
+                notify: cfg.notifi,
               })
               clearTimeout(faultTimer)
               progress.clear()
@@ -737,6 +763,7 @@ async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget)
                 const record = toRecord(op, cfg.addressing, requested, result, result.row, result.outcome === 'stopped')
                 out.row(record, result.row, result.servedLabel)
               }
+              if (cfg.notifi) out.notifications(notified(engine, cfg.durationS))
               if (result.outcome === 'stopped' || interrupt.stopped) return { code: 130 }
               if (readBack && op === 'write' && cfg.opType === 'write') {
                 readBack.fill(0)
@@ -759,6 +786,14 @@ async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget)
         bench = undefined
       }
     }
+    // --notifi: the last submissions' notifications are still on their way; let them land
+    // before the engine closes (bounded), so that the target's count is the whole run's.
+    const deadline = Date.now() + 5_000
+    for (;;) {
+      const m = engine.metrics()
+      if (m.notificationsDelivered + m.notificationsFailed >= m.notificationsSent || Date.now() > deadline) break
+      await new Promise((resolve) => setTimeout(resolve, 5))
+    }
     return { code: 0 }
   } finally {
     interrupt.onStop.delete(stopBench)
@@ -779,6 +814,8 @@ interface LocalTarget extends FaultTarget {
 function startLocalTarget(cfg: Config, timeoutMs = 30_000): Promise<LocalTarget> {
   const args = [...process.execArgv, __filename, '--rpc_server_port=0', `--total_buffer_size=${cfg.totalBufferSize}`]
   if (cfg.authSecretFile) args.push(`--auth_secret_file=${cfg.authSecretFile}`)
+  if (cfg.notifi) args.push('--notifi')
+  if (cfg.format === 'json') args.push('--format=json')
   const child: ChildProcess = spawn(process.execPath, args, {
     env: { ...process.env, FERRY_TEBENCH_CHILD: '1' },
     stdio: ['pipe', 'pipe', 'pipe'],
@@ -831,6 +868,11 @@ function startLocalTarget(cfg: Config, timeoutMs = 30_000): Promise<LocalTarget>
       reject(new Error(`target child exited early (${sig ?? code}): ${stderr.trim()}`))
     })
     lines.on('line', (line) => {
+      // --notifi: the target's count, printed at its end, is part of this run's output.
+      if (line.startsWith('tebench: notifications:') || line.includes('"record":"notifications"')) {
+        process.stdout.write(line + '\n')
+        return
+      }
       const m = /--target_seg_name=(\S+)/.exec(line)
       if (!m) return
       clearTimeout(timer)

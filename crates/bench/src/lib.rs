@@ -21,7 +21,7 @@
 //!     segment: seg.handle, peer: seg.name, remote_buffer: remote.id(), extra_targets: vec![],
 //!     stripe: Stripe { base: 0, len: 4 << 20 }, addressing: Addressing::Walk, transport: None,
 //!     duration: Duration::from_secs(1), warmup: Duration::from_millis(100),
-//!     request_interval_us: 0, stall_timeout: ferry_bench::DEFAULT_STALL_TIMEOUT,
+//!     request_interval_us: 0, stall_timeout: ferry_bench::DEFAULT_STALL_TIMEOUT, notify: false,
 //! };
 //! match gate.run(spec.clone()) {
 //!     Ok(stats) => {

@@ -105,6 +105,9 @@ pub struct BenchSpec {
     pub request_interval_us: u64,
     /// An operation that shows no progress for this long fails with TIMEOUT.
     pub stall_timeout: Duration,
+    /// Every submission carries a notification to its target (tebench's `--notifi`),
+    /// sent once all its requests completed.
+    pub notify: bool,
 }
 
 /// Default [`BenchSpec::stall_timeout`].
@@ -486,7 +489,17 @@ impl<'a> Operation<'a> {
             .allocate_batch(self.requests.len())
             .map_err(|e| self.engine_failure(&e, "allocate_batch", None))?;
         let submitted = Instant::now();
-        if let Err(e) = self.engine.submit_transfer(batch, &self.requests) {
+        let submit = if self.spec.notify {
+            // Which worker, which submission: 12 bytes, like a small KV-block id.
+            let mut note = (self.slot as u32).to_le_bytes().to_vec();
+            let first = self.requests.first().map_or(0, |r| r.remote_offset);
+            note.extend_from_slice(&first.to_le_bytes());
+            self.engine
+                .submit_transfer_notify(batch, &self.requests, note)
+        } else {
+            self.engine.submit_transfer(batch, &self.requests)
+        };
+        if let Err(e) = submit {
             let _ = self.engine.free_batch(batch);
             return Err(self.engine_failure(&e, "submit_transfer", self.requests.first()));
         }
@@ -639,6 +652,7 @@ mod tests {
             warmup: Duration::ZERO,
             request_interval_us: 0,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
+            notify: false,
         }
     }
 

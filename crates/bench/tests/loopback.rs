@@ -53,6 +53,7 @@ fn rig(stripes: u64, stripe_len: u64, block: u64, batch: usize, duration: Durati
         warmup: Duration::from_millis(50),
         request_interval_us: 0,
         stall_timeout: DEFAULT_STALL_TIMEOUT,
+        notify: false,
     };
     Rig { pair, spec }
 }

@@ -24,6 +24,8 @@ use crate::health::HealthTable;
 use crate::kind::TransportKind;
 use crate::memory::RegionTable;
 use crate::metadata::EngineIdentity;
+use crate::notify::inbox::Inbox;
+use crate::notify::outbox::{Notifier, OutboxConfig};
 use crate::segment::SegmentTable;
 use crate::server::{accept_loop, LocalSegment};
 use crate::transport::{ControlPeers, LostHook, Transport, TransportContext, TransportFactory};
@@ -178,6 +180,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
             })
         })
         .collect();
+    let stats = Arc::new(Stats::default());
     let local = Arc::new(LocalSegment {
         engine_id,
         name,
@@ -192,6 +195,8 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         secret: config.auth_secret.clone(),
         admission,
         frame_timeout: config.frame_timeout,
+        notify_inbox: Arc::new(Inbox::new(config.notify.queue_size, stats.notify.clone())),
+        notify_max_bytes: config.notify.max_bytes,
         _credentials: credentials,
     });
     let metadata = match &config.metadata {
@@ -222,7 +227,16 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         .map(|t| (t / 10).clamp(Duration::from_millis(5), Duration::from_millis(100)))
         .unwrap_or(Duration::from_millis(100));
     let handles = Handles::default();
-    let stats = Arc::new(Stats::default());
+    // Notifications name their sender as peers open it: its etcd name when published there.
+    let outbox = OutboxConfig {
+        engine_id,
+        name: metadata
+            .as_ref()
+            .map_or_else(|| local.name.clone(), |m| m.name().to_string()),
+        connect_timeout: config.tcp.connect_timeout,
+        deadline: config.peer_timeout + config.tcp.connect_timeout,
+    };
+    let notifier = Notifier::new(outbox, stats.notify.clone(), shutdown.child_token());
     let inner = Arc::new(Inner {
         state: AtomicU8::new(OPEN),
         engine_id,
@@ -246,6 +260,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         spawned: Arc::default(),
         events: EventHub::with_backlog(backlog),
         metadata,
+        notifier,
     });
     let _ = slot.set(Arc::downgrade(&inner));
     if inner.config.failover.attempt_timeout.is_some() {

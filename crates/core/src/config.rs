@@ -62,6 +62,8 @@ pub struct EngineConfig {
     /// A started frame (header and payload) must be complete within this long
     /// (`frameTimeoutMs`); a handshake too.
     pub frame_timeout: Duration,
+    /// Notifications: the receive queue's size and the payload cap.
+    pub notify: crate::notify::NotifyConfig,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +86,7 @@ impl Default for EngineConfig {
             shm_any_uid: false,
             connections: ConnLimits::default(),
             frame_timeout: Duration::from_secs(30),
+            notify: crate::notify::NotifyConfig::default(),
         }
     }
 }
@@ -113,6 +116,10 @@ pub(crate) mod limits {
         (Duration::from_secs(1), Duration::from_secs(3600));
     /// `maxConnections` and `maxConnectionsPerAddress`: 1 ..= 1 000 000.
     pub(crate) const CONNECTIONS: (usize, usize) = (1, 1_000_000);
+    /// `notifyQueueSize`: 1 ..= 1 000 000 notifications.
+    pub(crate) const NOTIFY_QUEUE: (usize, usize) = (1, 1_000_000);
+    /// `notifyMaxBytes`: 1 B ..= 64 KiB (the wire's cap).
+    pub(crate) const NOTIFY_BYTES: (usize, usize) = (1, crate::wire::MAX_NOTIFY_PAYLOAD as usize);
     /// `frameTimeoutMs`: 10 ms ..= 1 h.
     pub(crate) const FRAME_TIMEOUT: (Duration, Duration) =
         (Duration::from_millis(10), Duration::from_secs(3600));
@@ -183,6 +190,18 @@ impl EngineConfig {
             self.frame_timeout,
             limits::FRAME_TIMEOUT,
             ms,
+        )?;
+        within(
+            "notifyQueueSize",
+            self.notify.queue_size,
+            limits::NOTIFY_QUEUE,
+            n,
+        )?;
+        within(
+            "notifyMaxBytes",
+            self.notify.max_bytes,
+            limits::NOTIFY_BYTES,
+            n,
         )?;
         if self.transports.is_empty() {
             return Err(Error::InvalidArgument(
@@ -317,6 +336,11 @@ mod tests {
                 Box::new(|c| c.failover.attempt_timeout = Some(Duration::ZERO)),
             ),
             ("transports", Box::new(|c| c.transports.clear())),
+            ("notifyQueueSize", Box::new(|c| c.notify.queue_size = 0)),
+            (
+                "notifyMaxBytes",
+                Box::new(|c| c.notify.max_bytes = 65 << 10),
+            ),
             (
                 "transports",
                 Box::new(|c| c.transports = vec![TransportKind::Tcp, TransportKind::Tcp]),

@@ -104,6 +104,8 @@ pub(crate) struct Inner {
     pub(crate) spawned: Arc<Pending>,
     pub(crate) events: EventHub,
     pub(crate) metadata: Option<Arc<Registry>>,
+    /// The outboxes of the notifications this engine sends (`notify`).
+    pub(crate) notifier: crate::notify::outbox::Notifier,
 }
 
 /// Counters that outlive the engine's resources, so that `metrics()` works after close.
@@ -116,6 +118,7 @@ pub(crate) struct Stats {
     pub(crate) failovers: AtomicU64,
     pub(crate) attempt_timeouts: AtomicU64,
     pub(crate) transports_disabled: AtomicU64,
+    pub(crate) notify: Arc<crate::notify::NotifyCounters>,
 }
 
 /// How long `close` waits for futures started with `Engine::spawn` to end once the engine
@@ -187,7 +190,7 @@ impl Engine {
 
     /// The open engine for the duration of one call, or `Closed`. Holding it keeps
     /// `Inner` alive, so it is never kept beyond the call.
-    fn live(&self) -> Result<Arc<Inner>> {
+    pub(crate) fn live(&self) -> Result<Arc<Inner>> {
         let live = self.shell.live.read().unwrap_or_else(|p| p.into_inner());
         let inner = live.as_ref().ok_or(Error::Closed)?.clone();
         inner.check_open()?;
@@ -517,6 +520,10 @@ impl Engine {
             regions,
             auth_failures,
             connections_refused,
+            notifications: crate::metrics::NotifyMetrics::read(
+                &s.notify,
+                self.notifications_queued() as u64,
+            ),
             ..Metrics::default()
         }
         .with_tasks(&c.tasks)

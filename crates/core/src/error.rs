@@ -97,6 +97,17 @@ pub enum Error {
     /// The metadata service (etcd) is unreachable or answered something unusable.
     #[error("metadata service: {0}")]
     Metadata(String),
+    /// A notification payload over the cap (`notifyMaxBytes`).
+    #[error("a notification of {len} bytes is larger than notifyMaxBytes ({max})")]
+    NotifyTooLarge {
+        /// Payload length.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// The data landed but its notification could not be delivered.
+    #[error("the data landed but its notification was not delivered: {0}")]
+    NotifyFailed(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -132,6 +143,8 @@ impl Error {
             Self::Timeout => "ERR_FERRY_TIMEOUT",
             Self::TransferFailed { .. } => "ERR_FERRY_TRANSFER_FAILED",
             Self::Metadata(_) => "ERR_FERRY_METADATA",
+            Self::NotifyTooLarge { .. } => "ERR_FERRY_NOTIFY_TOO_LARGE",
+            Self::NotifyFailed(_) => "ERR_FERRY_NOTIFY_FAILED",
         }
     }
 
@@ -147,7 +160,8 @@ impl Error {
             | Self::PermissionDenied(_)
             | Self::InvalidBatch(_)
             | Self::InvalidTask { .. }
-            | Self::BatchFull { .. } => TransferStatus::Invalid,
+            | Self::BatchFull { .. }
+            | Self::NotifyTooLarge { .. } => TransferStatus::Invalid,
             Self::Closed | Self::Canceled => TransferStatus::Canceled,
             Self::Timeout => TransferStatus::Timeout,
             Self::TransferFailed { status, .. } => *status,
@@ -157,6 +171,7 @@ impl Error {
             | Self::Protocol(_)
             | Self::RemoteRejected(_)
             | Self::Metadata(_)
+            | Self::NotifyFailed(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }

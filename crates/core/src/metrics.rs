@@ -124,6 +124,40 @@ pub struct Metrics {
     pub auth_failures: Vec<(&'static str, u64)>,
     /// Connections refused at once by a cap, by which (`total`, `per_address`).
     pub connections_refused: Vec<(&'static str, u64)>,
+    /// Notifications sent, received, dropped and waiting.
+    pub notifications: NotifyMetrics,
+}
+
+/// Notification counters (`notify`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotifyMetrics {
+    /// Handed to an outbox to send.
+    pub sent: u64,
+    /// Acknowledged by their target.
+    pub delivered: u64,
+    /// Whose delivery failed.
+    pub failed: u64,
+    /// Queued here for the application.
+    pub received: u64,
+    /// Dropped here: the receive queue was full.
+    pub dropped: u64,
+    /// Waiting in the receive queue now.
+    pub queued: u64,
+}
+
+impl NotifyMetrics {
+    /// Reads the counters, with `queued` waiting now.
+    pub fn read(c: &crate::notify::NotifyCounters, queued: u64) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        Self {
+            sent: c.sent.load(Relaxed),
+            delivered: c.delivered.load(Relaxed),
+            failed: c.failed.load(Relaxed),
+            received: c.received.load(Relaxed),
+            dropped: c.dropped.load(Relaxed),
+            queued,
+        }
+    }
 }
 
 impl Metrics {
@@ -262,6 +296,43 @@ impl Metrics {
             "counter",
             "Connections refused at once by maxConnections or maxConnectionsPerAddress.",
             &by_reason(&self.connections_refused),
+        );
+        let n = &self.notifications;
+        family(
+            "ferry_notifications_sent_total",
+            "counter",
+            "Notifications handed to a peer's outbox.",
+            &plain(n.sent),
+        );
+        family(
+            "ferry_notifications_delivered_total",
+            "counter",
+            "Notifications their target acknowledged (queued or dropped there).",
+            &plain(n.delivered),
+        );
+        family(
+            "ferry_notifications_failed_total",
+            "counter",
+            "Notifications whose delivery failed (peer lost, closed, refused, timed out).",
+            &plain(n.failed),
+        );
+        family(
+            "ferry_notifications_received_total",
+            "counter",
+            "Notifications queued here for the application.",
+            &plain(n.received),
+        );
+        family(
+            "ferry_notifications_dropped_total",
+            "counter",
+            "Notifications dropped here because the receive queue (notifyQueueSize) was full.",
+            &plain(n.dropped),
+        );
+        family(
+            "ferry_notifications_queued",
+            "gauge",
+            "Notifications waiting in the receive queue.",
+            &plain(n.queued),
         );
         out
     }

@@ -47,6 +47,10 @@ pub(crate) struct LocalSegment {
     pub admission: Arc<Admission>,
     /// Deadline of the handshake and of each started frame.
     pub frame_timeout: Duration,
+    /// Notifications received, waiting for the application (`notify`).
+    pub notify_inbox: Arc<crate::notify::inbox::Inbox>,
+    /// Largest notification payload accepted.
+    pub notify_max_bytes: usize,
     /// Keeps this engine's dialing secret registered while the server lives.
     pub _credentials: crate::auth::Registered,
 }
@@ -182,6 +186,9 @@ async fn serve(mut stream: TcpStream, from: SocketAddr, local: Arc<LocalSegment>
             serve_control(stream, &local).await
         }
         ConnKind::Data => serve_data(stream, &local).await,
+        ConnKind::Notify => {
+            crate::notify::serve::serve_notify(stream, &local, hello.request_id).await
+        }
         ConnKind::Shm => Err(Error::Protocol(
             "shm connections go to the shm socket".into(),
         )),

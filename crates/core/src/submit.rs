@@ -97,11 +97,30 @@ impl Inner {
         batch: u64,
         requests: &[Request],
     ) -> Result<usize> {
+        self.submit_transfer_then(batch, requests, None)
+    }
+
+    /// `submit_transfer`, running `then` once every task of this submission has ended (a
+    /// notification riding on it, `notify.rs`).
+    pub(crate) fn submit_transfer_then(
+        self: &Arc<Self>,
+        batch: u64,
+        requests: &[Request],
+        then: Option<crate::notify::Then>,
+    ) -> Result<usize> {
         self.check_open()?;
         let b = self.batches.get(batch).map_err(|e| self.or_closed(e))?;
         b.check_room(batch, requests.len())?;
         let prepared = self.prepare(requests)?;
-        let tasks = self.make_tasks(prepared, None, Observer::Poll);
+        let count = prepared.len();
+        let (holder, group) = match then.map(crate::notify::hook) {
+            Some((holder, run)) => (Some(holder), Some(Group::new(count, run))),
+            None => (None, None),
+        };
+        let tasks = self.make_tasks(prepared, group.as_ref(), Observer::Poll);
+        if let Some(holder) = holder {
+            *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
+        }
         let first = b.push(batch, tasks.clone())?;
         self.launch(&tasks);
         Ok(first)

@@ -20,6 +20,10 @@ pub const MAX_DATA_PAYLOAD: u64 = 64 << 20;
 pub const MAX_CONTROL_PAYLOAD: u64 = 4 << 20;
 /// Largest error text.
 pub const MAX_ERROR_PAYLOAD: u64 = 4096;
+/// Largest notification payload any engine accepts (its own `notifyMaxBytes` may be lower).
+pub const MAX_NOTIFY_PAYLOAD: u64 = 64 << 10;
+/// Largest sender name in `NotifyOpen`.
+pub const MAX_NOTIFY_NAME: u64 = 1024;
 
 /// Access token: 128 random bits per segment.
 pub type Token = [u8; 16];
@@ -33,6 +37,8 @@ pub enum ConnKind {
     Data = 2,
     /// The shm transport's unix socket (memfds).
     Shm = 3,
+    /// Notifications from one sender (`notify`), in order.
+    Notify = 4,
 }
 
 impl ConnKind {
@@ -42,6 +48,7 @@ impl ConnKind {
             1 => Some(Self::Control),
             2 => Some(Self::Data),
             3 => Some(Self::Shm),
+            4 => Some(Self::Notify),
             _ => None,
         }
     }
@@ -82,6 +89,14 @@ pub enum Op {
     AuthChallenge = 14,
     /// The client's proof (`auth`): payload = MAC.
     AuthProof = 15,
+    /// First frame of a notification connection: payload = the sender's segment name.
+    NotifyOpen = 16,
+    /// A notification: `request_id` = the sender's sequence number, `offset` = bytes of
+    /// the call it rode on, payload = its data.
+    Notify = 17,
+    /// The target took the notification: `request_id` = its sequence number, `flags` =
+    /// `NotifyOutcome`.
+    NotifyAck = 18,
 }
 
 impl Op {
@@ -102,6 +117,9 @@ impl Op {
             13 => Self::TransportResp,
             14 => Self::AuthChallenge,
             15 => Self::AuthProof,
+            16 => Self::NotifyOpen,
+            17 => Self::Notify,
+            18 => Self::NotifyAck,
             _ => return None,
         })
     }
@@ -112,6 +130,8 @@ impl Op {
             Self::WriteReq | Self::ReadResp => MAX_DATA_PAYLOAD,
             Self::Descriptor | Self::TransportReq | Self::TransportResp => MAX_CONTROL_PAYLOAD,
             Self::Error => MAX_ERROR_PAYLOAD,
+            Self::Notify => MAX_NOTIFY_PAYLOAD,
+            Self::NotifyOpen => MAX_NOTIFY_NAME,
             Self::AuthChallenge | Self::AuthProof => crate::auth::MAC_LEN as u64,
             Self::ReadReq => MAX_DATA_PAYLOAD, // requested length, not payload
             _ => 0,
@@ -130,6 +150,8 @@ impl Op {
                 | Self::TransportResp
                 | Self::AuthChallenge
                 | Self::AuthProof
+                | Self::NotifyOpen
+                | Self::Notify
         )
     }
 }
@@ -345,7 +367,7 @@ mod tests {
 
     #[test]
     fn round_trip_every_op() {
-        for raw in 1..=15u8 {
+        for raw in 1..=18u8 {
             // Each op at a length it allows (auth frames carry exactly one MAC).
             let op = Op::from_raw(raw).expect("op");
             let h = sample(op, op.payload_cap().min(100));
@@ -399,6 +421,10 @@ mod tests {
         assert!(Header::decode(&desc).is_err());
         let err = sample(Op::Error, MAX_ERROR_PAYLOAD + 1).encode();
         assert!(Header::decode(&err).is_err());
+        let note = sample(Op::Notify, MAX_NOTIFY_PAYLOAD + 1).encode();
+        assert!(Header::decode(&note).is_err());
+        let name = sample(Op::NotifyOpen, MAX_NOTIFY_NAME + 1).encode();
+        assert!(Header::decode(&name).is_err());
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct BenchCase {
     pub request_interval_us: f64,
     /// An operation without progress for this long fails with TIMEOUT (default 30 s).
     pub stall_timeout_ms: Option<f64>,
+    /// Every submission carries a notification (tebench's `--notifi`) [false].
+    pub notify: Option<bool>,
 }
 
 /// A further target segment of a case.
@@ -201,6 +203,7 @@ fn spec(c: &BenchCase, handles: &Handles) -> Result<BenchSpec, ferry_core::Error
             .map(|ms| to_u64(ms, "stallTimeoutMs").map(Duration::from_millis))
             .transpose()?
             .unwrap_or(DEFAULT_STALL_TIMEOUT),
+        notify: c.notify.unwrap_or(false),
     })
 }
 

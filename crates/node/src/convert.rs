@@ -98,6 +98,11 @@ pub struct EngineOptions {
     pub max_connections_per_address: Option<f64>,
     /// A handshake or a started frame must complete within this many ms [30000; 10..=3600000].
     pub frame_timeout_ms: Option<f64>,
+    /// Notifications the receive queue holds; past it they are dropped and counted
+    /// (`ferry_notifications_dropped_total`) [1024; 1..=1000000].
+    pub notify_queue_size: Option<f64>,
+    /// Largest notification payload sent or accepted, in bytes [4096; 1..=65536].
+    pub notify_max_bytes: Option<f64>,
 }
 
 /// The secret from `authSecret` / `authSecretHex`, else `FERRY_AUTH_SECRET_FILE`.
@@ -336,6 +341,12 @@ impl TryFrom<EngineOptions> for EngineConfig {
         }
         if let Some(v) = opt_ms(o.frame_timeout_ms, "frameTimeoutMs")? {
             c.frame_timeout = v;
+        }
+        if let Some(v) = opt_int(o.notify_queue_size, "notifyQueueSize")? {
+            c.notify.queue_size = v;
+        }
+        if let Some(v) = opt_int(o.notify_max_bytes, "notifyMaxBytes")? {
+            c.notify.max_bytes = v;
         }
         c.validate()?;
         Ok(c)
@@ -723,6 +734,18 @@ pub struct EngineMetrics {
     pub segments_open: f64,
     /// Registered regions.
     pub regions: f64,
+    /// Notifications handed to a peer's outbox.
+    pub notifications_sent: f64,
+    /// Notifications their target acknowledged.
+    pub notifications_delivered: f64,
+    /// Notifications whose delivery failed.
+    pub notifications_failed: f64,
+    /// Notifications received and queued here.
+    pub notifications_received: f64,
+    /// Notifications dropped here: the receive queue was full.
+    pub notifications_dropped: f64,
+    /// Notifications waiting in the receive queue.
+    pub notifications_queued: f64,
     /// Connections that failed the cluster-secret handshake, by reason (every reason,
     /// zeros too; `ferry_auth_failures_total{reason}`).
     pub auth_failures: std::collections::HashMap<String, f64>,
@@ -769,6 +792,12 @@ impl From<Metrics> for EngineMetrics {
             transports_disabled: m.transports_disabled as f64,
             segments_open: m.segments_open as f64,
             regions: m.regions as f64,
+            notifications_sent: m.notifications.sent as f64,
+            notifications_delivered: m.notifications.delivered as f64,
+            notifications_failed: m.notifications.failed as f64,
+            notifications_received: m.notifications.received as f64,
+            notifications_dropped: m.notifications.dropped as f64,
+            notifications_queued: m.notifications.queued as f64,
             auth_failures: by_reason(&m.auth_failures),
             connections_refused: by_reason(&m.connections_refused),
         }

@@ -7,8 +7,10 @@
 mod bench;
 mod blocks;
 mod buffer;
+mod callback;
 mod convert;
 mod js;
+mod notify;
 mod settle;
 
 // The exported free functions of the submodules (napi registers them; the re-export keeps
@@ -20,7 +22,6 @@ use std::sync::Once;
 use ferry_core::handle::HandleKind;
 use ferry_core::{Access, Engine, EngineConfig};
 use napi::bindgen_prelude::{AsyncTask, Function, Object, Unknown};
-use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::{Env, Status, Task};
 use napi_derive::napi;
 
@@ -49,8 +50,6 @@ fn init_logging() {
         }
     });
 }
-
-type EventFn = ThreadsafeFunction<EngineEventJs, (), EngineEventJs, Status, false, true>;
 
 /// The native engine. Use the `Engine` class of the package, which wraps this one.
 #[napi]
@@ -384,18 +383,10 @@ impl NativeEngine {
         &self,
         callback: Function<EngineEventJs, ()>,
     ) -> napi::Result<(), String> {
-        let tsfn: EventFn = callback
-            .build_threadsafe_function()
-            .callee_handled::<false>()
-            .weak::<true>()
-            .build()
-            .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
+        let call = callback::weak_handler(callback)?;
         self.engine
             .set_event_sink(Some(std::sync::Arc::new(move |event| {
-                let _ = tsfn.call(
-                    EngineEventJs::from(event),
-                    ThreadsafeFunctionCallMode::NonBlocking,
-                );
+                call(EngineEventJs::from(event))
             })));
         Ok(())
     }

@@ -8,9 +8,11 @@
 //! - [`fill`], [`bytes_of`], [`bytes_at`]: write a pattern into a region, copy bytes out;
 //! - [`user_region`]: registered (leaked) user memory with a chosen access;
 //! - [`request`], [`wait_batch`], [`one`]: requests and bounded waits on their outcome;
+//! - [`notes`]: a target-side notification handler that checks the data is in place;
 //! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness.
 
 mod etcd;
+pub mod notes;
 mod pair;
 mod region;
 mod wait;

@@ -1,0 +1,318 @@
+//! Notifications riding on transfers: a small payload the target receives once every byte
+//! of a request (or of a whole submission) is visible in its memory.
+//!
+//! The sender attaches the payload to the call, not to a transport: it is sent once, when
+//! the call's tasks have all completed — every byte acknowledged by whichever transport
+//! served it, after any failover — and never for a call that did not complete. It travels
+//! on the sender's notification connection to that peer (an authenticated connection of
+//! kind `Notify` to the peer's listener, opened on first use), one per (sender, target),
+//! so notifications from one sender arrive in the order their calls completed, whatever
+//! transports carried the data. The target queues it in a bounded inbox (`inbox`) and
+//! acknowledges it; a resend after a broken connection is recognised by its sequence number
+//! and taken once.
+//!
+//! Modules: `inbox` (the receive queue, pure), `outbox` (the sender's per-peer actor),
+//! `serve` (the target's side of the connection).
+
+pub(crate) mod inbox;
+pub(crate) mod outbox;
+pub(crate) mod serve;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use inbox::{InboxSignal, InboxWaker, NotifyOutcome};
+
+use crate::engine::{Engine, Inner};
+use crate::error::{Error, Result};
+use crate::request::Request;
+use crate::status::TransferStatus;
+use crate::task::{Task, TaskSnapshot};
+
+/// A notification as the target receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// The sender's segment name, as it named itself on its authenticated connection.
+    pub from: String,
+    /// The sender's engine id, as established by the handshake.
+    pub engine_id: u64,
+    /// The payload.
+    pub data: Vec<u8>,
+    /// Bytes of the call it rode on (0 for one sent alone).
+    pub bytes: u64,
+}
+
+/// Notification settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotifyConfig {
+    /// Notifications the receive queue holds (`notifyQueueSize`); past it they are dropped
+    /// and counted.
+    pub queue_size: usize,
+    /// Largest payload sent or accepted (`notifyMaxBytes`).
+    pub max_bytes: usize,
+}
+
+impl Default for NotifyConfig {
+    fn default() -> Self {
+        Self {
+            queue_size: 1024,
+            max_bytes: 4096,
+        }
+    }
+}
+
+/// Notification counters (kept with the engine's other counters, readable after close).
+#[derive(Debug, Default)]
+pub struct NotifyCounters {
+    /// Notifications handed to an outbox.
+    pub sent: AtomicU64,
+    /// Notifications the target acknowledged (queued or dropped there).
+    pub delivered: AtomicU64,
+    /// Notifications whose delivery failed (peer lost, closed, refused, timed out).
+    pub failed: AtomicU64,
+    /// Notifications queued here for the application.
+    pub received: AtomicU64,
+    /// Notifications dropped here because the queue was full.
+    pub dropped: AtomicU64,
+}
+
+/// Checks a payload against this engine's cap.
+fn check_size(data: &[u8], max: usize) -> Result<()> {
+    if data.len() > max {
+        return Err(Error::NotifyTooLarge {
+            len: data.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// The one segment a notifying call's requests go to.
+fn single_target(requests: &[Request]) -> Result<u64> {
+    let first = requests
+        .first()
+        .ok_or_else(|| Error::InvalidArgument("no requests given".into()))?
+        .segment;
+    if let Some(i) = requests.iter().position(|r| r.segment != first) {
+        return Err(Error::InvalidArgument(format!(
+            "request {i}: a call with a notification must go to one segment (request 0's)"
+        )));
+    }
+    Ok(first)
+}
+
+/// Calls `on_done` exactly once: with the outcome, or — if the engine's runtime drops the
+/// future that would have — with `Closed`.
+struct Once<F: FnOnce(Vec<TaskSnapshot>, Option<Error>)> {
+    on_done: Option<F>,
+    snaps: Vec<TaskSnapshot>,
+}
+
+impl<F: FnOnce(Vec<TaskSnapshot>, Option<Error>)> Once<F> {
+    fn finish(mut self, error: Option<Error>) {
+        if let Some(f) = self.on_done.take() {
+            f(std::mem::take(&mut self.snaps), error);
+        }
+    }
+}
+
+impl<F: FnOnce(Vec<TaskSnapshot>, Option<Error>)> Drop for Once<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_done.take() {
+            f(std::mem::take(&mut self.snaps), Some(Error::Closed));
+        }
+    }
+}
+
+impl Inner {
+    /// Sends `data` to segment `handle` now; the future ends with the target's answer.
+    fn notify_peer(
+        &self,
+        handle: u64,
+        data: Arc<[u8]>,
+        bytes: u64,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<NotifyOutcome>>> {
+        let peer = self.segments.get(handle)?;
+        Ok(self.notifier.send(&self.handle, &peer, data, bytes))
+    }
+
+    /// Counts a failed delivery and passes the outcome on.
+    fn delivered(&self, got: Option<Result<NotifyOutcome>>) -> Result<NotifyOutcome> {
+        let r = got.unwrap_or(Err(Error::Closed));
+        let counter = match r {
+            Ok(_) => &self.stats.notify.delivered,
+            Err(_) => &self.stats.notify.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        r
+    }
+}
+
+impl Engine {
+    /// Sends a notification without data to segment `segment`. It is handed to the
+    /// peer's outbox now, so notifications leave in the order of these calls; the future
+    /// ends when the target took it (`Queued`, or `Dropped` if its queue was full) or with
+    /// why it could not.
+    pub fn notify(
+        &self,
+        segment: u64,
+        data: &[u8],
+    ) -> impl std::future::Future<Output = Result<NotifyOutcome>> + Send + 'static {
+        let sent = self.live().and_then(|live| {
+            check_size(data, live.config.notify.max_bytes)?;
+            let rx = live.notify_peer(segment, data.into(), 0)?;
+            Ok((Arc::downgrade(&live), rx))
+        });
+        async move {
+            let (weak, rx) = sent?;
+            let got = rx.await.ok();
+            match weak.upgrade() {
+                Some(live) => live.delivered(got),
+                None => got.unwrap_or(Err(Error::Closed)),
+            }
+        }
+    }
+
+    /// `notify` for synchronous callers; must not be called from the engine's threads.
+    pub fn notify_blocking(&self, segment: u64, data: &[u8]) -> Result<NotifyOutcome> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sent = self.notify(segment, data);
+        self.spawn(async move {
+            let _ = tx.send(sent.await);
+        })?;
+        rx.recv().unwrap_or(Err(Error::Closed))
+    }
+
+    /// `transfer` with a notification: when every task completed, `notify` is sent to the
+    /// requests' segment (they must share one) and `on_done` runs once the target answered,
+    /// with the delivery error if it failed. A call that did not complete sends nothing and
+    /// `on_done` gets no error of its own (the tasks carry theirs).
+    pub fn transfer_notify<F>(
+        &self,
+        requests: &[Request],
+        notify: Vec<u8>,
+        on_done: F,
+    ) -> Result<u64>
+    where
+        F: FnOnce(Vec<TaskSnapshot>, Option<Error>) + Send + 'static,
+    {
+        let live = self.live()?;
+        check_size(&notify, live.config.notify.max_bytes)?;
+        let segment = single_target(requests)?;
+        let weak = Arc::downgrade(&live);
+        let data: Arc<[u8]> = notify.into();
+        live.transfer(requests, move |snaps| {
+            let once = Once {
+                on_done: Some(on_done),
+                snaps,
+            };
+            let completed = once
+                .snaps
+                .iter()
+                .all(|s| s.status == TransferStatus::Completed);
+            let Some(inner) = weak.upgrade().filter(|_| completed) else {
+                return once.finish(None);
+            };
+            let bytes = once.snaps.iter().map(|s| s.transferred).sum();
+            let rx = match inner.notify_peer(segment, data, bytes) {
+                Ok(rx) => rx,
+                Err(e) => {
+                    inner.stats.notify.failed.fetch_add(1, Ordering::Relaxed);
+                    return once.finish(Some(Error::NotifyFailed(format!("{e} ({})", e.code()))));
+                }
+            };
+            let handle = inner.handle.clone();
+            drop(inner);
+            handle.spawn(async move {
+                let got = rx.await.ok();
+                let error = match weak.upgrade() {
+                    Some(inner) => inner.delivered(got).err(),
+                    None => match got {
+                        Some(Ok(_)) => None,
+                        Some(Err(e)) => Some(e),
+                        None => Some(Error::Closed),
+                    },
+                };
+                once.finish(error.map(|e| Error::NotifyFailed(format!("{e} ({})", e.code()))));
+            });
+        })
+    }
+
+    /// `submit_transfer` with a notification, sent when every task of this submission
+    /// completed; a failed delivery is counted (`ferry_notifications_failed_total`) and
+    /// logged, since no one awaits a batch.
+    pub fn submit_transfer_notify(
+        &self,
+        batch: u64,
+        requests: &[Request],
+        notify: Vec<u8>,
+    ) -> Result<usize> {
+        let live = self.live()?;
+        check_size(&notify, live.config.notify.max_bytes)?;
+        let segment = single_target(requests)?;
+        let weak = Arc::downgrade(&live);
+        let data: Arc<[u8]> = notify.into();
+        let then = move |tasks: &[Arc<Task>]| {
+            let completed = tasks
+                .iter()
+                .all(|t| t.status() == TransferStatus::Completed);
+            let Some(inner) = weak.upgrade().filter(|_| completed) else {
+                return;
+            };
+            let bytes = tasks.iter().map(|t| t.request().length).sum();
+            match inner.notify_peer(segment, data, bytes) {
+                Ok(rx) => {
+                    let weak = weak.clone();
+                    inner.handle.spawn(async move {
+                        let got = rx.await.ok();
+                        if let Some(inner) = weak.upgrade() {
+                            if let Err(e) = inner.delivered(got) {
+                                tracing::warn!(error = %e, "batch notification not delivered");
+                            }
+                        }
+                    });
+                }
+                Err(e) => {
+                    inner.stats.notify.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, "batch notification not sent");
+                }
+            }
+        };
+        live.submit_transfer_then(batch, requests, Some(Box::new(then)))
+    }
+
+    /// Takes up to `max` received notifications, oldest first.
+    pub fn take_notifications(&self, max: usize) -> Result<Vec<Notification>> {
+        Ok(self.live()?.local.notify_inbox.take(max))
+    }
+
+    /// Notifications waiting in the receive queue.
+    pub fn notifications_queued(&self) -> usize {
+        self.live().map_or(0, |l| l.local.notify_inbox.len())
+    }
+
+    /// Sets who is told that notifications wait (`Ready`, when the queue stops being
+    /// empty) or were dropped; `None` stops telling.
+    pub fn set_notification_waker(&self, waker: Option<InboxWaker>) {
+        if let Ok(l) = self.live() {
+            l.local.notify_inbox.set_waker(waker);
+        }
+    }
+}
+
+/// What `submit_transfer_then` runs once every task of the submission ended.
+pub(crate) type Then = Box<dyn FnOnce(&[Arc<Task>]) + Send>;
+
+/// Where a submission's completion hook finds its tasks (filled before they start).
+pub(crate) type Holder = Arc<Mutex<Vec<Arc<Task>>>>;
+
+/// The holder a submission's completion hook reads its tasks from.
+pub(crate) fn hook(then: Then) -> (Holder, Box<dyn FnOnce() + Send>) {
+    let holder: Holder = Arc::default();
+    let held = holder.clone();
+    let run = Box::new(move || {
+        let tasks = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+        then(&tasks);
+    });
+    (holder, run)
+}
