@@ -64,10 +64,11 @@ export declare class NativeEngine {
   /**
    * Starts a block-list transfer; returns `{ op, requests, promise }` where the promise
    * resolves with every block's outcome (one wake of the JS thread for all of them).
+   * With `notify`, the blocks' segment is notified once every block completed.
    */
-  transferBlocks(opcode: 'read' | 'write', list: NativeBlockList): { op: number, requests: number, promise: Promise<BlocksOutcome> }
+  transferBlocks(opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null): { op: number, requests: number, promise: Promise<BlocksOutcome> }
   /** Submits a block list as tasks of a batch. */
-  submitBlocks(batch: number, opcode: 'read' | 'write', list: NativeBlockList): BlockSubmissionJs
+  submitBlocks(batch: number, opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null): BlockSubmissionJs
   /** Writes the raw status of tasks `firstTask..` into `out`; returns how many. */
   getTransferStatusInto(batch: number, firstTask: number, out: Uint8Array): number
   /**
@@ -268,6 +269,8 @@ export interface BlocksOutcome {
   failed: Array<FailedBlocks>
   /** Requests the blocks were merged into. */
   requests: number
+  /** Set when every block landed but the call's notification was not delivered. */
+  notifyError?: NotifyResult
 }
 
 /** A block list submitted to a batch. */

@@ -375,6 +375,11 @@ export interface BlockList {
   transport?: TransportName
   /** Only this transport may serve the blocks. */
   requireTransport?: TransportName
+  /**
+   * Notify the blocks' segment (they must share one) once every block completed: one
+   * notification for the whole list, `bytes` the list's total (see `notify` on `write`).
+   */
+  notify?: NotifyData
 }
 
 /** A block list submitted to a batch: the list and its opcode. */
@@ -610,7 +615,7 @@ function checkOptions(what: string, options: unknown, keys: string[]): Record<st
   return o
 }
 
-const BLOCK_KEYS = new Set(['local', 'remote', 'remoteBuffer', 'localOffsets', 'remoteOffsets', 'lengths', 'transport', 'requireTransport'])
+const BLOCK_KEYS = new Set(['local', 'remote', 'remoteBuffer', 'localOffsets', 'remoteOffsets', 'lengths', 'transport', 'requireTransport', 'notify'])
 
 function checkBytes(what: string, v: unknown): void {
   if (!(v instanceof Uint8Array)) throw invalid(`${what} must be a Uint8Array, got ${describe(v)}`)
@@ -987,7 +992,8 @@ export class Engine extends EventEmitter {
     if (signal?.aborted) {
       throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason })
     }
-    const { op, requests, promise } = this.native((n) => n.transferBlocks(opcode, list))
+    const notify = blocks.notify === undefined ? undefined : call(() => notifyBytes('blocks: notify', blocks.notify))
+    const { op, requests, promise } = this.native((n) => n.transferBlocks(opcode, list, notify))
     const onAbort = () => {
       this.#native.cancel(op)
     }
@@ -998,7 +1004,11 @@ export class Engine extends EventEmitter {
     } finally {
       signal?.removeEventListener('abort', onAbort)
     }
-    if (raw.failed.length === 0) return { status: raw.status, requests, failed: [] }
+    if (raw.failed.length === 0) {
+      const e = raw.notifyError
+      if (e) throw new FerryError((e.code ?? 'ERR_FERRY_NOTIFY_FAILED') as FerryErrorCode, e.message ?? 'notification not delivered')
+      return { status: raw.status, requests, failed: [] }
+    }
     this.#explainLosses(raw.failed)
     if (signal?.aborted && raw.failed.some((r) => r.code === 'ERR_FERRY_CANCELED')) {
       throw new FerryError('ABORT_ERR', 'The operation was aborted', { cause: signal.reason })
@@ -1016,7 +1026,8 @@ export class Engine extends EventEmitter {
     const list = call(() => toNativeBlocks(this, blocks, 'batch'))
     const op = (blocks as { opcode?: unknown }).opcode
     if (op !== 'read' && op !== 'write') throw invalid(`blocks: opcode must be 'read' or 'write', got ${typeof op === 'string' ? JSON.stringify(op) : describe(op)}`)
-    const { firstTask, starts } = this.native((n) => n.submitBlocks(batch, op, list))
+    const notify = blocks.notify === undefined ? undefined : call(() => notifyBytes('submitBlocks: notify', blocks.notify))
+    const { firstTask, starts } = this.native((n) => n.submitBlocks(batch, op, list, notify))
     return { firstTask, tasks: starts.length - 1, blocks: starts[starts.length - 1], starts }
   }
 

@@ -38,7 +38,7 @@ const setups: Record<TransportName, { target: Record<string, string>; sender: En
 
 for (const transport of ['tcp', 'shm', 'rdma'] as TransportName[]) {
   for (const mode of ['event', 'iterator']) {
-    test(`${transport}, ${mode}: the target's handler finds the data, from the sender's name, in order`, async (t) => {
+    test(`${transport}, ${mode}: the target's handler finds the data, from the sender's name, in order; once per transfer, batch and block list`, async (t) => {
       t.timeout(60_000)
       const target = await notifyTarget({ ...setups[transport].target, FERRY_NOTIFY_MODE: mode })
       const engine = await Engine.create(setups[transport].sender)
@@ -59,9 +59,22 @@ for (const transport of ['tcp', 'shm', 'rdma'] as TransportName[]) {
         const { notes } = await notesWhen(target, 9)
         src.buffer.set(randomBytes(8 * MiB))
         await engine.transfer([0, 1, 2, 3].map(quarter), { notify: new TextEncoder().encode(range(src.buffer, 0, 8 * MiB)) })
-        const all = (await notesWhen(target, 10)).notes
+        // Block lists: 8 blocks in reverse order (nothing merges: 8 requests), one notification
+        // for the list, after all of it; the same submitted to a batch.
+        const reversed = Float64Array.from([7, 6, 5, 4, 3, 2, 1, 0], (i) => i * MiB)
+        const blockList = { local: src, remote: seg, remoteBuffer: target.buffer, localOffsets: reversed, remoteOffsets: reversed, lengths: MiB, requireTransport: transport }
+        await notesWhen(target, 10)
+        src.buffer.set(randomBytes(8 * MiB))
+        const viaBlocks = await engine.writeBlocks({ ...blockList, notify: range(src.buffer, 0, 8 * MiB) })
+        t.is(viaBlocks.requests, 8)
+        t.deepEqual(viaBlocks.failed, [])
+        await notesWhen(target, 11)
+        src.buffer.set(randomBytes(8 * MiB))
+        const blockBatch = engine.allocateBatch(8)
+        engine.submitBlocks(blockBatch, { ...blockList, opcode: 'write', notify: range(src.buffer, 0, 8 * MiB) })
+        const all = (await notesWhen(target, 12)).notes
         t.is(notes.length, 9)
-        t.is(all.length, 10, 'exactly one per call')
+        t.is(all.length, 12, 'exactly one per call')
         for (const [i, n] of all.entries()) {
           t.true(n.landed, `notification ${i}: every byte was in place when it came`)
           t.is(n.from, engine.segmentName)
@@ -69,8 +82,9 @@ for (const transport of ['tcp', 'shm', 'rdma'] as TransportName[]) {
           t.is(n.engineId, all[0].engineId, 'one sender engine')
         }
         t.deepEqual(all.slice(0, 8).map((n) => JSON.parse(n.data).off), [0, 1, 2, 3, 4, 5, 6, 7].map((i) => i * MiB), 'in the order sent')
-        t.deepEqual(all.map((n) => n.bytes), [...Array(8).fill(MiB), 8 * MiB, 8 * MiB])
-        t.is(engine.metrics().notificationsSent, 10)
+        t.deepEqual(all.map((n) => n.bytes), [...Array(8).fill(MiB), 8 * MiB, 8 * MiB, 8 * MiB, 8 * MiB])
+        t.is(engine.metrics().notificationsSent, 12)
+        t.is(engine.getBatchStatus(blockBatch).status, TransferStatus.COMPLETED)
         t.is(engine.getBatchStatus(batch).status, TransferStatus.COMPLETED)
       } finally {
         await engine.close()

@@ -20,7 +20,7 @@ pub struct BlockSubmission {
 impl Inner {
     /// Checks every block (shape, then each range) and merges the list; nothing is
     /// submitted here.
-    fn merge_blocks(&self, blocks: &Blocks) -> Result<Merged> {
+    pub(crate) fn merge_blocks(&self, blocks: &Blocks) -> Result<Merged> {
         self.check_open()?;
         blocks.check_shape()?;
         blocks.check_bounds(

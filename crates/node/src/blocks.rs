@@ -14,6 +14,7 @@ use napi_derive::napi;
 
 use crate::convert::{js_error, transport};
 use crate::js::{exact_u64, to_u64};
+use crate::notify::NotifyResult;
 use crate::settle::Settle;
 use crate::NativeEngine;
 
@@ -44,6 +45,8 @@ pub struct BlocksOutcome {
     pub failed: Vec<FailedBlocks>,
     /// Requests the blocks were merged into.
     pub requests: u32,
+    /// Set when every block landed but the call's notification was not delivered.
+    pub notify_error: Option<NotifyResult>,
 }
 
 impl From<BlockOutcome> for BlocksOutcome {
@@ -68,6 +71,7 @@ impl From<BlockOutcome> for BlocksOutcome {
                 })
                 .collect(),
             requests: o.requests as u32,
+            notify_error: None,
         }
     }
 }
@@ -250,9 +254,10 @@ fn internal(e: napi::Error) -> napi::Error<String> {
 impl NativeEngine {
     /// Starts a block-list transfer; returns `{ op, requests, promise }` where the promise
     /// resolves with every block's outcome (one wake of the JS thread for all of them).
+    /// With `notify`, the blocks' segment is notified once every block completed.
     #[napi(
         catch_unwind,
-        ts_args_type = "opcode: 'read' | 'write', list: NativeBlockList",
+        ts_args_type = "opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null",
         ts_return_type = "{ op: number, requests: number, promise: Promise<BlocksOutcome> }"
     )]
     pub fn transfer_blocks<'env>(
@@ -260,15 +265,25 @@ impl NativeEngine {
         env: &'env Env,
         opcode: String,
         list: Object,
+        notify: Option<Buffer>,
     ) -> napi::Result<Object<'env>, String> {
         let engine = self.core();
         let list = blocks(env, &engine.handles(), &opcode, &list).map_err(js_error)?;
         let (settle, promise) = Settle::<BlocksOutcome>::new(env).map_err(internal)?;
-        let (op, requests) = engine
-            .transfer_blocks(&list, move |outcome| {
+        let (op, requests) = match notify {
+            None => engine.transfer_blocks(&list, move |outcome| {
                 settle.resolve(BlocksOutcome::from(outcome))
-            })
-            .map_err(js_error)?;
+            }),
+            Some(data) => {
+                engine.transfer_blocks_notify(&list, data.to_vec(), move |outcome, err| {
+                    settle.resolve(BlocksOutcome {
+                        notify_error: err.as_ref().map(NotifyResult::error),
+                        ..BlocksOutcome::from(outcome)
+                    })
+                })
+            }
+        }
+        .map_err(js_error)?;
         let mut out = Object::new(env).map_err(internal)?;
         out.set("op", op as f64).map_err(internal)?;
         out.set("requests", requests as f64).map_err(internal)?;
@@ -279,7 +294,7 @@ impl NativeEngine {
     /// Submits a block list as tasks of a batch.
     #[napi(
         catch_unwind,
-        ts_args_type = "batch: number, opcode: 'read' | 'write', list: NativeBlockList"
+        ts_args_type = "batch: number, opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null"
     )]
     pub fn submit_blocks(
         &self,
@@ -287,11 +302,16 @@ impl NativeEngine {
         batch: f64,
         opcode: String,
         list: Object,
+        notify: Option<Buffer>,
     ) -> napi::Result<BlockSubmissionJs, String> {
         let engine = self.core();
         let batch = to_u64(batch, "batch").map_err(js_error)?;
         let list = blocks(&env, &engine.handles(), &opcode, &list).map_err(js_error)?;
-        let sub = engine.submit_blocks(batch, &list).map_err(js_error)?;
+        let sub = match notify {
+            None => engine.submit_blocks(batch, &list),
+            Some(data) => engine.submit_blocks_notify(batch, &list, data.to_vec()),
+        }
+        .map_err(js_error)?;
         Ok(BlockSubmissionJs {
             first_task: sub.first_task as u32,
             starts: Uint32Array::new(sub.map.starts),

@@ -60,7 +60,7 @@ impl NotifyResult {
         }
     }
 
-    fn error(e: &ferry_core::Error) -> Self {
+    pub(crate) fn error(e: &ferry_core::Error) -> Self {
         Self {
             outcome: None,
             code: Some(e.code().to_string()),

@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex};
 
 pub use inbox::{InboxSignal, InboxWaker, NotifyOutcome};
 
+use crate::block_submit::BlockSubmission;
+use crate::blocks::{BlockOutcome, Blocks, Merged};
 use crate::engine::{Engine, Inner};
 use crate::error::{Error, Result};
 use crate::request::Request;
@@ -236,6 +238,37 @@ impl Engine {
                 once.finish(error.map(|e| Error::NotifyFailed(format!("{e} ({})", e.code()))));
             });
         })
+    }
+
+    /// `transfer_blocks` with a notification: sent once every block completed (the merged
+    /// requests are one call of `transfer_notify`, so exactly once, after all their bytes).
+    pub fn transfer_blocks_notify<F>(
+        &self,
+        blocks: &Blocks,
+        notify: Vec<u8>,
+        on_done: F,
+    ) -> Result<(u64, usize)>
+    where
+        F: FnOnce(BlockOutcome, Option<Error>) + Send + 'static,
+    {
+        let Merged { requests, map } = self.live()?.merge_blocks(blocks)?;
+        let count = requests.len();
+        let op = self.transfer_notify(&requests, notify, move |snaps, err| {
+            on_done(map.outcome(&snaps), err)
+        })?;
+        Ok((op, count))
+    }
+
+    /// `submit_blocks` with a notification, sent when every task of this list completed.
+    pub fn submit_blocks_notify(
+        &self,
+        batch: u64,
+        blocks: &Blocks,
+        notify: Vec<u8>,
+    ) -> Result<BlockSubmission> {
+        let Merged { requests, map } = self.live()?.merge_blocks(blocks)?;
+        let first_task = self.submit_transfer_notify(batch, &requests, notify)?;
+        Ok(BlockSubmission { first_task, map })
     }
 
     /// `submit_transfer` with a notification, sent when every task of this submission
