@@ -45,6 +45,16 @@ impl Driver for Inner {
 impl Inner {
     /// Starts a new attempt of `task` on `kind`.
     pub(crate) fn start_attempt(&self, task: &Arc<Task>, kind: TransportKind) {
+        self.start_attempt_in(task, kind, false)
+    }
+
+    /// `start_attempt`, as one of a submission's attempts (`more_follow`: see [`Attempt`]).
+    pub(crate) fn start_attempt_in(
+        &self,
+        task: &Arc<Task>,
+        kind: TransportKind,
+        more_follow: bool,
+    ) {
         let Some(attempt) = task.begin_attempt(kind) else {
             return;
         };
@@ -67,6 +77,7 @@ impl Inner {
         let a = Attempt {
             task: task.clone(),
             attempt,
+            more_follow,
         };
         if let Err(e) = transport.submit_one(&a) {
             task.attempt_failed(attempt, e);

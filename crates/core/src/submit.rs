@@ -81,9 +81,9 @@ impl Inner {
         self.stats
             .submitted
             .fetch_add(tasks.len() as u64, Ordering::Relaxed);
-        for task in tasks {
+        for (i, task) in tasks.iter().enumerate() {
             match task.with_state(|st| st.candidates.first().copied()) {
-                Some(kind) => self.start_attempt(task, kind),
+                Some(kind) => self.start_attempt_in(task, kind, i + 1 < tasks.len()),
                 // A plan is never empty; kept total all the same.
                 None => {
                     task.fail(Error::TransportUnavailable("no candidate transport".into()));

@@ -25,6 +25,10 @@ pub struct Attempt {
     pub task: Arc<Task>,
     /// The attempt number every completion must quote.
     pub attempt: u32,
+    /// More attempts of the same submission follow this one on the submitting thread: a
+    /// transport that would do the work inline may hand it off, so that the submission's
+    /// work runs side by side instead of one piece after another.
+    pub more_follow: bool,
 }
 
 /// A way of moving bytes to and from peers.
