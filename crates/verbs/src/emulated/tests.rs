@@ -1142,6 +1142,13 @@ fn dropping_a_qp_stops_its_threads() {
         assert_eq!(qp_threads(qpn), 2, "worker and receiver");
         drop(smr);
         drop(a);
+        // The drop joined both threads. A joined thread can still be listed for a moment:
+        // the kernel wakes its joiner (clearing the tid) early in the thread's exit, and
+        // drops it from /proc/self/task only at the end of it. So: gone within a bound.
+        let joined = Instant::now();
+        while qp_threads(qpn) != 0 && joined.elapsed() < Duration::from_secs(5) {
+            std::thread::yield_now();
+        }
         assert_eq!(qp_threads(qpn), 0, "threads joined on drop");
         drop(dmr);
     });
