@@ -38,5 +38,3 @@ serveFrames((sock, pending) => {
   sock.uncork()
   return at
 })
-process.stdin.on('end', () => process.exit(0))
-process.stdin.resume()

@@ -9,9 +9,14 @@ import { jsonLines, startTsx, stopChild, tailStderr } from './children'
  * Serves framed requests on 127.0.0.1 (any port, Nagle off) and prints `{port, pid}`, the
  * hello the client waits for. `consume` gets the bytes received and not yet used and
  * returns how many it used (whole frames), or `undefined` once it destroyed the socket.
+ * When stdin closes (the parent is done or gone) the server and its sockets close, and the
+ * process ends by itself once nothing is left to run.
  */
 export function serveFrames(consume: (sock: net.Socket, pending: Buffer) => number | undefined): net.Server {
+  const sockets = new Set<net.Socket>()
   const server = net.createServer((sock) => {
+    sockets.add(sock)
+    sock.on('close', () => sockets.delete(sock))
     sock.setNoDelay(true)
     let pending: Buffer = Buffer.alloc(0)
     sock.on('data', (chunk: Buffer) => {
@@ -25,6 +30,14 @@ export function serveFrames(consume: (sock: net.Socket, pending: Buffer) => numb
     const addr = server.address() as net.AddressInfo
     process.stdout.write(JSON.stringify({ port: addr.port, pid: process.pid }) + '\n')
   })
+  const stop = () => {
+    server.close()
+    for (const sock of sockets) sock.destroy()
+    process.stdin.pause()
+  }
+  process.stdin.once('end', stop)
+  process.stdin.once('close', stop)
+  process.stdin.resume()
   return server
 }
 

@@ -12,7 +12,7 @@ use napi::bindgen_prelude::Object;
 use napi::Env;
 use napi_derive::napi;
 
-use crate::convert::{js_error, transport};
+use crate::convert::{internal, js_error, transport};
 use crate::js::to_u64;
 use crate::settle::Settle;
 use crate::NativeEngine;
@@ -239,8 +239,7 @@ impl NativeBench {
         bench_case: BenchCase,
     ) -> napi::Result<Object<'env>, String> {
         let spec = spec(&bench_case, &self.handles).map_err(js_error)?;
-        let (settle, promise) = Settle::<BenchResult>::new(env)
-            .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
+        let (settle, promise) = Settle::<BenchResult>::new(env).map_err(internal)?;
         self.bench
             .spawn_case(spec, move |report| settle.resolve(report.into()))
             .map_err(js_error)?;

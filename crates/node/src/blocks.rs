@@ -12,7 +12,7 @@ use napi::bindgen_prelude::{
 use napi::{Env, JsValue, ValueType};
 use napi_derive::napi;
 
-use crate::convert::{js_error, transport};
+use crate::convert::{internal, js_error, transport};
 use crate::js::{exact_u64, to_u64};
 use crate::notify::NotifyResult;
 use crate::settle::Settle;
@@ -244,10 +244,6 @@ fn batch_and_task(batch: f64, task: f64) -> napi::Result<(u64, usize), String> {
     let batch = to_u64(batch, "batch").map_err(js_error)?;
     let task = to_u64(task, "firstTask").map_err(js_error)?;
     Ok((batch, usize::try_from(task).unwrap_or(usize::MAX)))
-}
-
-fn internal(e: napi::Error) -> napi::Error<String> {
-    napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string())
 }
 
 #[napi]

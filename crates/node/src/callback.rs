@@ -5,6 +5,8 @@ use napi::bindgen_prelude::{Function, JsValuesTupleIntoVec};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::Status;
 
+use crate::convert::internal;
+
 /// Wraps `callback` as a function any thread may call; calls never block and are dropped
 /// once the environment is going away.
 pub(crate) fn weak_handler<T>(
@@ -18,7 +20,7 @@ where
         .callee_handled::<false>()
         .weak::<true>()
         .build()
-        .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
+        .map_err(internal)?;
     Ok(move |value: T| {
         let _ = tsfn.call(value, ThreadsafeFunctionCallMode::NonBlocking);
     })

@@ -15,6 +15,11 @@ use napi_derive::napi;
 
 use crate::js::{opt_int, opt_ms, opt_u64, to_u64};
 
+/// A failure of napi itself (making an object, a Promise) as an `ERR_FERRY_INTERNAL` JS error.
+pub(crate) fn internal(e: napi::Error) -> napi::Error<String> {
+    napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string())
+}
+
 /// A JS error carrying the core's stable code (`err.code`).
 pub(crate) fn js_error(e: Error) -> napi::Error<String> {
     napi::Error::new(e.code().to_string(), e.to_string())

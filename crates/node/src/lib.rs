@@ -27,8 +27,8 @@ use napi_derive::napi;
 
 use crate::buffer::{hold_shared, RegionBuffer};
 use crate::convert::{
-    js_error, requests, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions, OpenResult,
-    RegionInfo, SegmentDesc, TaskStatus, TransferRequest,
+    internal, js_error, requests, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions,
+    OpenResult, RegionInfo, SegmentDesc, TaskStatus, TransferRequest,
 };
 use crate::js::to_u64;
 use crate::settle::Settle;
@@ -73,10 +73,7 @@ impl NativeEngine {
         });
         if let Err(e) = hooked {
             engine.close();
-            return Err(napi::Error::new(
-                "ERR_FERRY_INTERNAL".to_string(),
-                e.to_string(),
-            ));
+            return Err(internal(e));
         }
         Ok(Self { engine })
     }
@@ -240,8 +237,7 @@ impl NativeEngine {
         env: &'env Env,
         name: String,
     ) -> napi::Result<Object<'env>, String> {
-        let (settle, promise) = Settle::<OpenResult>::new(env)
-            .map_err(|e| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string()))?;
+        let (settle, promise) = Settle::<OpenResult>::new(env).map_err(internal)?;
         let engine = self.engine.clone();
         let handles = self.engine.handles();
         let spawned = self.engine.spawn(async move {
@@ -353,8 +349,6 @@ impl NativeEngine {
         env: &'env Env,
         requests_js: Vec<TransferRequest>,
     ) -> napi::Result<Object<'env>, String> {
-        let internal =
-            |e: napi::Error| napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string());
         let reqs = requests(&requests_js, &self.engine.handles()).map_err(js_error)?;
         let (settle, promise) = Settle::<Vec<TaskStatus>>::new(env).map_err(internal)?;
         let op = self

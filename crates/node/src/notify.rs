@@ -7,7 +7,7 @@ use napi::bindgen_prelude::{Buffer, Function, Object};
 use napi::Env;
 use napi_derive::napi;
 
-use crate::convert::{js_error, requests, TaskStatus, TransferRequest};
+use crate::convert::{internal, js_error, requests, TaskStatus, TransferRequest};
 use crate::js::to_u64;
 use crate::settle::Settle;
 use crate::NativeEngine;
@@ -85,10 +85,6 @@ pub struct NotifiedTransfer {
     pub tasks: Vec<TaskStatus>,
     /// Set when the data landed but the notification was not delivered.
     pub notify_error: Option<NotifyResult>,
-}
-
-fn internal(e: napi::Error) -> napi::Error<String> {
-    napi::Error::new("ERR_FERRY_INTERNAL".to_string(), e.to_string())
 }
 
 #[napi]
