@@ -255,7 +255,10 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
             None => {}
         }
         let deadline = link.next_deadline()?;
+        // Frames already read win over a deadline that passed meanwhile: an answer that
+        // came in time is never lost to the order in which the select looks.
         tokio::select! {
+            biased;
             got = heard.recv() => match got {
                 Some(Ok(answered)) => {
                     link.heard(Instant::now());

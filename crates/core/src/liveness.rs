@@ -5,7 +5,9 @@
 //!
 //! - Up: a ping goes out on connect and every `interval` (a quarter of the timeout, at
 //!   least 20 ms). A peer not heard from for `timeout` is lost — at exactly
-//!   `last_heard + timeout`.
+//!   `last_heard + timeout` — unless this side itself was not running then (polled more
+//!   than an interval after a ping was due): that silence is not the peer's, so it gets a
+//!   ping and one more interval.
 //! - A broken or silent link waits a backoff before it reconnects: 100 ms, doubling to
 //!   5 s, each delay with ±20 % jitter so that peers do not reconnect in lockstep; a
 //!   connection resets it.
@@ -183,6 +185,18 @@ impl Link {
                 next_ping,
             } => {
                 if now >= last_heard + self.timeout {
+                    if now > next_ping + self.interval {
+                        // Polled more than an interval after a ping was due: this side was
+                        // not running (its process stopped, its runtime starved), so the
+                        // silence is its own, not the peer's, and answers may be waiting
+                        // unread. Ping now and give the peer one interval to be heard.
+                        let grace = now + self.interval;
+                        self.state = LinkState::Up {
+                            last_heard: grace.checked_sub(self.timeout).unwrap_or(now),
+                            next_ping: grace,
+                        };
+                        return Some(Action::Ping);
+                    }
                     let timeout_ms = self.timeout.as_millis() as u64;
                     return self.broken(LossReason::Silent { timeout_ms }, now, peer_lost);
                 }
@@ -256,6 +270,42 @@ mod tests {
         assert_eq!(
             LossReason::Silent { timeout_ms: 3000 }.to_string(),
             "no heartbeat answer for 3000 ms"
+        );
+    }
+
+    #[test]
+    fn a_stall_on_this_side_is_not_the_peers_silence() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 1);
+        link.connected(t0, false);
+        assert_eq!(link.poll(t0, false), Some(Action::Ping));
+        // This side stops running at 1 s (the 750 ms ping never went out) and runs again
+        // at 5 s: it pings and listens for one interval instead of declaring the peer lost.
+        assert_eq!(link.poll(t0 + ms(5000), false), Some(Action::Ping));
+        assert_eq!(link.next_deadline(), Some(t0 + ms(5750)));
+        assert_eq!(link.poll(t0 + ms(5749), false), None);
+        // The answer queued during the stall is read: the peer is up.
+        link.heard(t0 + ms(5010));
+        assert_eq!(link.poll(t0 + ms(5750), false), Some(Action::Ping));
+        assert!(matches!(link.state(), LinkState::Up { .. }));
+        // Without an answer it is lost one interval after the stall ended.
+        let mut quiet = Link::new(T, 1);
+        quiet.connected(t0, false);
+        quiet.poll(t0, false);
+        assert_eq!(quiet.poll(t0 + ms(5000), false), Some(Action::Ping));
+        assert_eq!(
+            quiet.poll(t0 + ms(5750), false),
+            Some(Action::Lost(LossReason::Silent { timeout_ms: 3000 }))
+        );
+        // A poll late by less than an interval is not a stall: the deadline holds.
+        let mut late = Link::new(T, 1);
+        late.connected(t0, false);
+        for at in [0, 750, 1500, 2250] {
+            assert_eq!(late.poll(t0 + ms(at), false), Some(Action::Ping));
+        }
+        assert_eq!(
+            late.poll(t0 + ms(3700), false),
+            Some(Action::Lost(LossReason::Silent { timeout_ms: 3000 }))
         );
     }
 
@@ -350,6 +400,17 @@ mod tests {
         assert!(!link.connected(t0 + ms(600), false));
         // Silence while another source already declared it lost: nothing new to report.
         link.heard(t0 + ms(600));
-        assert_eq!(link.poll(t0 + ms(600) + T, true), None);
+        while let Some(at) = link
+            .next_deadline()
+            .filter(|_| matches!(link.state(), LinkState::Up { .. }))
+        {
+            let action = link.poll(at, true);
+            assert!(
+                matches!(action, None | Some(Action::Ping)),
+                "{action:?} at {:?}",
+                at - t0
+            );
+        }
+        assert!(matches!(link.state(), LinkState::Waiting { .. }));
     }
 }

@@ -500,6 +500,13 @@ impl ShmTransport {
 }
 
 /// Connects, proves the token, and maps every shm buffer of `desc`.
+///
+/// Everything that blocks runs on tokio's blocking pool, never on a runtime worker: the
+/// connect, the fd exchange (blocking reads with a timeout) and above all the mapping,
+/// whose `MAP_POPULATE` allocates and zeroes every page of a fresh memfd (about 1 s per
+/// GiB on an idle machine, several under load). A worker blocked that long starves the
+/// tasks queued on it, the heartbeats of every peer among them, until the engine declares
+/// a healthy peer silent.
 async fn connect_and_map(
     socket: &str,
     local_engine_id: u64,
@@ -507,10 +514,15 @@ async fn connect_and_map(
     desc: &SegmentDescriptor,
 ) -> Result<(UnixStream, Pidfd, HashMap<u64, Arc<RemoteMapping>>)> {
     let io = |what: &'static str| move |e: std::io::Error| Error::io(what, &e);
-    let addr = SocketAddr::from_abstract_name(socket.as_bytes()).map_err(io("shm address"))?;
-    let std_stream = StdUnixStream::connect_addr(&addr).map_err(io("connect shm socket"))?;
-    let pid = peer_pid(&std_stream).map_err(io("shm peer pid"))?;
-    let pidfd = Pidfd::open(pid).map_err(io("pidfd_open"))?;
+    let name = socket.to_string();
+    let (std_stream, pidfd) = off_runtime(move || {
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(io("shm address"))?;
+        let std_stream = StdUnixStream::connect_addr(&addr).map_err(io("connect shm socket"))?;
+        let pid = peer_pid(&std_stream).map_err(io("shm peer pid"))?;
+        let pidfd = Pidfd::open(pid).map_err(io("pidfd_open"))?;
+        Ok((std_stream, pidfd))
+    })
+    .await?;
     // The handshake, as on tcp; then the token and fd requests, blocking with a timeout.
     std_stream.set_nonblocking(true).map_err(io("shm socket"))?;
     let mut tokio_stream = UnixStream::from_std(std_stream).map_err(io("shm socket"))?;
@@ -523,15 +535,42 @@ async fn connect_and_map(
             reason,
         })?;
     let std_stream = tokio_stream.into_std().map_err(io("shm socket"))?;
+    let (token, desc) = (*token, desc.clone());
+    let (std_stream, maps) = off_runtime(move || {
+        let maps = fetch_and_map(&std_stream, &token, &desc)?;
+        Ok((std_stream, maps))
+    })
+    .await?;
+    std_stream.set_nonblocking(true).map_err(io("shm socket"))?;
+    let stream = UnixStream::from_std(std_stream).map_err(io("shm socket"))?;
+    Ok((stream, pidfd, maps))
+}
+
+/// Runs blocking work on tokio's blocking pool and waits for it.
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Error::Io(format!("shm attach: {e}")))?
+}
+
+/// The blocking part of an attach, after the handshake: the token, then one fd request
+/// per shm buffer of `desc`, each mapped as it comes. Reads time out after
+/// [`AUTH_TIMEOUT`]: a peer that stops answering costs a blocking-pool thread that long.
+fn fetch_and_map(
+    std_stream: &StdUnixStream,
+    token: &Token,
+    desc: &SegmentDescriptor,
+) -> Result<HashMap<u64, Arc<RemoteMapping>>> {
+    let io = |what: &'static str| move |e: std::io::Error| Error::io(what, &e);
     std_stream
         .set_nonblocking(false)
         .map_err(io("shm socket"))?;
-    // The handshake is a few local round trips: done blocking with a timeout, before the
-    // stream joins the runtime for watching.
     std_stream
         .set_read_timeout(Some(AUTH_TIMEOUT))
         .map_err(io("shm socket"))?;
-    let mut s = &std_stream;
+    let mut s = std_stream;
     s.write_all(token).map_err(io("shm token"))?;
     let mut ok = [0u8; 1];
     s.read_exact(&mut ok).map_err(io("shm token reply"))?;
@@ -545,7 +584,7 @@ async fn connect_and_map(
             .map_err(io("shm fd request"))?;
         let mut reply = [0u8; 16];
         let (n, mut fds) =
-            crate::linux::recv_fds(&std_stream, &mut reply, 1).map_err(io("shm fd reply"))?;
+            crate::linux::recv_fds(std_stream, &mut reply, 1).map_err(io("shm fd reply"))?;
         if n != reply.len() {
             return Err(Error::Protocol(format!("short shm reply ({n} bytes)")));
         }
@@ -578,9 +617,7 @@ async fn connect_and_map(
     std_stream
         .set_read_timeout(None)
         .map_err(io("shm socket"))?;
-    std_stream.set_nonblocking(true).map_err(io("shm socket"))?;
-    let stream = UnixStream::from_std(std_stream).map_err(io("shm socket"))?;
-    Ok((stream, pidfd, maps))
+    Ok(maps)
 }
 
 /// Reports the peer dead when its process exits or its unix connection closes.
@@ -742,6 +779,81 @@ impl Transport for ShmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// An attach waiting on a slow peer (here: one that holds back its token reply) must
+    /// leave the runtime running, its other tasks (every peer's heartbeat) among them. The
+    /// initiator has a single runtime thread, so a blocking read on it would stop the
+    /// ticker outright; the fake peer answers only once it saw the ticker tick while it
+    /// held the reply back (or after 5 s, which fails the test).
+    #[test]
+    fn an_attach_waiting_on_its_peer_leaves_the_runtime_running() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (listener, name) = {
+            let _guard = rt.enter();
+            bind(0x5eed).expect("bind")
+        };
+        let ticks = Arc::new(AtomicU64::new(0));
+        let ticker = ticks.clone();
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                ticker.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        // The peer, on its own thread and runtime.
+        let seen = ticks.clone();
+        let peer = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("peer runtime");
+            rt.block_on(async move {
+                let listener =
+                    UnixListener::from_std(listener.into_std().expect("std")).expect("listener");
+                let (mut stream, _) = listener.accept().await.expect("accept");
+                server_handshake(&mut stream, None, 0x5eed)
+                    .await
+                    .expect("handshake");
+                let mut token = [0u8; 16];
+                stream.read_exact(&mut token).await.expect("token");
+                // The initiator now waits for the reply. Did its runtime tick meanwhile?
+                let before = seen.load(Ordering::Relaxed);
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                let ticked = loop {
+                    if seen.load(Ordering::Relaxed) >= before + 3 {
+                        break true;
+                    }
+                    if std::time::Instant::now() > deadline {
+                        break false;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                };
+                stream.write_all(&[1]).await.expect("reply");
+                ticked
+            })
+        });
+        let desc = SegmentDescriptor {
+            engine_id: 0x5eed,
+            name: "127.0.0.1:1".into(),
+            machine_id: String::new(),
+            pid: std::process::id(),
+            tcp_addr: "127.0.0.1:1".into(),
+            token: String::new(),
+            buffers: Vec::new(),
+            transport_info: Default::default(),
+        };
+        let attached = rt.block_on(connect_and_map(&name, 1, &[7; 16], &desc));
+        let ticked = peer.join().expect("peer thread");
+        assert!(attached.is_ok(), "{:?}", attached.err());
+        assert!(
+            ticked,
+            "the runtime stopped while the attach waited for its peer"
+        );
+    }
 
     #[test]
     fn large_copies_are_cut_into_at_least_two_chunks_that_cover_them() {
