@@ -58,12 +58,7 @@ impl Inner {
         let Some(attempt) = task.begin_attempt(kind) else {
             return;
         };
-        if let Some(timeout) = self.config.failover.attempt_timeout {
-            let key = self
-                .deadlines
-                .add(Arc::downgrade(task), attempt, Instant::now() + timeout);
-            task.set_deadline(attempt, &self.deadlines, key);
-        }
+        let started = Instant::now();
         tracing::debug!(
             peer = task.request().peer.name(),
             transport = kind.name(),
@@ -81,6 +76,18 @@ impl Inner {
         };
         if let Err(e) = transport.submit_one(&a) {
             task.attempt_failed(attempt, e);
+            return;
+        }
+        // The deadline counts from the start, but is registered only for an attempt still
+        // running once submitted: most same-host copies are done by now, and skip the
+        // deadline table's lock. One that ends meanwhile is removed again by the task.
+        if let Some(timeout) = self.config.failover.attempt_timeout {
+            if !task.status().is_terminal() && task.attempt() == attempt {
+                let key = self
+                    .deadlines
+                    .add(Arc::downgrade(task), attempt, started + timeout);
+                task.set_deadline(attempt, &self.deadlines, key);
+            }
         }
     }
 

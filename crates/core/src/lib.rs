@@ -45,6 +45,7 @@ pub mod failover;
 pub mod handle;
 pub mod health;
 mod kind;
+mod life_word;
 pub mod linux;
 mod liveness;
 pub mod memory;

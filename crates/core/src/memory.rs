@@ -10,11 +10,12 @@
 //! private anonymous zero pages and the memfd is closed. The descriptor and the shared pages
 //! are released at close; the address range stays valid until the last holder goes.
 
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+
+use rustc_hash::FxHashMap;
 
 use crate::error::{Error, Result};
 
@@ -353,7 +354,8 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
 #[derive(Default)]
 pub struct RegionTable {
     next_id: AtomicU64,
-    regions: RwLock<HashMap<RegionId, Arc<Region>>>,
+    /// By engine-made id, looked up on every request: a fast hash.
+    regions: RwLock<FxHashMap<RegionId, Arc<Region>>>,
     /// Every engine-owned region allocated here that may still be alive (released ones
     /// included: a Buffer may still view them), for `detach_owned`. Dead entries are pruned
     /// as it grows, so it stays within twice the live ones (and at least `PRUNE_MIN`).

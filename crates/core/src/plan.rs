@@ -65,7 +65,15 @@ pub(crate) struct Plan {
 
 /// Plans a request with `hint` towards the peer of `view`, at `now`.
 pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Result<Plan> {
-    let path = |k| (view.path)(k);
+    // Each path asked once (asking may take a transport's lock), indexed by raw kind.
+    let paths =
+        [TransportKind::Tcp, TransportKind::Shm, TransportKind::Rdma].map(|k| (view.path)(k));
+    let path = |k: TransportKind| &paths[k as usize - 1];
+    const _: () = assert!(
+        TransportKind::Tcp as usize == 1
+            && TransportKind::Shm as usize == 2
+            && TransportKind::Rdma as usize == 3
+    );
     if let TransportHint::Require(k) = hint {
         // Not usable here at all: say so first (the target not offering it either is the
         // lesser news).
@@ -83,7 +91,7 @@ pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Re
     }
     let usable: Vec<TransportKind> = DEFAULT_ORDER
         .into_iter()
-        .filter(|k| path(*k) == Path::Usable)
+        .filter(|k| *path(*k) == Path::Usable)
         .collect();
     if let TransportHint::Require(k) = hint {
         if let Some(why) = path(k).why_not() {

@@ -1,7 +1,9 @@
 //! Remote segments: the descriptor a peer publishes, and the local record of an opened
 //! peer (its cached descriptor and liveness).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -280,8 +282,9 @@ pub struct SegmentTable {
 
 #[derive(Default)]
 struct Segments {
-    by_handle: HashMap<u64, Arc<Peer>>,
-    by_name: HashMap<String, u64>,
+    // Engine-made keys, looked up on every request: a fast hash, not a DoS-resistant one.
+    by_handle: FxHashMap<u64, Arc<Peer>>,
+    by_name: FxHashMap<String, u64>,
 }
 
 impl SegmentTable {

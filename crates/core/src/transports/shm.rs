@@ -14,7 +14,7 @@
 //! attempt completes into a dead target.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream as StdUnixStream};
@@ -35,6 +35,7 @@ use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
 use crate::kind::Opcode;
 use crate::kind::TransportKind;
+use crate::life_word::{self, PeerLifeWord};
 use crate::linux::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::memory::{Region, RegionTable};
 use crate::net::{client_handshake, server_handshake};
@@ -191,7 +192,17 @@ async fn serve_one(mut stream: UnixStream, gate: &Gate) -> Result<()> {
     if !token_eq(&got, token) {
         return Err(Error::Protocol("shm client sent a wrong token".into()));
     }
-    stream.write_all(&[1]).await.map_err(io)?;
+    // The reply carries this process's life word, when it has one: peers then check that
+    // it still runs with a load instead of a syscall (see `life_word`).
+    match life_word::share() {
+        Ok(word) => send_fds_async(&stream, &[1], &[word.as_fd()])
+            .await
+            .map_err(io)?,
+        Err(e) => {
+            tracing::debug!(error = %e, "no life word: peers poll this process's pidfd");
+            stream.write_all(&[1]).await.map_err(io)?;
+        }
+    }
     loop {
         let mut id = [0u8; 8];
         match stream.read_exact(&mut id).await {
@@ -226,6 +237,9 @@ async fn serve_one(mut stream: UnixStream, gate: &Gate) -> Result<()> {
 struct ShmPeer {
     peer: Arc<Peer>,
     pidfd: Pidfd,
+    /// The target's life word, when it sent one: read after each copy instead of polling
+    /// `pidfd`.
+    life: Option<PeerLifeWord>,
     maps: RwLock<HashMap<u64, Arc<RemoteMapping>>>,
     dead: AtomicBool,
     cancel: CancellationToken,
@@ -241,14 +255,19 @@ impl ShmPeer {
         !self.dead.load(Ordering::Acquire)
     }
 
-    /// Whether the target still runs, asked of the kernel (one `poll` of the pidfd). Run
-    /// once after each copy, so no copy that ends after the target exited completes; the
-    /// first that sees the death records it for every later check.
+    /// Whether the target still runs: its life word (a load; the kernel marks it as the
+    /// process ends, before it counts as exited), else asked of the kernel (one `poll` of
+    /// the pidfd). Run once after each copy, so no copy that ends after the target exited
+    /// completes; the first that sees the death records it for every later check.
     fn confirm_alive(&self) -> bool {
         if !self.known_alive() {
             return false;
         }
-        if self.pidfd.is_alive() {
+        let running = match &self.life {
+            Some(word) => word.is_alive(),
+            None => self.pidfd.is_alive(),
+        };
+        if running {
             return true;
         }
         self.dead.store(true, Ordering::Release);
@@ -323,7 +342,8 @@ pub struct ShmTransport {
     gate: Arc<Gate>,
     /// The abstract socket's name once `install` bound it.
     socket: std::sync::OnceLock<String>,
-    peers: Mutex<FxHashMap<u64, Arc<ShmPeer>>>,
+    /// Read on every request (two threads submitting must not queue on it).
+    peers: RwLock<FxHashMap<u64, Arc<ShmPeer>>>,
     jobs: Mutex<Option<mpsc::Sender<CopyJob>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     rt: Handle,
@@ -365,7 +385,7 @@ impl ShmTransport {
                 timeout: context.frame_timeout,
             }),
             socket: std::sync::OnceLock::new(),
-            peers: Mutex::new(FxHashMap::default()),
+            peers: RwLock::new(FxHashMap::default()),
             jobs: Mutex::new(Some(tx)),
             threads: Mutex::new(threads),
             rt: context.handle,
@@ -376,7 +396,7 @@ impl ShmTransport {
 
     fn peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
         self.peers
-            .lock()
+            .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&handle)
             .cloned()
@@ -394,17 +414,23 @@ impl ShmTransport {
         }
         let token = desc.token_bytes()?;
         let attached = connect_and_map(&socket, self.local_engine_id, &token, &desc).await?;
-        let (stream, pidfd, maps) = attached;
+        let Attached {
+            stream,
+            pidfd,
+            maps,
+            life,
+        } = attached;
         let shm_peer = Arc::new(ShmPeer {
             peer: peer.clone(),
             pidfd,
+            life,
             maps: RwLock::new(maps),
             dead: AtomicBool::new(false),
             cancel: self.shutdown.child_token(),
         });
         let old = self
             .peers
-            .lock()
+            .write()
             .unwrap_or_else(|p| p.into_inner())
             .insert(peer.handle(), shm_peer.clone());
         if let Some(old) = old {
@@ -512,7 +538,7 @@ async fn connect_and_map(
     local_engine_id: u64,
     token: &Token,
     desc: &SegmentDescriptor,
-) -> Result<(UnixStream, Pidfd, HashMap<u64, Arc<RemoteMapping>>)> {
+) -> Result<Attached> {
     let io = |what: &'static str| move |e: std::io::Error| Error::io(what, &e);
     let name = socket.to_string();
     let (std_stream, pidfd) = off_runtime(move || {
@@ -536,14 +562,31 @@ async fn connect_and_map(
         })?;
     let std_stream = tokio_stream.into_std().map_err(io("shm socket"))?;
     let (token, desc) = (*token, desc.clone());
-    let (std_stream, maps) = off_runtime(move || {
-        let maps = fetch_and_map(&std_stream, &token, &desc)?;
-        Ok((std_stream, maps))
+    let (std_stream, (maps, life)) = off_runtime(move || {
+        let got = fetch_and_map(&std_stream, &token, &desc)?;
+        Ok((std_stream, got))
     })
     .await?;
     std_stream.set_nonblocking(true).map_err(io("shm socket"))?;
     let stream = UnixStream::from_std(std_stream).map_err(io("shm socket"))?;
-    Ok((stream, pidfd, maps))
+    Ok(Attached {
+        stream,
+        pidfd,
+        maps,
+        life,
+    })
+}
+
+/// A peer's shm buffers, mapped, by buffer id.
+type Mappings = HashMap<u64, Arc<RemoteMapping>>;
+
+/// What an attach gives: the connection the target's death is watched on, its pidfd, its
+/// shm buffers mapped, and its life word when it sent one.
+struct Attached {
+    stream: UnixStream,
+    pidfd: Pidfd,
+    maps: Mappings,
+    life: Option<PeerLifeWord>,
 }
 
 /// Runs blocking work on tokio's blocking pool and waits for it.
@@ -562,7 +605,7 @@ fn fetch_and_map(
     std_stream: &StdUnixStream,
     token: &Token,
     desc: &SegmentDescriptor,
-) -> Result<HashMap<u64, Arc<RemoteMapping>>> {
+) -> Result<(Mappings, Option<PeerLifeWord>)> {
     let io = |what: &'static str| move |e: std::io::Error| Error::io(what, &e);
     std_stream
         .set_nonblocking(false)
@@ -573,7 +616,18 @@ fn fetch_and_map(
     let mut s = std_stream;
     s.write_all(token).map_err(io("shm token"))?;
     let mut ok = [0u8; 1];
-    s.read_exact(&mut ok).map_err(io("shm token reply"))?;
+    let (n, mut word) =
+        crate::linux::recv_fds(std_stream, &mut ok, 1).map_err(io("shm token reply"))?;
+    if n != 1 {
+        return Err(Error::Protocol(
+            "the shm socket closed before the token reply".into(),
+        ));
+    }
+    let life = word.pop().and_then(|fd| {
+        PeerLifeWord::map(fd)
+            .map_err(|e| tracing::debug!(error = %e, "life word refused: the pidfd is polled"))
+            .ok()
+    });
     let mut maps = HashMap::new();
     for b in desc
         .buffers
@@ -617,7 +671,7 @@ fn fetch_and_map(
     std_stream
         .set_read_timeout(None)
         .map_err(io("shm socket"))?;
-    Ok(maps)
+    Ok((maps, life))
 }
 
 /// Reports the peer dead when its process exits or its unix connection closes.
@@ -695,9 +749,16 @@ impl Transport for ShmTransport {
     }
 
     fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
-        match self.peer(peer.handle()) {
-            Some(p) if p.known_alive() => Ok(()),
-            Some(_) => Err("the target process exited".into()),
+        // Asked for every request: looked at under the lock, no reference taken.
+        let alive = self
+            .peers
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&peer.handle())
+            .map(|p| p.known_alive());
+        match alive {
+            Some(true) => Ok(()),
+            Some(false) => Err("the target process exited".into()),
             None => {
                 let desc = peer.descriptor();
                 if desc.machine_id != self.machine_id {
@@ -741,7 +802,7 @@ impl Transport for ShmTransport {
         self.fail_peer(peer, error);
         let removed = self
             .peers
-            .lock()
+            .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&peer.handle());
         if let Some(p) = removed {
@@ -755,7 +816,7 @@ impl Transport for ShmTransport {
         self.shutdown.cancel();
         let peers: Vec<_> = self
             .peers
-            .lock()
+            .write()
             .unwrap_or_else(|p| p.into_inner())
             .drain()
             .map(|(_, p)| p)
