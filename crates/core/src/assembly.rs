@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -281,7 +281,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         config,
         stats,
         handles,
-        live: RwLock::new(Some(inner)),
+        live: arc_swap::ArcSwapOption::new(Some(inner)),
     })
 }
 

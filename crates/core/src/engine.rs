@@ -18,9 +18,10 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
@@ -135,19 +136,14 @@ pub(crate) struct Shell {
     pub(crate) stats: Arc<Stats>,
     /// Kept past close, so a handle is still told apart from a foreign one then.
     pub(crate) handles: Handles,
-    pub(crate) live: RwLock<Option<Arc<Inner>>>,
+    pub(crate) live: ArcSwapOption<Inner>,
 }
 
 impl Drop for Shell {
     fn drop(&mut self) {
         // The last handle went without `close`: close now, so that the runtime (whose tasks
         // may hold the live engine) cannot keep it alive.
-        let live = self
-            .live
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(inner) = live {
+        if let Some(inner) = self.live.swap(None) {
             inner.close();
         }
     }
@@ -191,10 +187,18 @@ impl Engine {
     /// The open engine for the duration of one call, or `Closed`. Holding it keeps
     /// `Inner` alive, so it is never kept beyond the call.
     pub(crate) fn live(&self) -> Result<Arc<Inner>> {
-        let live = self.shell.live.read().unwrap_or_else(|p| p.into_inner());
-        let inner = live.as_ref().ok_or(Error::Closed)?.clone();
+        let inner = self.shell.live.load_full().ok_or(Error::Closed)?;
         inner.check_open()?;
         Ok(inner)
+    }
+
+    /// Runs `f` on the open engine, or returns `Closed`: [`Engine::live`] for the calls a
+    /// poller makes in a loop, without taking a reference of the shared count.
+    fn with_live<R>(&self, f: impl FnOnce(&Arc<Inner>) -> Result<R>) -> Result<R> {
+        let guard = self.shell.live.load();
+        let inner = guard.as_ref().ok_or(Error::Closed)?;
+        inner.check_open()?;
+        f(inner)
     }
 
     /// A weak handle (for cleanup hooks that must not keep the engine alive).
@@ -371,13 +375,13 @@ impl Engine {
 
     /// Allocates a batch for up to `capacity` tasks.
     pub fn allocate_batch(&self, capacity: usize) -> Result<u64> {
-        self.live()?.batches.allocate(capacity)
+        self.with_live(|l| l.batches.allocate(capacity))
     }
 
     /// Validates every request, then submits them as tasks of `batch`. Returns the index
     /// of the first new task. On any error nothing is submitted.
     pub fn submit_transfer(&self, batch: u64, requests: &[Request]) -> Result<usize> {
-        self.live()?.submit_transfer(batch, requests)
+        self.with_live(|l| l.submit_transfer(batch, requests))
     }
 
     /// Status of one task.
@@ -399,7 +403,7 @@ impl Engine {
 
     /// Aggregate status of a batch.
     pub fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
-        let (status, transferred, tasks) = self.live()?.batch(batch)?.status();
+        let (status, transferred, tasks) = self.with_live(|l| Ok(l.batch(batch)?.status()))?;
         Ok(BatchSnapshot {
             status,
             transferred,
@@ -409,8 +413,7 @@ impl Engine {
 
     /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
     pub fn free_batch(&self, batch: u64) -> Result<()> {
-        let l = self.live()?;
-        let b = l.batches.free(batch).map_err(|e| l.or_closed(e))?;
+        let b = self.with_live(|l| l.batches.free(batch).map_err(|e| l.or_closed(e)))?;
         for t in b.take_tasks() {
             t.finish(TransferStatus::Canceled, Some(Error::Canceled));
         }
@@ -438,7 +441,7 @@ impl Engine {
 
     /// Submits a block list as tasks of `batch` (see `transfer_blocks`).
     pub fn submit_blocks(&self, batch: u64, blocks: &Blocks) -> Result<BlockSubmission> {
-        self.live()?.submit_blocks(batch, blocks)
+        self.with_live(|l| l.submit_blocks(batch, blocks))
     }
 
     /// Writes the raw status of tasks `first_task..` of `batch` into `out`, one byte each,
@@ -449,7 +452,7 @@ impl Engine {
         first_task: usize,
         out: &mut [u8],
     ) -> Result<usize> {
-        let b = self.live()?.batch(batch)?;
+        let b = self.with_live(|l| l.batch(batch))?;
         Ok(b.with_tasks(|tasks| {
             let tasks = tasks.get(first_task..).unwrap_or_default();
             out.iter_mut()
@@ -469,7 +472,7 @@ impl Engine {
         out: &mut [u8],
     ) -> Result<usize> {
         crate::blocks::check_starts(starts)?;
-        let b = self.live()?.batch(batch)?;
+        let b = self.with_live(|l| l.batch(batch))?;
         Ok(b.with_tasks(|tasks| {
             crate::blocks::fill_status(starts, out, |r| {
                 first_task
@@ -535,13 +538,7 @@ impl Engine {
     /// engine-owned region then reads zeros); handles and regions that outlive it are inert.
     /// Calls in flight on other threads finish first with what they hold, and release it.
     pub fn close(&self) {
-        let live = self
-            .shell
-            .live
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(inner) = live {
+        if let Some(inner) = self.shell.live.swap(None) {
             inner.close();
             // `inner` is dropped here: the last reference unless a call on another thread
             // still holds one for its duration.

@@ -348,6 +348,9 @@ pub struct ShmTransport {
     threads: Mutex<Vec<JoinHandle<()>>>,
     rt: Handle,
     shutdown: CancellationToken,
+    /// Set by `shutdown`: what a submit checks (`CancellationToken::is_cancelled` takes a
+    /// mutex, which threads submitting side by side queue on).
+    closed: AtomicBool,
     on_death: DeathHook,
 }
 
@@ -386,6 +389,7 @@ impl ShmTransport {
             }),
             socket: std::sync::OnceLock::new(),
             peers: RwLock::new(FxHashMap::default()),
+            closed: AtomicBool::new(false),
             jobs: Mutex::new(Some(tx)),
             threads: Mutex::new(threads),
             rt: context.handle,
@@ -443,7 +447,7 @@ impl ShmTransport {
     }
 
     fn submit_attempt(&self, a: &Attempt) -> Result<()> {
-        if self.shutdown.is_cancelled() {
+        if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
         let req = a.task.request();
@@ -813,6 +817,7 @@ impl Transport for ShmTransport {
     }
 
     fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
         self.shutdown.cancel();
         let peers: Vec<_> = self
             .peers

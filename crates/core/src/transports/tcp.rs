@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -302,6 +302,9 @@ pub struct TcpTransport {
     config: TcpConfig,
     pools: Mutex<FxHashMap<u64, Arc<PeerPool>>>,
     shutdown: CancellationToken,
+    /// Set by `shutdown`: what a submit checks (`CancellationToken::is_cancelled` takes a
+    /// mutex, which threads submitting side by side queue on).
+    closed: AtomicBool,
 }
 
 impl TcpTransport {
@@ -321,6 +324,7 @@ impl TcpTransport {
             config,
             pools: Mutex::new(FxHashMap::default()),
             shutdown,
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -356,7 +360,7 @@ impl TcpTransport {
     }
 
     fn submit_attempt(&self, a: &Attempt) -> Result<()> {
-        if self.shutdown.is_cancelled() {
+        if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
         let task = &a.task;
@@ -439,6 +443,7 @@ impl Transport for TcpTransport {
     }
 
     fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
         self.shutdown.cancel();
         for pool in self.pools() {
             for conn in &pool.conns {
