@@ -253,7 +253,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         deadlines: Arc::new(Deadlines::new(std::time::Instant::now(), tick)),
         health: HealthTable::new(config.rail),
         health_dirty: AtomicBool::new(false),
-        ops: Mutex::new(HashMap::new()),
+        ops: Mutex::new(rustc_hash::FxHashMap::default()),
         next_op: AtomicU64::new(1),
         stats: stats.clone(),
         threads,

@@ -15,13 +15,13 @@
 //! its helpers carry them out: `assembly` builds an engine, `submit` turns requests into
 //! tasks, `dispatch` runs attempts, `peers` opens segments and handles their loss.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
+use rustc_hash::FxHashMap;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
 
@@ -96,7 +96,9 @@ pub(crate) struct Inner {
     pub(crate) health: HealthTable<Rail>,
     /// Set once any error was recorded, so successes skip the table until then.
     pub(crate) health_dirty: AtomicBool,
-    pub(crate) ops: Mutex<HashMap<u64, Vec<Arc<Task>>>>,
+    /// Operations of `transfer` in flight, for `cancel` and `close`: each holds its tasks
+    /// once they are made (the completion hook takes them out).
+    pub(crate) ops: Mutex<FxHashMap<u64, crate::notify::Holder>>,
     pub(crate) next_op: AtomicU64,
     pub(crate) stats: Arc<Stats>,
     /// Runtime threads (workers and blocking pool) that are running now.
@@ -616,7 +618,7 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .drain()
-            .flat_map(|(_, t)| t)
+            .flat_map(|(_, held)| held.lock().unwrap_or_else(|p| p.into_inner()).clone())
             .collect();
         for batch in self.batches.drain() {
             pending.extend(batch.tasks());

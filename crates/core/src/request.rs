@@ -66,7 +66,7 @@ pub struct ValidatedRequest {
 pub(crate) fn validate(
     req: &Request,
     region: impl Fn(RegionId) -> Result<Arc<Region>>,
-    segment: impl Fn(u64) -> Result<Arc<Peer>>,
+    segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
 ) -> Result<ValidatedRequest> {
     if req.length == 0 {
         return Err(Error::InvalidArgument("length must be > 0".into()));
@@ -76,8 +76,7 @@ pub(crate) fn validate(
         Error::OutOfRange(m) => Error::OutOfRange(format!("local region {}: {m}", req.local)),
         other => other,
     })?;
-    let peer = segment(req.segment)?;
-    let descriptor = peer.descriptor();
+    let (peer, descriptor) = segment(req.segment)?;
     let buffer = descriptor
         .buffer(req.remote_buffer)
         .ok_or_else(|| Error::UnknownBuffer {
@@ -173,7 +172,11 @@ mod tests {
     }
 
     fn check(f: &Fixture, req: &Request) -> Result<ValidatedRequest> {
-        validate(req, |id| f.regions.get(id), |h| f.segments.get(h))
+        validate(
+            req,
+            |id| f.regions.get(id),
+            |h| f.segments.get(h).map(|p| (p.clone(), p.descriptor())),
+        )
     }
 
     fn good(f: &Fixture) -> Request {

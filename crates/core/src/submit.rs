@@ -2,14 +2,17 @@
 //! and planned (`plan.rs`) before any starts, so a bad one leaves no trace; then each task
 //! starts its first attempt.
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use crate::engine::Inner;
 use crate::error::{Error, Result};
+use crate::memory::Region;
 use crate::plan::{plan, PeerView, Plan};
 use crate::request::{validate, Request, ValidatedRequest};
+use crate::segment::{Peer, SegmentDescriptor};
 use crate::status::TransferStatus;
 use crate::task::{Driver, Group, Observer, Task, TaskSnapshot};
 
@@ -21,12 +24,37 @@ impl Inner {
             return Err(Error::InvalidArgument("no requests given".into()));
         }
         let now = Instant::now();
+        // The requests of one call mostly share a region and a segment (a block list
+        // always does): each is looked up once per run of equal ids, not under the
+        // tables' locks for every request. The descriptor is the one the run began with.
+        let last_region: RefCell<Option<Arc<Region>>> = RefCell::default();
+        let last_peer: RefCell<Option<(Arc<Peer>, Arc<SegmentDescriptor>)>> = RefCell::default();
+        let region = |id| {
+            if let Some(r) = last_region.borrow().as_ref().filter(|r| r.id() == id) {
+                return Ok(r.clone());
+            }
+            let r = self.regions.get(id)?;
+            *last_region.borrow_mut() = Some(r.clone());
+            Ok(r)
+        };
+        let segment = |handle| {
+            if let Some(p) = last_peer
+                .borrow()
+                .as_ref()
+                .filter(|(p, _)| p.handle() == handle)
+            {
+                return Ok(p.clone());
+            }
+            let peer = self.segments.get(handle)?;
+            let found = (peer.clone(), peer.descriptor());
+            *last_peer.borrow_mut() = Some(found.clone());
+            Ok(found)
+        };
         requests
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let v = validate(r, |id| self.regions.get(id), |h| self.segments.get(h))
-                    .map_err(|e| annotate(e, i))?;
+                let v = validate(r, region, segment).map_err(|e| annotate(e, i))?;
                 let p = self.plan(&v, now).map_err(|e| annotate(e, i))?;
                 Ok((v, p))
             })
@@ -155,19 +183,20 @@ impl Inner {
         self.ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(op, tasks.clone());
+            .insert(op, holder);
         self.launch(&tasks);
         Ok(op)
     }
 
     pub(crate) fn cancel(&self, op: u64) -> bool {
-        let tasks = self
+        let held = self
             .ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&op)
             .cloned();
-        let Some(tasks) = tasks else { return false };
+        let Some(held) = held else { return false };
+        let tasks = held.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut any = false;
         for t in tasks {
             any |= t.finish(TransferStatus::Canceled, Some(Error::Canceled));

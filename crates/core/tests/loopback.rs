@@ -515,3 +515,73 @@ fn start_time_install_failure_reaches_a_late_sink() {
     );
     engine.close();
 }
+
+/// One call whose requests alternate between two local regions and two segments: each
+/// request uses its own region and segment (the submit path looks ids up once per run of
+/// equal ones), and an unknown id anywhere in the call fails it whole, moving nothing.
+#[test]
+fn a_call_mixing_regions_and_segments_uses_each_requests_own() {
+    const LEN: u64 = 4096;
+    let cfg = EngineConfig {
+        peer_timeout: Duration::from_millis(1000),
+        ..tcp_only()
+    };
+    let t1 = Engine::new(cfg.clone()).expect("target 1");
+    let t2 = Engine::new(cfg.clone()).expect("target 2");
+    let initiator = Engine::new(cfg).expect("initiator");
+    let (r1, r2) = (
+        t1.allocate(4 * LEN).expect("r1"),
+        t2.allocate(4 * LEN).expect("r2"),
+    );
+    let (a, b) = (
+        initiator.allocate(LEN).expect("a"),
+        initiator.allocate(LEN).expect("b"),
+    );
+    fill(&a, 3);
+    fill(&b, 5);
+    let s1 = initiator
+        .open_segment_blocking(t1.segment_name())
+        .expect("open 1")
+        .handle;
+    let s2 = initiator
+        .open_segment_blocking(t2.segment_name())
+        .expect("open 2")
+        .handle;
+    let at = |local: &ferry_core::memory::Region, seg, remote: &ferry_core::memory::Region, off| {
+        Request {
+            remote_offset: off,
+            ..request(Opcode::Write, local, seg, remote, 0, LEN)
+        }
+    };
+    let reqs = [
+        at(&a, s1, &r1, 0),
+        at(&b, s1, &r1, LEN),
+        at(&b, s2, &r2, 0),
+        at(&a, s2, &r2, LEN),
+        at(&a, s1, &r1, 2 * LEN),
+    ];
+    let snaps = initiator.transfer_blocking(&reqs).expect("transfer");
+    assert!(
+        snaps.iter().all(|s| s.status == TransferStatus::Completed),
+        "{snaps:?}"
+    );
+    let (ab, bb) = (bytes_of(&a), bytes_of(&b));
+    let r1b = bytes_of(&r1);
+    let r2b = bytes_of(&r2);
+    assert!(r1b[..4096] == ab[..] && r1b[4096..8192] == bb[..] && r1b[8192..12288] == ab[..]);
+    assert!(r2b[..4096] == bb[..] && r2b[4096..8192] == ab[..]);
+    // An unknown region after a known one (the looked-up one must not stand in for it),
+    // and an unknown segment after a known one: the call fails, nothing moves.
+    let mut unknown_region = at(&a, s1, &r1, 3 * LEN);
+    unknown_region.local = a.id() + 1000;
+    let mut unknown_segment = at(&a, s1, &r1, 3 * LEN);
+    unknown_segment.segment = s1 + s2 + 1000;
+    for bad in [unknown_region, unknown_segment] {
+        let call = [at(&a, s1, &r1, 3 * LEN), bad];
+        assert!(initiator.transfer_blocking(&call).is_err());
+    }
+    assert!(
+        bytes_of(&r1)[3 * 4096..].iter().all(|&x| x == 0),
+        "nothing moved"
+    );
+}
