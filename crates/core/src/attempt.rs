@@ -124,7 +124,7 @@ mod tests {
 
     fn state(candidates: &[TransportKind], pinned: bool) -> AttemptState {
         let mut st = AttemptState::default();
-        st.candidates = candidates.to_vec();
+        st.candidates = candidates.into();
         st.pinned = pinned;
         st
     }

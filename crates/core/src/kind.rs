@@ -58,6 +58,76 @@ impl fmt::Display for TransportKind {
     }
 }
 
+/// A list of distinct transports, best first, held inline: a task's candidates are made
+/// for every request, and there are only three transports. Reads as a slice.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Kinds {
+    kinds: [TransportKind; DEFAULT_ORDER.len()],
+    len: u8,
+}
+
+impl Kinds {
+    /// No transport.
+    pub const fn new() -> Self {
+        Self {
+            kinds: DEFAULT_ORDER,
+            len: 0,
+        }
+    }
+
+    /// Appends `k` unless it is already listed (a list never repeats a transport, so it
+    /// never outgrows the three there are).
+    pub fn push(&mut self, k: TransportKind) {
+        if !self.contains(&k) {
+            if let Some(slot) = self.kinds.get_mut(usize::from(self.len)) {
+                *slot = k;
+                self.len += 1;
+            }
+        }
+    }
+}
+
+impl Default for Kinds {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::ops::Deref for Kinds {
+    type Target = [TransportKind];
+    fn deref(&self) -> &[TransportKind] {
+        &self.kinds[..usize::from(self.len)]
+    }
+}
+
+impl std::ops::DerefMut for Kinds {
+    fn deref_mut(&mut self) -> &mut [TransportKind] {
+        &mut self.kinds[..usize::from(self.len)]
+    }
+}
+
+impl FromIterator<TransportKind> for Kinds {
+    fn from_iter<I: IntoIterator<Item = TransportKind>>(iter: I) -> Self {
+        let mut kinds = Self::new();
+        for k in iter {
+            kinds.push(k);
+        }
+        kinds
+    }
+}
+
+impl From<&[TransportKind]> for Kinds {
+    fn from(kinds: &[TransportKind]) -> Self {
+        kinds.iter().copied().collect()
+    }
+}
+
+impl fmt::Debug for Kinds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// Direction of a transfer, seen from the initiator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opcode {
@@ -126,6 +196,21 @@ impl TransportHint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kinds_keep_order_and_never_repeat() {
+        use TransportKind::*;
+        let mut k: Kinds = [Tcp, Shm].into_iter().collect();
+        assert_eq!(&*k, &[Tcp, Shm]);
+        k.push(Tcp);
+        k.push(Rdma);
+        k.push(Shm);
+        assert_eq!(&*k, &[Tcp, Shm, Rdma]);
+        k.rotate_right(1);
+        assert_eq!(&*k, &[Rdma, Tcp, Shm]);
+        assert!(Kinds::new().is_empty());
+        assert_eq!(format!("{k:?}"), "[Rdma, Tcp, Shm]");
+    }
 
     #[test]
     fn names_round_trip() {

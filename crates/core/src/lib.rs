@@ -72,7 +72,7 @@ pub use config::EngineConfig;
 pub use engine::{BatchSnapshot, Engine, SegmentInfo, WeakEngine};
 pub use error::{Error, Result};
 pub use events::{EngineEvent, EventSink};
-pub use kind::{Opcode, TransportHint, TransportKind, DEFAULT_ORDER};
+pub use kind::{Kinds, Opcode, TransportHint, TransportKind, DEFAULT_ORDER};
 pub use memory::{Access, Region, RegionId};
 pub use metadata::{EtcdAuth, EtcdConfig, EtcdIdentity, EtcdTls};
 pub use metrics::Metrics;

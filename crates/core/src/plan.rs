@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::kind::{TransportHint, TransportKind, DEFAULT_ORDER};
+use crate::kind::{Kinds, TransportHint, TransportKind, DEFAULT_ORDER};
 
 /// One transport's state towards the peer, from here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub(crate) struct PeerView<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Plan {
     /// Best first; never empty.
-    pub(crate) candidates: Vec<TransportKind>,
+    pub(crate) candidates: Kinds,
     /// Whether only `candidates[0]` may serve (no failover).
     pub(crate) pinned: bool,
 }
@@ -89,7 +89,7 @@ pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Re
             )));
         }
     }
-    let usable: Vec<TransportKind> = DEFAULT_ORDER
+    let usable: Kinds = DEFAULT_ORDER
         .into_iter()
         .filter(|k| *path(*k) == Path::Usable)
         .collect();
@@ -103,11 +103,11 @@ pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Re
             }));
         }
         return Ok(Plan {
-            candidates: vec![k],
+            candidates: [k].into_iter().collect(),
             pinned: true,
         });
     }
-    let mut candidates: Vec<TransportKind> = usable
+    let mut candidates: Kinds = usable
         .iter()
         .copied()
         .filter(|k| view.registered.contains(k))
@@ -181,7 +181,7 @@ mod tests {
 
     fn ok(p: Result<Plan>) -> (Vec<TransportKind>, bool) {
         let p = p.expect("a plan");
-        (p.candidates, p.pinned)
+        (p.candidates.to_vec(), p.pinned)
     }
 
     fn code(p: Result<Plan>) -> (&'static str, String) {
@@ -369,14 +369,14 @@ mod tests {
                                 Ok(plan) => {
                                     planned += 1;
                                     assert!(!plan.candidates.is_empty());
-                                    for k in &plan.candidates {
+                                    for k in plan.candidates.iter() {
                                         assert!(p.registered.contains(k), "{hint:?}");
                                         assert_eq!(p.paths[k], Path::Usable, "{hint:?}");
                                     }
                                     match hint {
                                         TransportHint::Require(k) => {
                                             assert!(plan.pinned);
-                                            assert_eq!(plan.candidates, [*k]);
+                                            assert_eq!(&*plan.candidates, &[*k]);
                                         }
                                         TransportHint::Prefer(k) => {
                                             assert!(!plan.pinned);

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::Error;
 use crate::failover::{DeadlineKey, Deadlines};
-use crate::kind::TransportKind;
+use crate::kind::{Kinds, TransportKind};
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
 
@@ -93,7 +93,7 @@ pub struct AttemptState {
     /// Why the task did not complete (set when it ends).
     pub error: Option<Error>,
     /// Ranked transports this task may use.
-    pub candidates: Vec<TransportKind>,
+    pub candidates: Kinds,
     /// Whether fallback is forbidden (`requireTransport`).
     pub pinned: bool,
     /// Switches made so far.
@@ -148,7 +148,7 @@ impl Task {
             counters,
             Observer::Progress,
             None,
-            Vec::new(),
+            Kinds::new(),
             false,
         )
     }
@@ -160,7 +160,7 @@ impl Task {
         counters: Arc<Counters>,
         observer: Observer,
         driver: Option<Weak<dyn Driver>>,
-        candidates: Vec<TransportKind>,
+        candidates: Kinds,
         pinned: bool,
     ) -> Arc<Self> {
         Arc::new(Self {
