@@ -423,6 +423,9 @@ pub fn run_worker(
     Ok(stats)
 }
 
+/// Longest single wait for a batch to end, between the poll loop's stop and stall checks.
+const WAIT_SLICE: Duration = Duration::from_millis(10);
+
 /// Timer slack of a bench worker thread: the backoff's sleeps end within this of when
 /// they were asked to, not within Linux's default 50 µs, which would be added to every
 /// operation of a few hundred microseconds that a poller sleeps through.
@@ -535,7 +538,17 @@ impl<'a> Operation<'a> {
                 let _ = self.engine.free_batch(batch);
                 return Ok(None);
             }
-            backoff.wait(now.duration_since(submitted));
+            match backoff.next_pause(now.duration_since(submitted)) {
+                // Past the spins and yields, the worker sleeps until the batch ends (a task
+                // ending wakes it) rather than for a guessed time: no oversleep added to
+                // the op, no CPU taken from the transport's threads meanwhile. Bounded, so
+                // the stop and stall checks above still run.
+                Pause::Sleep(_) => {
+                    let _ = self.engine.wait_batch(batch, WAIT_SLICE);
+                }
+                Pause::Spin(n) => (0..n).for_each(|_| std::hint::spin_loop()),
+                Pause::Yield => std::thread::yield_now(),
+            }
         };
         self.engine
             .free_batch(batch)

@@ -2,12 +2,15 @@
 //! (`handle.rs`: engine tag and kind) whose payload packs a generation and a slot, so a
 //! freed, stale or foreign id is refused, never dereferenced.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::handle::{HandleKind, Handles, PAYLOAD_BITS};
 use crate::status::{aggregate, TransferStatus};
 use crate::task::{Task, TaskSnapshot};
+use crate::wake::Wake;
 
 const SLOT_BITS: u32 = 20;
 const GEN_BITS: u32 = PAYLOAD_BITS - SLOT_BITS;
@@ -22,12 +25,36 @@ pub const MAX_BATCH_CAPACITY: usize = 1 << 20;
 pub struct Batch {
     capacity: usize,
     tasks: Mutex<Vec<Arc<Task>>>,
+    /// Rung by each of its tasks as it ends, and when the batch is freed.
+    wake: Arc<Wake>,
+    /// Set once its tasks were taken out (freed, or the engine closed).
+    freed: AtomicBool,
 }
 
 impl Batch {
     /// Capacity given at allocation.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// What its tasks ring as they end.
+    pub fn wake(&self) -> &Arc<Wake> {
+        &self.wake
+    }
+
+    /// Waits until every task is terminal (and at least one was submitted) or the batch
+    /// is freed, or until `deadline`; returns whether one of those happened.
+    pub fn wait_until(&self, deadline: Instant) -> bool {
+        self.wake.wait_until(
+            || {
+                if self.freed.load(Ordering::Acquire) {
+                    return true;
+                }
+                let (status, _, tasks) = self.status();
+                tasks > 0 && status.is_terminal()
+            },
+            deadline,
+        )
     }
 
     /// Appends tasks if they fit; returns the index of the first.
@@ -92,7 +119,10 @@ impl Batch {
 
     /// Takes every task out (the batch is being freed).
     pub(crate) fn take_tasks(&self) -> Vec<Arc<Task>> {
-        std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()))
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        self.freed.store(true, Ordering::Release);
+        self.wake.ring();
+        tasks
     }
 }
 
@@ -142,6 +172,8 @@ impl BatchTable {
         let batch = Arc::new(Batch {
             capacity,
             tasks: Mutex::new(Vec::with_capacity(capacity.min(1024))),
+            wake: Arc::default(),
+            freed: AtomicBool::new(false),
         });
         let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let (slots, free) = &mut *guard;
@@ -220,6 +252,29 @@ impl BatchTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_on_a_batch_ends_when_it_is_freed_or_at_its_deadline() {
+        let table = BatchTable::default();
+        let id = table.allocate(4).expect("batch");
+        let batch = table.get(id).expect("live");
+        // Nothing submitted: the deadline ends the wait.
+        let start = Instant::now();
+        assert!(!batch.wait_until(start + std::time::Duration::from_millis(20)));
+        assert!(start.elapsed() >= std::time::Duration::from_millis(20));
+        // Freed while (or before) a waiter sleeps: it wakes, whichever came first.
+        let waiter = {
+            let b = batch.clone();
+            std::thread::spawn(move || {
+                b.wait_until(Instant::now() + std::time::Duration::from_secs(30))
+            })
+        };
+        let freed = table.free(id).expect("free");
+        assert!(freed.take_tasks().is_empty());
+        let started = Instant::now();
+        assert!(waiter.join().expect("waiter"), "woken by the free");
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    }
 
     #[test]
     fn ids_are_generation_checked() {

@@ -18,7 +18,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use rustc_hash::FxHashMap;
@@ -406,6 +406,21 @@ impl Engine {
     /// Aggregate status of a batch.
     pub fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
         let (status, transferred, tasks) = self.with_live(|l| Ok(l.batch(batch)?.status()))?;
+        Ok(BatchSnapshot {
+            status,
+            transferred,
+            tasks,
+        })
+    }
+
+    /// Blocks the calling thread until every task of `batch` has ended, or for at most
+    /// `timeout`; returns the batch's status then (still pending after a timeout). For
+    /// native pollers that would otherwise spin or sleep between status reads: a task
+    /// ending wakes the waiter at once. Freeing or closing ends the wait too.
+    pub fn wait_batch(&self, batch: u64, timeout: Duration) -> Result<BatchSnapshot> {
+        let b = self.with_live(|l| l.batch(batch))?;
+        b.wait_until(Instant::now() + timeout);
+        let (status, transferred, tasks) = b.status();
         Ok(BatchSnapshot {
             status,
             transferred,

@@ -64,6 +64,7 @@ mod submit;
 pub mod task;
 pub mod transport;
 pub mod transports;
+pub mod wake;
 pub mod wire;
 
 pub use admission::ConnLimits;

@@ -14,7 +14,8 @@ use crate::plan::{plan, PeerView, Plan};
 use crate::request::{validate, Request, ValidatedRequest};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::status::TransferStatus;
-use crate::task::{Driver, Group, Observer, Task, TaskSnapshot};
+use crate::task::{Driver, Group, Observer, Task, TaskSnapshot, Told};
+use crate::wake::Wake;
 
 impl Inner {
     /// Validates and plans every request; the first bad one fails the call.
@@ -87,6 +88,7 @@ impl Inner {
         prepared: Vec<(ValidatedRequest, Plan)>,
         group: Option<&Arc<Group>>,
         observer: Observer,
+        wake: Option<&Arc<Wake>>,
     ) -> Vec<Arc<Task>> {
         let driver: Weak<dyn Driver> = Arc::downgrade(self) as Weak<dyn Driver>;
         prepared
@@ -94,7 +96,10 @@ impl Inner {
             .map(|(v, p)| {
                 Task::with_driver(
                     v,
-                    group.cloned(),
+                    Told {
+                        group: group.cloned(),
+                        wake: wake.cloned(),
+                    },
                     self.stats.counters.clone(),
                     observer,
                     Some(driver.clone()),
@@ -145,7 +150,7 @@ impl Inner {
             Some((holder, run)) => (Some(holder), Some(Group::new(count, run))),
             None => (None, None),
         };
-        let tasks = self.make_tasks(prepared, group.as_ref(), Observer::Poll);
+        let tasks = self.make_tasks(prepared, group.as_ref(), Observer::Poll, Some(b.wake()));
         if let Some(holder) = holder {
             *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
         }
@@ -178,7 +183,7 @@ impl Inner {
                 on_done(tasks.iter().map(|t| t.snapshot()).collect());
             }),
         );
-        let tasks = self.make_tasks(prepared, Some(&group), Observer::Progress);
+        let tasks = self.make_tasks(prepared, Some(&group), Observer::Progress, None);
         *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
         self.ops
             .lock()

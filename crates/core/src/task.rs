@@ -9,6 +9,7 @@ use crate::failover::{DeadlineKey, Deadlines};
 use crate::kind::{Kinds, TransportKind};
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
+use crate::wake::Wake;
 
 /// Runs once when every task of a group is terminal (the Promise path).
 pub struct Group {
@@ -37,6 +38,15 @@ impl Group {
             }
         }
     }
+}
+
+/// Who is told when a task ends.
+#[derive(Default)]
+pub struct Told {
+    /// The group of tasks it ends with (the Promise path, a notification's hook).
+    pub group: Option<Arc<Group>>,
+    /// Its batch's waiters.
+    pub wake: Option<Arc<Wake>>,
 }
 
 /// Engine-wide task counters, bumped as tasks end.
@@ -122,6 +132,8 @@ pub struct Task {
     observer: Observer,
     driver: Option<Weak<dyn Driver>>,
     group: Option<Arc<Group>>,
+    /// Rung as the task ends: its batch's waiters (`Engine::wait_batch`).
+    wake: Option<Arc<Wake>>,
     counters: Arc<Counters>,
     request: ValidatedRequest,
 }
@@ -144,7 +156,7 @@ impl Task {
     ) -> Arc<Self> {
         Self::with_driver(
             request,
-            group,
+            Told { group, wake: None },
             counters,
             Observer::Progress,
             None,
@@ -156,13 +168,14 @@ impl Task {
     /// A task whose failed attempts go to `driver`.
     pub fn with_driver(
         request: ValidatedRequest,
-        group: Option<Arc<Group>>,
+        told: Told,
         counters: Arc<Counters>,
         observer: Observer,
         driver: Option<Weak<dyn Driver>>,
         candidates: Kinds,
         pinned: bool,
     ) -> Arc<Self> {
+        let Told { group, wake } = told;
         Arc::new(Self {
             status: AtomicU8::new(TransferStatus::Waiting.raw()),
             progress: AtomicU64::new(0),
@@ -178,6 +191,7 @@ impl Task {
             observer,
             driver,
             group,
+            wake,
             counters,
             request,
         })
@@ -372,6 +386,9 @@ impl Task {
         }
         if let Some(group) = &self.group {
             group.task_finished();
+        }
+        if let Some(wake) = &self.wake {
+            wake.ring();
         }
         true
     }

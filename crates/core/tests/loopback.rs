@@ -585,3 +585,45 @@ fn a_call_mixing_regions_and_segments_uses_each_requests_own() {
         "nothing moved"
     );
 }
+
+/// `wait_batch` returns once the batch's tasks have ended (a task ending wakes it), with
+/// the final status; a wait on a batch with nothing submitted ends at its timeout.
+#[test]
+fn wait_batch_returns_when_the_batch_ends() {
+    const SIZE: u64 = 8 << 20;
+    let (target, initiator) = pair();
+    let remote = target.allocate(SIZE).expect("remote");
+    let local = initiator.allocate(SIZE).expect("local");
+    fill(&local, 9);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let batch = initiator.allocate_batch(8).expect("batch");
+    let reqs: Vec<_> = (0..8)
+        .map(|i| request(Opcode::Write, &local, seg.handle, &remote, i << 20, 1 << 20))
+        .collect();
+    initiator.submit_transfer(batch, &reqs).expect("submit");
+    let start = Instant::now();
+    let s = initiator
+        .wait_batch(batch, Duration::from_secs(60))
+        .expect("wait");
+    assert_eq!(s.status, TransferStatus::Completed);
+    assert_eq!(s.transferred, SIZE);
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "woken, not timed out"
+    );
+    assert_eq!(bytes_of(&remote), bytes_of(&local));
+    initiator.free_batch(batch).expect("free");
+    let empty = initiator.allocate_batch(1).expect("empty");
+    let s = initiator
+        .wait_batch(empty, Duration::from_millis(30))
+        .expect("wait");
+    assert!(!s.status.is_terminal() || s.tasks == 0);
+    assert!(
+        initiator
+            .wait_batch(batch, Duration::from_millis(1))
+            .is_err(),
+        "freed id refused"
+    );
+}
