@@ -392,7 +392,7 @@ export interface EngineOptions {
   advertise?: string
   /** TCP data connections per peer [2; 1..=64]. */
   connectionsPerPeer?: number
-  /** TCP slice size in bytes [1048576; 4096..=1073741824]. */
+  /** TCP slice size in bytes [524288; 4096..=1073741824]. */
   sliceSize?: number
   /** Connect timeout in ms [3000; 1..=600000]. */
   connectTimeoutMs?: number

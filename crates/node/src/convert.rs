@@ -49,7 +49,7 @@ pub struct EngineOptions {
     pub advertise: Option<String>,
     /// TCP data connections per peer [2; 1..=64].
     pub connections_per_peer: Option<f64>,
-    /// TCP slice size in bytes [1048576; 4096..=1073741824].
+    /// TCP slice size in bytes [524288; 4096..=1073741824].
     pub slice_size: Option<f64>,
     /// Connect timeout in ms [3000; 1..=600000].
     pub connect_timeout_ms: Option<f64>,
