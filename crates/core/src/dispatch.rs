@@ -58,7 +58,12 @@ impl Inner {
         let Some(attempt) = task.begin_attempt(kind) else {
             return;
         };
-        let started = Instant::now();
+        // The deadline counts from the start (no clock read when there is none).
+        let deadline = self
+            .config
+            .failover
+            .attempt_timeout
+            .map(|t| Instant::now() + t);
         tracing::debug!(
             peer = task.request().peer.name(),
             transport = kind.name(),
@@ -78,14 +83,12 @@ impl Inner {
             task.attempt_failed(attempt, e);
             return;
         }
-        // The deadline counts from the start, but is registered only for an attempt still
-        // running once submitted: most same-host copies are done by now, and skip the
-        // deadline table's lock. One that ends meanwhile is removed again by the task.
-        if let Some(timeout) = self.config.failover.attempt_timeout {
+        // Registered only for an attempt still running once submitted: most same-host
+        // copies are done by now, and skip the deadline table's lock. One that ends
+        // meanwhile is removed again by the task.
+        if let Some(at) = deadline {
             if !task.status().is_terminal() && task.attempt() == attempt {
-                let key = self
-                    .deadlines
-                    .add(Arc::downgrade(task), attempt, started + timeout);
+                let key = self.deadlines.add(Arc::downgrade(task), attempt, at);
                 task.set_deadline(attempt, &self.deadlines, key);
             }
         }

@@ -21,7 +21,22 @@ pub enum TransportKind {
 pub const DEFAULT_ORDER: [TransportKind; 3] =
     [TransportKind::Shm, TransportKind::Rdma, TransportKind::Tcp];
 
+/// The transports by [`TransportKind::index`] (raw value - 1), for tables kept per
+/// transport.
+pub(crate) const BY_INDEX: [TransportKind; 3] =
+    [TransportKind::Tcp, TransportKind::Shm, TransportKind::Rdma];
+const _: () = assert!(
+    TransportKind::Tcp as usize == 1
+        && TransportKind::Shm as usize == 2
+        && TransportKind::Rdma as usize == 3
+);
+
 impl TransportKind {
+    /// Its slot in a per-transport table: its place in [`BY_INDEX`].
+    pub const fn index(self) -> usize {
+        self as usize - 1
+    }
+
     /// Parses a lowercase name.
     pub fn parse(name: &str) -> Option<Self> {
         DEFAULT_ORDER.into_iter().find(|k| k.name() == name)

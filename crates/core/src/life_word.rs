@@ -17,10 +17,12 @@
 //! enough, sealed against shrinking (so a read can never fault).
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
+
+use crate::memory::Mapping;
 
 /// The kernel's bit for "the owner died" in a robust futex word.
 const FUTEX_OWNER_DIED: u32 = 0x4000_0000;
@@ -63,49 +65,30 @@ fn process_word() -> &'static io::Result<Holder> {
 /// `dup`.
 pub(crate) fn share() -> io::Result<OwnedFd> {
     match process_word() {
-        Ok(h) => h.fd.try_clone(),
+        Ok(Holder {
+            page: Some(page), ..
+        }) => page.dup_fd().map_err(io::Error::other),
+        Ok(_) => Err(io::Error::other("the life word was released")),
         Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
     }
 }
 
 /// A life word and the thread that holds it.
 struct Holder {
-    fd: OwnedFd,
-    /// Our mapping of the word (the kernel writes the death through it).
-    map: NonNull<u8>,
+    /// The memfd and our mapping of it (the kernel writes the death through it); `None`
+    /// only inside `drop`.
+    page: Option<Mapping>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-// SAFETY: `map` is a shared mapping that stays valid for the Holder's life and is only
-// accessed through atomics; the rest is Send + Sync already.
-unsafe impl Send for Holder {}
-// SAFETY: as above.
-unsafe impl Sync for Holder {}
-
 impl Holder {
-    /// Makes the memfd, maps it, and starts the thread that holds its word until `wait`
-    /// yields (or its sender goes away).
+    /// Makes the memfd (one page, sealed against any change of size), maps it, and starts
+    /// the thread that holds its word until `wait` yields (or its sender goes away).
     fn spawn(wait: std::sync::mpsc::Receiver<()>) -> io::Result<Self> {
-        let fd = sealed_page()?;
-        // SAFETY: a fresh shared mapping of our own memfd of exactly PAGE bytes; the kernel
-        // picks the address, so no existing mapping is replaced.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let map = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap: null"))?;
+        let page = Mapping::new_memfd(PAGE, "ferry-life").map_err(io::Error::other)?;
         // The address crosses to the holder thread as an integer (raw pointers are not
         // Send); the mapping outlives the thread (it is never unmapped while held).
-        let word_addr = map.as_ptr() as usize;
+        let word_addr = page.as_ptr() as usize;
         let (ready_tx, ready) = std::sync::mpsc::channel::<io::Result<()>>();
         let thread = std::thread::Builder::new()
             .name("ferry-life".into())
@@ -118,8 +101,7 @@ impl Holder {
                 }
             })?;
         let holder = Self {
-            fd,
-            map,
+            page: Some(page),
             thread: Some(thread),
         };
         match ready.recv() {
@@ -132,9 +114,10 @@ impl Holder {
     /// The word, as our mapping shows it.
     #[cfg(test)]
     fn word(&self) -> &AtomicU32 {
+        let page = self.page.as_ref().expect("held");
         // SAFETY: the mapping is PAGE bytes, page aligned (so aligned for u32), and lives
         // as long as `self`; every access to the word is atomic (ours and the kernel's).
-        unsafe { &*self.map.as_ptr().cast::<AtomicU32>() }
+        unsafe { &*page.as_ptr().cast::<AtomicU32>() }
     }
 }
 
@@ -144,13 +127,10 @@ impl Drop for Holder {
         // mapping when the thread exits. Production holders are never dropped.
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
-                return; // keep the mapping: the thread's end is unknown
+                // The thread's end is unknown: keep the page mapped for good.
+                std::mem::forget(self.page.take());
             }
         }
-        // SAFETY: `map` is the PAGE-byte mapping made in `spawn`, no longer used by the
-        // ended thread (its robust list went with it) or by any reference (none outlive
-        // `self`).
-        unsafe { libc::munmap(self.map.as_ptr().cast(), PAGE) };
     }
 }
 
@@ -196,38 +176,6 @@ fn hold(word_addr: usize) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// A one-page memfd, sealed against any change of size.
-fn sealed_page() -> io::Result<OwnedFd> {
-    // SAFETY: the name is a valid NUL-terminated string; memfd_create has no other inputs.
-    let raw = unsafe {
-        libc::memfd_create(
-            c"ferry-life".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: `fd` is our memfd; the size fits off_t.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE as libc::off_t) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: F_ADD_SEALS on a memfd we own, created with MFD_ALLOW_SEALING.
-    let sealed = unsafe {
-        libc::fcntl(
-            fd.as_raw_fd(),
-            libc::F_ADD_SEALS,
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
-        )
-    };
-    if sealed != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
 }
 
 /// A peer's life word, mapped read-only.
@@ -305,12 +253,14 @@ impl Drop for PeerLifeWord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
 
     #[test]
     fn the_word_reads_alive_while_its_thread_runs_and_dead_once_it_ends() {
         let (stop, wait) = std::sync::mpsc::channel::<()>();
         let mut holder = Holder::spawn(wait).expect("holder");
-        let peer = PeerLifeWord::map(holder.fd.try_clone().expect("dup")).expect("map");
+        let peer = PeerLifeWord::map(holder.page.as_ref().expect("held").dup_fd().expect("dup"))
+            .expect("map");
         assert!(peer.is_alive());
         assert_ne!(holder.word().load(Ordering::Acquire) & FUTEX_TID_MASK, 0);
         // The thread ends: the kernel marks the word on its way out (before join returns).

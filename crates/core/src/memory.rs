@@ -110,6 +110,11 @@ impl Mapping {
         })
     }
 
+    /// The start of the mapping.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// A new descriptor of the memfd behind the mapping (for passing to same-host peers).
     /// Fails once the mapping is detached.
     pub fn dup_fd(&self) -> Result<OwnedFd> {

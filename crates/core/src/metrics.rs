@@ -11,9 +11,8 @@ use crate::kind::Opcode;
 use crate::kind::TransportKind;
 use crate::status::TransferStatus;
 
-/// Transports in the order the per-transport counters are kept (index = raw value - 1).
-pub const TRANSPORTS: [TransportKind; 3] =
-    [TransportKind::Tcp, TransportKind::Shm, TransportKind::Rdma];
+/// Transports in the order the per-transport counters are kept ([`TransportKind::index`]).
+pub const TRANSPORTS: [TransportKind; 3] = crate::kind::BY_INDEX;
 /// Terminal statuses in the order they are reported.
 pub const FINAL_STATUSES: [TransferStatus; 5] = [
     TransferStatus::Completed,
@@ -52,8 +51,7 @@ impl TaskCounters {
         self.by_status[usize::from(status.raw()).min(6)].fetch_add(1, Ordering::Relaxed);
         if status == TransferStatus::Completed {
             if let Some(t) = transport {
-                let i = usize::from(t as u8).saturating_sub(1).min(2);
-                self.bytes[i][op_index(op)].fetch_add(bytes, Ordering::Relaxed);
+                self.bytes[t.index()][op_index(op)].fetch_add(bytes, Ordering::Relaxed);
             }
         }
     }
@@ -73,8 +71,7 @@ impl TaskCounters {
 
     /// Bytes completed over `transport` by `op`.
     pub fn bytes(&self, transport: TransportKind, op: Opcode) -> u64 {
-        let i = usize::from(transport as u8).saturating_sub(1).min(2);
-        self.bytes[i][op_index(op)].load(Ordering::Relaxed)
+        self.bytes[transport.index()][op_index(op)].load(Ordering::Relaxed)
     }
 }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::kind::{Kinds, TransportHint, TransportKind, DEFAULT_ORDER};
+use crate::kind::{Kinds, TransportHint, TransportKind, BY_INDEX, DEFAULT_ORDER};
 
 /// One transport's state towards the peer, from here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,15 +65,9 @@ pub(crate) struct Plan {
 
 /// Plans a request with `hint` towards the peer of `view`, at `now`.
 pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Result<Plan> {
-    // Each path asked once (asking may take a transport's lock), indexed by raw kind.
-    let paths =
-        [TransportKind::Tcp, TransportKind::Shm, TransportKind::Rdma].map(|k| (view.path)(k));
-    let path = |k: TransportKind| &paths[k as usize - 1];
-    const _: () = assert!(
-        TransportKind::Tcp as usize == 1
-            && TransportKind::Shm as usize == 2
-            && TransportKind::Rdma as usize == 3
-    );
+    // Each path asked once (asking may take a transport's lock).
+    let paths = BY_INDEX.map(|k| (view.path)(k));
+    let path = |k: TransportKind| &paths[k.index()];
     if let TransportHint::Require(k) = hint {
         // Not usable here at all: say so first (the target not offering it either is the
         // lesser news).
