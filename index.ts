@@ -356,7 +356,10 @@ export type BlockArray = Float64Array | BigUint64Array
  * `lengths[i]` bytes between `localOffsets[i]` of its local region and `remoteOffsets[i]`
  * of its remote buffer. `local`, `remote` and `remoteBuffer` are one for every block or an
  * array with one entry per block. Blocks adjacent and contiguous on both sides are merged
- * into one request; overlapping blocks are not merged (their order is unspecified).
+ * into one request; overlapping blocks are not merged (their order is unspecified). Runs of
+ * small requests (up to 256 KiB each) between one region and one remote buffer are then
+ * gathered into one task of up to 4 MiB: one task, one completion, however scattered the
+ * pages; the task's outcome is each of its blocks'.
  */
 export interface BlockList {
   /** Local region(s). */
@@ -402,7 +405,7 @@ export interface BlockFailure {
 export interface BlocksResult {
   /** One status per block (`TransferStatus`; 4 = COMPLETED). */
   status: Uint8Array
-  /** Requests the blocks were merged into. */
+  /** Tasks the blocks became (merged runs, gathered; see `BlockList`). */
   requests: number
   /** The blocks that did not complete (empty when all did). */
   failed: BlockFailure[]
@@ -412,7 +415,7 @@ export interface BlocksResult {
 export interface BlockSubmission {
   /** Index of the first task in the batch. */
   firstTask: number
-  /** Tasks (merged requests) the list became. */
+  /** Tasks the list became (merged runs, gathered; see `BlockList`). */
   tasks: number
   /** Blocks of the list. */
   blocks: number
@@ -1017,7 +1020,7 @@ export class Engine extends EventEmitter {
   }
 
   /**
-   * Submits a block list (see `BlockList`) as tasks of `batch`, one per merged request;
+   * Submits a block list (see `BlockList`) as tasks of `batch` (merged runs, gathered);
    * poll it with `getBlockStatusInto`. Every block is checked first; on any error nothing
    * is submitted.
    */

@@ -57,7 +57,7 @@ async function rig(t: { teardown(fn: () => void | Promise<void>): void }, transp
 }
 
 for (const transport of ['shm', 'tcp'] as const) {
-  test(`writeBlocks and readBlocks move every block over ${transport}, merging contiguous ones`, async (t) => {
+  test(`writeBlocks and readBlocks move every block over ${transport}, merged and gathered`, async (t) => {
     t.timeout(60_000)
     const { target, engine, remote } = await rig(t, [transport])
     const n = 512
@@ -66,7 +66,7 @@ for (const transport of ['shm', 'tcp'] as const) {
     const src = engine.allocate(n * page)
     pattern(5, n * page).copy(src.buffer)
     const w = await engine.writeBlocks({ local: src, remote, remoteBuffer: target.buffer, localOffsets, remoteOffsets, lengths: page, requireTransport: transport })
-    t.is(w.requests, merged)
+    t.is(w.requests, 1, `${merged} merged runs of 4 KiB pages (2 MiB in all) gather into one task`)
     t.deepEqual(w.failed, [])
     t.true(w.status instanceof Uint8Array)
     t.is(w.status.length, n)
@@ -88,7 +88,7 @@ for (const transport of ['shm', 'tcp'] as const) {
       lengths: new Float64Array(n).fill(page),
     })
     t.true(r.status.every((s) => s === TransferStatus.COMPLETED))
-    t.is(r.requests, n, 'reversed local pages are never contiguous with the remote order')
+    t.is(r.requests, 1, 'reversed local pages never merge; all 512 gather into one task')
     for (let b = 0; b < n; b++) {
       const got = back.buffer.subarray((n - 1 - b) * page, (n - b) * page)
       if (!got.equals(src.buffer.subarray(b * page, (b + 1) * page))) t.fail(`block ${b} differs`)
@@ -118,12 +118,12 @@ test('per-block regions and segments: arrays of one entry per block', async (t) 
 
 test('a block whose request fails is reported per block; the others complete', async (t) => {
   t.timeout(60_000)
-  // The third submission to shm fails, with no failover: the third merged request fails.
+  // The third submission to shm fails, with no failover: the third task fails.
   const { target, engine, remote } = await rig(t, ['shm'], { faults: [{ transport: 'shm', failAfterSubmits: 2 }], maxFailoverAttempts: 0 })
-  const src = engine.allocate(64 * KiB).fill(7)
-  // Requests: blocks 0–1 (merged), block 2, blocks 3–4 (merged).
+  const [a, b, c] = [1, 2, 3].map(() => engine.allocate(64 * KiB).fill(7))
+  // Tasks: blocks 0–1 (merged), block 2 (another region), blocks 3–4 (merged, a third region).
   const res: BlocksResult = await engine.writeBlocks({
-    local: src,
+    local: [a, a, b, c, c],
     remote,
     remoteBuffer: target.buffer,
     localOffsets: new Float64Array([0, 4096, 16384, 32768, 36864]),
@@ -198,7 +198,7 @@ test('an AbortSignal cancels a block list: aborted before, or while in flight', 
   const e2 = await t.throwsAsync(pending)
   t.is((e2 as FerryError).code, 'ABORT_ERR')
   t.is((e2 as FerryError).name, 'AbortError')
-  t.is(engine.metrics().transfers.canceled, 2)
+  t.is(engine.metrics().transfers.canceled, 1, 'the two scattered blocks were one gathered task')
 })
 
 test('the batch form: submitBlocks, then poll statuses into caller memory', async (t) => {
@@ -208,10 +208,17 @@ test('the batch form: submitBlocks, then poll statuses into caller memory', asyn
   const { localOffsets, remoteOffsets, page, merged } = layout(n, 3)
   const src = engine.allocate(n * page)
   pattern(9, n * page).copy(src.buffer)
-  const batch = engine.allocateBatch(merged)
-  const sub = engine.submitBlocks(batch, { opcode: 'write', local: src, remote, remoteBuffer: target.buffer, localOffsets, remoteOffsets, lengths: page })
+  t.true(merged > 1)
+  // Two regions: the list's first and second halves are a gather each.
+  const half = engine.allocate(n * page)
+  pattern(10, n * page).copy(half.buffer)
+  const local = Array.from({ length: n }, (_, b) => (b < n / 2 ? src : half))
+  const tasks = 2
+  const batch = engine.allocateBatch(tasks)
+  const sub = engine.submitBlocks(batch, { opcode: 'write', local, remote, remoteBuffer: target.buffer, localOffsets, remoteOffsets, lengths: page })
   t.is(sub.firstTask, 0)
-  t.is(sub.tasks, merged)
+  t.is(sub.tasks, tasks)
+  t.deepEqual([...sub.starts], [0, n / 2, n])
   t.is(sub.blocks, n)
   const status = new Uint8Array(n)
   const deadline = Date.now() + 20_000
@@ -222,16 +229,16 @@ test('the batch form: submitBlocks, then poll statuses into caller memory', asyn
   }
   t.is(open, 0)
   t.true(status.every((s) => s === TransferStatus.COMPLETED))
-  const perTask = new Uint8Array(merged + 8).fill(255)
-  t.is(engine.getTransferStatusInto(batch, perTask), merged)
-  t.true(perTask.subarray(0, merged).every((s) => s === TransferStatus.COMPLETED))
-  t.is(perTask[merged], 255, 'bytes past the tasks are left alone')
-  t.is(engine.getTransferStatusInto(batch, perTask, merged - 1), 1)
+  const perTask = new Uint8Array(tasks + 8).fill(255)
+  t.is(engine.getTransferStatusInto(batch, perTask), tasks)
+  t.true(perTask.subarray(0, tasks).every((s) => s === TransferStatus.COMPLETED))
+  t.is(perTask[tasks], 255, 'bytes past the tasks are left alone')
+  t.is(engine.getTransferStatusInto(batch, perTask, tasks - 1), 1)
   // A full batch refuses the whole list.
-  const e = t.throws(() => engine.submitBlocks(batch, { opcode: 'write', local: src, remote, remoteBuffer: target.buffer, localOffsets, remoteOffsets, lengths: page }))
+  const e = t.throws(() => engine.submitBlocks(batch, { opcode: 'write', local, remote, remoteBuffer: target.buffer, localOffsets, remoteOffsets, lengths: page }))
   t.is((e as FerryError).code, 'ERR_FERRY_BATCH_FULL')
   const expected = Buffer.alloc(TARGET_BYTES)
-  for (let b = 0; b < n; b++) src.buffer.copy(expected, remoteOffsets[b], localOffsets[b], localOffsets[b] + page)
+  for (let b = 0; b < n; b++) local[b].buffer.copy(expected, remoteOffsets[b], localOffsets[b], localOffsets[b] + page)
   t.is((await target.ask('hash')).hash, sha256(expected))
   t.throws(() => engine.getBlockStatusInto(batch, { ...sub, starts: new Uint32Array([0, 5, 2]) }, status), { message: /never decrease/ })
   const notBytes = t.throws(() => engine.getTransferStatusInto(batch, [0, 0] as never))

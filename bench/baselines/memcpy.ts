@@ -45,8 +45,15 @@ function compile(dir: string): { binary: string } | { note: string } {
   return { binary }
 }
 
-export async function startMemcpyBaseline(workingSetBytes: number, blockBytes: number): Promise<MemcpySession> {
-  const label = `memcpy, 1 thread, ${workingSetBytes / (1 << 20)} MiB working set (src and dst each, pre-touched), ${blockBytes / 1024} KiB blocks (bench/baselines/memcpy_bench.c, gcc -O2)`
+/** Seeds of the pages' shuffles on the source and the destination side (`--shuffle`). */
+export interface Shuffle {
+  local: number
+  remote: number
+}
+
+export async function startMemcpyBaseline(workingSetBytes: number, blockBytes: number, shuffle?: Shuffle): Promise<MemcpySession> {
+  const order = shuffle === undefined ? '' : `, pages in seeded shuffles (${shuffle.local}, ${shuffle.remote}) on the two sides as the engine's stream`
+  const label = `memcpy, 1 thread, ${workingSetBytes / (1 << 20)} MiB working set (src and dst each, pre-touched), ${blockBytes / 1024} KiB blocks${order} (bench/baselines/memcpy_bench.c, gcc -O2)`
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-perf-memcpy-'))
   const removeDir = () => fs.rmSync(dir, { recursive: true, force: true })
   process.once('exit', removeDir)
@@ -66,7 +73,8 @@ export async function startMemcpyBaseline(workingSetBytes: number, blockBytes: n
   let proc: ChildProcess | undefined
   let lines: ReturnType<typeof jsonLines> | undefined
   try {
-    proc = startChild('memcpy baseline', built.binary, [String(workingSetBytes), String(blockBytes)])
+    const shuffleArgs = shuffle === undefined ? [] : ['--shuffle', `${shuffle.local},${shuffle.remote}`]
+    proc = startChild('memcpy baseline', built.binary, [...shuffleArgs, String(workingSetBytes), String(blockBytes)])
     const stderr = tailStderr(proc)
     lines = jsonLines(proc, () => stderr())
     const hello = await lines.next(60_000)

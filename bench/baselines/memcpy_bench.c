@@ -8,7 +8,12 @@
 // seconds first, then SECONDS measured. GB/s = bytes copied / seconds / 1e9 (payload, as
 // the engine's figures; DRAM traffic is about twice that: read src + write dst).
 //
-//   memcpy_bench WORKING_SET BLOCK SECONDS [WARMUP]   one run: one JSON line, then exit
+// With --shuffle L,R the blocks are the working set's BLOCK-sized pages in two seeded
+// shuffles instead (block i: src + l[i]*BLOCK -> dst + r[i]*BLOCK, l and r the shuffles of
+// seeds L and R), the stream of the `blocks` suite (bench/suites/blocks.ts, same LCG).
+//
+//   memcpy_bench [--shuffle L,R] WORKING_SET BLOCK SECONDS [WARMUP]
+//                                                     one run: one JSON line, then exit
 //   memcpy_bench WORKING_SET BLOCK                    serve: prints {"ready":...} once the
 //       buffers are touched, then answers each stdin line "run SECONDS WARMUP" with one JSON
 //       line {"gbps","bytes","seconds","blocks"}; exits at EOF or on "exit"
@@ -17,6 +22,7 @@
 // Adapted from /work/shared/baselines/memcpy_bench.c (same copy loop; time-bounded, one
 // thread, one working set, JSON out).
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +37,25 @@ static double now(void) {
 
 static char *src, *dst;
 static size_t ws, bs, off;
+// The shuffled pages (--shuffle), or NULL for block after block.
+static uint32_t *lpage, *rpage;
+static size_t pages, at;
+
+// A seeded shuffle of 0..n-1: the blocks suite's (Math.imul LCG, Fisher-Yates from the top).
+static uint32_t *shuffled(size_t n, uint32_t seed) {
+  uint32_t *a = malloc(n * sizeof *a);
+  if (!a) return NULL;
+  for (size_t i = 0; i < n; i++) a[i] = (uint32_t)i;
+  uint32_t x = seed ? seed : 1;
+  for (size_t i = n - 1; i > 0; i--) {
+    x = x * 1103515245u + 12345u;
+    size_t j = x % (i + 1);
+    uint32_t t = a[i];
+    a[i] = a[j];
+    a[j] = t;
+  }
+  return a;
+}
 
 // Copies blocks until `seconds` have passed; returns bytes copied, sets *secs.
 static size_t copy_for(double seconds, double *secs) {
@@ -41,11 +66,16 @@ static size_t copy_for(double seconds, double *secs) {
     return 0;
   }
   for (;;) {
-    memcpy(dst + off, src + off, bs);
+    if (lpage) {
+      memcpy(dst + (size_t)rpage[at] * bs, src + (size_t)lpage[at] * bs, bs);
+      if (++at == pages) at = 0;
+    } else {
+      memcpy(dst + off, src + off, bs);
+      off += bs;
+      if (off + bs > ws) off = 0;
+    }
     __asm__ volatile("" ::: "memory");
     bytes += bs;
-    off += bs;
-    if (off + bs > ws) off = 0;
     t1 = now();  // ~20 ns against ~100 us per 1 MiB block
     if (t1 >= end) break;
   }
@@ -62,8 +92,18 @@ static void run(double seconds, double warmup) {
 }
 
 int main(int argc, char **argv) {
+  unsigned lseed = 0, rseed = 0;
+  int shuffle = argc > 2 && strcmp(argv[1], "--shuffle") == 0;
+  if (shuffle) {
+    if (sscanf(argv[2], "%u,%u", &lseed, &rseed) != 2) {
+      fprintf(stderr, "memcpy_bench: --shuffle needs L,R (two seeds)\n");
+      return 2;
+    }
+    argv += 2;
+    argc -= 2;
+  }
   if (argc < 3) {
-    fprintf(stderr, "usage: %s WORKING_SET BLOCK [SECONDS [WARMUP]]\n", argv[0]);
+    fprintf(stderr, "usage: %s [--shuffle L,R] WORKING_SET BLOCK [SECONDS [WARMUP]]\n", argv[0]);
     return 2;
   }
   ws = strtoull(argv[1], 0, 0);
@@ -80,6 +120,15 @@ int main(int argc, char **argv) {
   }
   memset(src, 0x5a, ws);  // every page faulted in before anything is timed
   memset(dst, 0, ws);
+  if (shuffle) {
+    pages = ws / bs;
+    lpage = shuffled(pages, lseed);
+    rpage = shuffled(pages, rseed);
+    if (!lpage || !rpage) {
+      perror("malloc");
+      return 1;
+    }
+  }
   if (argc > 3) {
     run(atof(argv[3]), argc > 4 ? atof(argv[4]) : 0);
     return 0;

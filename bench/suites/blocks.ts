@@ -3,19 +3,21 @@
  * (`writeBlocks` / `readBlocks`, and the batch form `submitBlocks` + `getBlockStatusInto`),
  * between this process and a target engine in a child process (bench/target.ts).
  *
- *   write-4KiB-vector   shm   blocks/s   vs memcpy of 4 KiB blocks, 1 thread (target ≥ 1,000,000 blocks/s)
- *   read-4KiB-vector    shm   blocks/s   vs memcpy of 4 KiB blocks, 1 thread
- *   write-64KiB-vector  shm   GB/s       vs memcpy of 64 KiB blocks, 1 thread
+ *   write-4KiB-vector   shm   blocks/s   vs memcpy of the same 4 KiB block stream, 1 thread (target ≥ 1,000,000 blocks/s)
+ *   read-4KiB-vector    shm   blocks/s   vs memcpy of the same 4 KiB block stream, 1 thread
+ *   write-64KiB-vector  shm   GB/s       vs memcpy of the same 64 KiB block stream, 1 thread
  *   write-4KiB-vector   tcp   blocks/s   vs pure Node over loopback TCP, the same block stream
  *   read-4KiB-vector    tcp   blocks/s   vs pure Node over loopback TCP, the same block stream
  *   tebench-*           the native tebench loop's cases, after these (bench/suites/tebench-loop.ts)
  *
  * The block stream: calls of BLOCKS_PER_CALL blocks; the local and the remote pages of the
  * working set (WORKING_SET per side, pre-touched) each in a seeded shuffle, so that no two
- * neighbours are contiguous on both sides and nothing merges (each record carries the
- * requests per call it saw: the per-block cost, not the merge, is what is measured). A
- * second figure, `contiguous_blocks_per_s`, runs the same calls with both sides in order
- * (every call merges into one request). One call in flight at a time, engine and baseline.
+ * neighbours are contiguous on both sides and nothing merges: the per-block cost, not the
+ * merge, is what is measured. The engine gathers each call's scattered pages into tasks of
+ * many spans (`requests_per_call` is the tasks per call it saw). The memcpy baseline copies
+ * the same stream (the same shuffles, `memcpy_bench --shuffle`). A second figure,
+ * `contiguous_blocks_per_s`, runs the same calls with both sides in order (every call
+ * merges into one request). One call in flight at a time, engine and baseline.
  * The two API methods are measured every round; the better median is `value`.
  * `sync_us_per_block` is the time inside the synchronous part of the call (argument
  * checks, the binding, merging, submission and, over shm, the copies themselves), per block.
@@ -37,6 +39,8 @@ const WORKING_SET = 64 * MiB
 /** Distinct calls generated ahead (the stream cycles through them). */
 const CALLS = 64
 const TARGET_BLOCKS_PER_S = 1_000_000
+/** Seeds of the scattered stream's page shuffles; the memcpy baseline copies the same stream. */
+const SEEDS = { local: 7, remote: 11 }
 
 type Opcode = 'read' | 'write'
 
@@ -74,8 +78,8 @@ function shuffle(n: number, seed: number): Uint32Array {
 function stream(bs: number, scattered: boolean): BlockCall[] {
   const pages = WORKING_SET / bs
   const perCall = Math.min(BLOCKS_PER_CALL, pages)
-  const local = scattered ? shuffle(pages, 7) : Uint32Array.from({ length: pages }, (_, i) => i)
-  const remote = scattered ? shuffle(pages, 11) : local
+  const local = scattered ? shuffle(pages, SEEDS.local) : Uint32Array.from({ length: pages }, (_, i) => i)
+  const remote = scattered ? shuffle(pages, SEEDS.remote) : local
   return Array.from({ length: CALLS }, (_, c) => {
     const localOffsets = new Float64Array(perCall)
     const remoteOffsets = new Float64Array(perCall)
@@ -216,7 +220,7 @@ async function measureCase(c: VectorCase, options: SuiteOptions): Promise<CaseRe
   try {
     baseline =
       c.transport === 'shm'
-        ? memcpyBaseline(await startMemcpyBaseline(WORKING_SET, c.blockBytes), c.blockBytes)
+        ? memcpyBaseline(await startMemcpyBaseline(WORKING_SET, c.blockBytes, SEEDS), c.blockBytes)
         : nodeBaseline(await startNodeBlocks(WORKING_SET), scattered)
     const base: Rounds<{ value: number | null; note?: string }> = []
     const merged: Rounds<VectorRun> = []
@@ -274,7 +278,7 @@ async function measureCase(c: VectorCase, options: SuiteOptions): Promise<CaseRe
       us_per_block: Number.isFinite(blocksPerS) ? round(1e6 / blocksPerS, 3) : null,
       contiguous_blocks_per_s: round(median(merged.map((x) => (isResult(x) ? perSecond(x) : null))), 0),
       working_set_MiB: WORKING_SET / MiB,
-      stream: `${CALLS} calls of ${BLOCKS_PER_CALL} blocks cycled; local and remote pages each a seeded shuffle of the working set (nothing merges); contiguous_blocks_per_s: the same calls with pages in order on both sides (one request per call)`,
+      stream: `${CALLS} calls of ${BLOCKS_PER_CALL} blocks cycled; local and remote pages each a seeded shuffle of the working set (nothing merges; the engine gathers the scattered pages into tasks of many spans, the baseline copies the same shuffled pages); contiguous_blocks_per_s: the same calls with pages in order on both sides (one request per call)`,
       seconds: options.durationSeconds,
       repeat: options.repeat,
       warmup_s_round1: options.warmupSeconds,

@@ -1,10 +1,11 @@
 //! Submitting a block list (`blocks`): every block is checked against the engine's regions
-//! and buffers, the list is merged into requests, and the requests go the ordinary way —
-//! `transfer` (one callback for all of them) or a batch.
+//! and buffers, the list is merged into requests and small requests are gathered, and the
+//! resulting units go the ordinary way — `transfer` (one callback for all of them) or a
+//! batch.
 
 use std::sync::Arc;
 
-use crate::blocks::{BlockMap, BlockOutcome, Blocks, Merged};
+use crate::blocks::{BlockMap, BlockOutcome, Blocks, Gathered, GATHER};
 use crate::engine::Inner;
 use crate::error::{Error, Result};
 
@@ -18,9 +19,9 @@ pub struct BlockSubmission {
 }
 
 impl Inner {
-    /// Checks every block (shape, then each range) and merges the list; nothing is
-    /// submitted here.
-    pub(crate) fn merge_blocks(&self, blocks: &Blocks) -> Result<Merged> {
+    /// Checks every block (shape, then each range), merges the list and gathers its
+    /// small requests; nothing is submitted here.
+    pub(crate) fn merge_blocks(&self, blocks: &Blocks) -> Result<Gathered> {
         self.check_open()?;
         blocks.check_shape()?;
         blocks.check_bounds(
@@ -34,11 +35,11 @@ impl Inner {
                 })
             },
         )?;
-        Ok(blocks.merge())
+        Ok(blocks.merge().gather(GATHER))
     }
 
     /// Submits a block list; `on_done` gets every block's outcome once all have ended.
-    /// Returns the operation id (for `cancel`) and the number of requests.
+    /// Returns the operation id (for `cancel`) and the number of tasks.
     pub(crate) fn transfer_blocks<F>(
         self: &Arc<Self>,
         blocks: &Blocks,
@@ -47,9 +48,9 @@ impl Inner {
     where
         F: FnOnce(BlockOutcome) + Send + 'static,
     {
-        let Merged { requests, map } = self.merge_blocks(blocks)?;
-        let count = requests.len();
-        let op = self.transfer(&requests, move |snaps| on_done(map.outcome(&snaps)))?;
+        let Gathered { units, map } = self.merge_blocks(blocks)?;
+        let count = units.len();
+        let op = self.transfer(&units, move |snaps| on_done(map.outcome(&snaps)))?;
         Ok((op, count))
     }
 
@@ -59,8 +60,8 @@ impl Inner {
         batch: u64,
         blocks: &Blocks,
     ) -> Result<BlockSubmission> {
-        let Merged { requests, map } = self.merge_blocks(blocks)?;
-        let first_task = self.submit_transfer(batch, &requests)?;
+        let Gathered { units, map } = self.merge_blocks(blocks)?;
+        let first_task = self.submit_transfer(batch, &units)?;
         Ok(BlockSubmission { first_task, map })
     }
 }

@@ -3,14 +3,16 @@
 //!
 //! This module is pure. It checks a list (every block, before anything moves), merges
 //! blocks that are adjacent and contiguous on both sides into one request (as TENT's
-//! `merge_requests` does), keeps which blocks each request covers, and expands the
-//! requests' outcomes back into one status byte per block. The engine side
-//! (`block_submit`) looks the regions and buffers up and submits the requests.
+//! `merge_requests` does), gathers runs of small requests between the same region and
+//! buffer into one request of many spans (one task, however scattered the pages), keeps
+//! which blocks each task covers, and expands the tasks' outcomes back into one status
+//! byte per block. The engine side (`block_submit`) looks the regions and buffers up and
+//! submits the tasks.
 
 use crate::error::{Error, Result};
 use crate::kind::{Opcode, TransportHint};
 use crate::memory::{check_range, RegionId};
-use crate::request::Request;
+use crate::request::{Gather, Request, Span, Unit};
 use crate::status::TransferStatus;
 use crate::task::TaskSnapshot;
 
@@ -214,6 +216,108 @@ impl Blocks {
     }
 }
 
+/// Which requests of a merged list are gathered, and into how large gathers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatherLimits {
+    /// Requests of at most this many bytes are gathered; larger ones stay tasks of their
+    /// own (they gain nothing from it, and a transport cuts and spreads them itself).
+    pub span_max: u64,
+    /// Most bytes in one gather: what one failed attempt retries, and what one task's
+    /// status stands for.
+    pub bytes_max: u64,
+    /// Most spans in one gather.
+    pub spans_max: usize,
+}
+
+/// The engine's limits: 4 KiB pages gather 1024 to a task, 64 KiB blocks 64.
+pub const GATHER: GatherLimits = GatherLimits {
+    span_max: 256 << 10,
+    bytes_max: 4 << 20,
+    spans_max: 4096,
+};
+
+impl Merged {
+    /// Gathers runs of small requests that name the same region, segment and buffer into
+    /// one request of many spans, within `limits`. A run of one stays a plain request.
+    /// The map says which blocks each resulting unit covers.
+    pub fn gather(self, limits: GatherLimits) -> Gathered {
+        struct Open {
+            head: Request,
+            spans: Vec<Span>,
+            bytes: u64,
+        }
+        fn close(open: Open) -> Unit {
+            if open.spans.len() == 1 {
+                return Unit::One(open.head);
+            }
+            let h = open.head;
+            Unit::Gather(Gather {
+                opcode: h.opcode,
+                local: h.local,
+                segment: h.segment,
+                remote_buffer: h.remote_buffer,
+                spans: open.spans.into(),
+                hint: h.hint,
+            })
+        }
+        let Merged { requests, map } = self;
+        let mut units = Vec::new();
+        let mut starts = Vec::new();
+        let mut open: Option<Open> = None;
+        for (r, req) in requests.into_iter().enumerate() {
+            let span = Span {
+                local_offset: req.local_offset,
+                remote_offset: req.remote_offset,
+                length: req.length,
+            };
+            let small = req.length <= limits.span_max;
+            if let Some(o) = open.as_mut() {
+                let joins = small
+                    && o.head.local == req.local
+                    && o.head.segment == req.segment
+                    && o.head.remote_buffer == req.remote_buffer
+                    && o.spans.len() < limits.spans_max
+                    && o.bytes.saturating_add(req.length) <= limits.bytes_max;
+                if joins {
+                    o.spans.push(span);
+                    o.bytes += req.length;
+                    continue;
+                }
+            }
+            if let Some(o) = open.take() {
+                units.push(close(o));
+            }
+            starts.push(map.starts[r]);
+            if small {
+                open = Some(Open {
+                    bytes: req.length,
+                    head: req,
+                    spans: vec![span],
+                });
+            } else {
+                units.push(Unit::One(req));
+            }
+        }
+        if let Some(o) = open.take() {
+            units.push(close(o));
+        }
+        starts.push(map.blocks() as u32);
+        Gathered {
+            units,
+            map: BlockMap { starts },
+        }
+    }
+}
+
+/// A block list as the units it is submitted as: one task each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gathered {
+    /// Plain requests and gathers, in block order.
+    pub units: Vec<Unit>,
+    /// Which blocks each unit covers.
+    pub map: BlockMap,
+}
+
 /// Names the block an error is about.
 fn annotate(e: Error, block: usize) -> Error {
     match e {
@@ -342,9 +446,9 @@ pub struct FailedRun {
 pub struct BlockOutcome {
     /// One status byte per block (TENT's numbering; 4 = completed).
     pub status: Vec<u8>,
-    /// The blocks that did not complete, by request.
+    /// The blocks that did not complete, by task.
     pub failed: Vec<FailedRun>,
-    /// Requests the blocks were merged into.
+    /// Tasks the blocks were submitted as (merged runs, and gathers of them).
     pub requests: usize,
 }
 
@@ -530,6 +634,114 @@ mod tests {
             )
             .expect_err("unknown");
         assert_eq!(e.code(), "ERR_FERRY_UNKNOWN_REGION");
+    }
+
+    const LIMITS: GatherLimits = GatherLimits {
+        span_max: 16,
+        bytes_max: 24,
+        spans_max: 3,
+    };
+
+    /// Each unit as (spans as (local, remote, length), or one request's).
+    fn units(g: &Gathered) -> Vec<Vec<(u64, u64, u64)>> {
+        g.units
+            .iter()
+            .map(|u| match u {
+                Unit::One(r) => vec![(r.local_offset, r.remote_offset, r.length)],
+                Unit::Gather(g) => g
+                    .spans
+                    .iter()
+                    .map(|s| (s.local_offset, s.remote_offset, s.length))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn scattered_small_requests_gather_into_one_unit() {
+        let b = list(&[0, 4, 40, 8], &[100, 104, 60, 0], &[4, 4, 4, 4]);
+        let g = b.merge().gather(LIMITS);
+        assert_eq!(units(&g), vec![vec![(0, 100, 8), (40, 60, 4), (8, 0, 4)]]);
+        assert!(
+            matches!(&g.units[0], Unit::Gather(x) if x.opcode == Opcode::Write && x.local == 1 && x.segment == 2 && x.remote_buffer == 3)
+        );
+        assert_eq!(g.map.starts, vec![0, 4]);
+    }
+
+    #[test]
+    fn a_lone_request_stays_plain_and_large_ones_stay_alone() {
+        // One merged run: a plain request, not a gather of one.
+        let g = list(&[0, 4], &[0, 4], &[4, 4]).merge().gather(LIMITS);
+        assert!(matches!(g.units.as_slice(), [Unit::One(r)] if r.length == 8));
+        // 20 bytes is over span_max: it splits the small ones around it.
+        let g = list(&[0, 50, 100, 200], &[0, 50, 100, 200], &[4, 4, 20, 4])
+            .merge()
+            .gather(LIMITS);
+        assert_eq!(
+            units(&g),
+            vec![
+                vec![(0, 0, 4), (50, 50, 4)],
+                vec![(100, 100, 20)],
+                vec![(200, 200, 4)]
+            ]
+        );
+        assert!(matches!(g.units[1], Unit::One(_)));
+        assert_eq!(g.map.starts, vec![0, 2, 3, 4]);
+    }
+
+    #[test]
+    fn gathers_end_at_their_limits_and_at_another_region_segment_or_buffer() {
+        // spans_max 3: four scattered blocks make a gather of three and a plain request.
+        let g = list(&[0, 10, 20, 30], &[90, 70, 50, 30], &[2, 2, 2, 2])
+            .merge()
+            .gather(LIMITS);
+        assert_eq!(g.map.starts, vec![0, 3, 4]);
+        // bytes_max 24: 16 + 8 fits, a third span does not.
+        let g = list(&[0, 100, 200], &[300, 200, 100], &[16, 8, 1])
+            .merge()
+            .gather(LIMITS);
+        assert_eq!(g.map.starts, vec![0, 2, 3]);
+        let mut b = list(&[0, 10, 20, 30], &[90, 70, 50, 30], &[2, 2, 2, 2]);
+        b.local = PerBlock::Each(vec![1, 1, 9, 9]);
+        assert_eq!(b.merge().gather(LIMITS).map.starts, vec![0, 2, 4]);
+        b.local = PerBlock::One(1);
+        b.segment = PerBlock::Each(vec![2, 5, 5, 5]);
+        assert_eq!(b.merge().gather(LIMITS).map.starts, vec![0, 1, 4]);
+        b.segment = PerBlock::One(2);
+        b.remote_buffer = PerBlock::Each(vec![3, 3, 4, 4]);
+        assert_eq!(b.merge().gather(LIMITS).map.starts, vec![0, 2, 4]);
+    }
+
+    #[test]
+    fn the_engines_limits_gather_a_call_of_4k_pages_into_one_task() {
+        let n = 1024u64;
+        let local: Vec<u64> = (0..n).map(|i| i * 4096).collect();
+        let remote: Vec<u64> = (0..n).map(|i| (n - 1 - i) * 4096).collect();
+        let mut b = list(&local, &remote, &[]);
+        b.lengths = PerBlock::One(4096);
+        let g = b.merge().gather(GATHER);
+        assert_eq!(g.units.len(), 1);
+        assert_eq!(units(&g)[0].len(), n as usize);
+        // 1 MiB blocks are each their own task.
+        b.lengths = PerBlock::One(1 << 20);
+        b.local_offsets = (0..4).map(|i| i << 21).collect();
+        b.remote_offsets = (0..4).map(|i| (3 - i) << 21).collect();
+        assert_eq!(b.merge().gather(GATHER).units.len(), 4);
+    }
+
+    #[test]
+    fn outcomes_of_gathered_units_expand_to_their_blocks() {
+        let g = list(&[0, 50, 100, 200], &[0, 50, 100, 200], &[4, 4, 20, 4])
+            .merge()
+            .gather(LIMITS);
+        let out = g.map.outcome(&[
+            snap(TransferStatus::Failed, Some(Error::Io("boom".into()))),
+            snap(TransferStatus::Completed, None),
+            snap(TransferStatus::Completed, None),
+        ]);
+        assert_eq!(out.status, vec![6, 6, 4, 4]);
+        assert_eq!(out.requests, 3);
+        assert_eq!(out.failed[0].blocks, 0..2);
     }
 
     fn snap(status: TransferStatus, error: Option<Error>) -> TaskSnapshot {

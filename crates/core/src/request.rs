@@ -39,6 +39,100 @@ pub struct Request {
     pub hint: TransportHint,
 }
 
+/// One contiguous range a request moves: `length` bytes between `local_offset` of its
+/// local region and `remote_offset` of its remote buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Offset in the local region.
+    pub local_offset: u64,
+    /// Offset in the remote buffer.
+    pub remote_offset: u64,
+    /// Bytes.
+    pub length: u64,
+}
+
+/// Several spans between one region and one remote buffer, moved as one request: a block
+/// list's scattered small blocks (`blocks.rs`). One task, one attempt and one completion
+/// check carry them all; each transport moves the spans as it moves a request's slices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gather {
+    /// Read or write, for every span.
+    pub opcode: Opcode,
+    /// Local region id.
+    pub local: RegionId,
+    /// Handle of an opened segment.
+    pub segment: u64,
+    /// Buffer id inside the segment.
+    pub remote_buffer: u64,
+    /// The spans, in order (at least one).
+    pub spans: Arc<[Span]>,
+    /// What the request asks of the transport choice.
+    pub hint: TransportHint,
+}
+
+/// What a submission is made of: plain requests, or a block list's requests and gathers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unit {
+    /// One contiguous range.
+    One(Request),
+    /// Several.
+    Gather(Gather),
+}
+
+/// Something `validate` can check: a request or a gather.
+pub(crate) trait Validate {
+    /// The segment handle it goes to.
+    fn segment(&self) -> u64;
+
+    /// Resolves and checks it (`region` and `segment` look ids up in the engine's tables).
+    fn validate(
+        &self,
+        region: impl Fn(RegionId) -> Result<Arc<Region>>,
+        segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+    ) -> Result<ValidatedRequest>;
+}
+
+impl Validate for Request {
+    fn segment(&self) -> u64 {
+        self.segment
+    }
+
+    fn validate(
+        &self,
+        region: impl Fn(RegionId) -> Result<Arc<Region>>,
+        segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+    ) -> Result<ValidatedRequest> {
+        validate(self, region, segment)
+    }
+}
+
+impl Validate for Unit {
+    fn segment(&self) -> u64 {
+        match self {
+            Self::One(r) => r.segment,
+            Self::Gather(g) => g.segment,
+        }
+    }
+
+    fn validate(
+        &self,
+        region: impl Fn(RegionId) -> Result<Arc<Region>>,
+        segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+    ) -> Result<ValidatedRequest> {
+        match self {
+            Self::One(r) => validate(r, region, segment),
+            Self::Gather(g) => validate_gather(g, region, segment),
+        }
+    }
+}
+
+/// A request's spans: one, or a gather's (shared by its attempts and their slices).
+#[derive(Debug, Clone)]
+enum Spans {
+    One(Span),
+    Many(Arc<[Span]>),
+}
+
 /// A request whose every reference has been resolved and checked.
 #[derive(Debug, Clone)]
 pub struct ValidatedRequest {
@@ -46,20 +140,142 @@ pub struct ValidatedRequest {
     pub opcode: Opcode,
     /// The local region (kept alive while the request lives).
     pub local: Arc<Region>,
-    /// Offset in the local region.
-    pub local_offset: u64,
     /// The peer.
     pub peer: Arc<Peer>,
     /// The descriptor the request was checked against.
     pub descriptor: Arc<SegmentDescriptor>,
     /// Buffer id inside the segment.
     pub remote_buffer: u64,
-    /// Offset in the remote buffer.
-    pub remote_offset: u64,
-    /// Bytes to move.
+    /// Bytes to move, all spans together.
     pub length: u64,
     /// What the request asks of the transport choice (decided on in `plan.rs`).
     pub hint: TransportHint,
+    spans: Spans,
+}
+
+impl ValidatedRequest {
+    /// The ranges to move, each checked against the region and the buffer.
+    pub fn spans(&self) -> &[Span] {
+        self.spans.as_slice()
+    }
+
+    /// The spans as one shared list when there are several (a gather), for work items
+    /// that each carry a run of them.
+    pub fn gathered(&self) -> Option<&Arc<[Span]>> {
+        match &self.spans {
+            Spans::One(_) => None,
+            Spans::Many(v) => Some(v),
+        }
+    }
+
+    /// The spans cut into slices of at most `max` bytes (`max` > 0), in order.
+    pub fn slices(&self, max: u64) -> impl Iterator<Item = Span> + '_ {
+        let max = max.max(1);
+        self.spans().iter().flat_map(move |s| {
+            (0..s.length.div_ceil(max)).map(move |i| {
+                let off = i * max;
+                Span {
+                    local_offset: s.local_offset + off,
+                    remote_offset: s.remote_offset + off,
+                    length: max.min(s.length - off),
+                }
+            })
+        })
+    }
+
+    /// How many slices `slices(max)` yields.
+    pub fn slice_count(&self, max: u64) -> u64 {
+        let max = max.max(1);
+        self.spans().iter().map(|s| s.length.div_ceil(max)).sum()
+    }
+}
+
+/// What a request and a gather name besides their spans.
+struct Head {
+    opcode: Opcode,
+    local: RegionId,
+    segment: u64,
+    remote_buffer: u64,
+    hint: TransportHint,
+}
+
+impl Spans {
+    fn as_slice(&self) -> &[Span] {
+        match self {
+            Self::One(s) => std::slice::from_ref(s),
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// The checks a request and a gather share: the references, then every span's two
+/// ranges, then what the opcode may do to each side.
+fn resolve(
+    head: Head,
+    spans: Spans,
+    region: impl Fn(RegionId) -> Result<Arc<Region>>,
+    segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+) -> Result<ValidatedRequest> {
+    let Head {
+        opcode,
+        local: local_id,
+        segment: segment_handle,
+        remote_buffer,
+        hint,
+    } = head;
+    let local = region(local_id)?;
+    let local_len = local.len() as u64;
+    let local_error = |e| match e {
+        Error::OutOfRange(m) => Error::OutOfRange(format!("local region {local_id}: {m}")),
+        other => other,
+    };
+    let mut length = 0u64;
+    for s in spans.as_slice() {
+        if s.length == 0 {
+            return Err(Error::InvalidArgument("length must be > 0".into()));
+        }
+        check_range(s.local_offset, s.length, local_len).map_err(local_error)?;
+        length = length
+            .checked_add(s.length)
+            .ok_or_else(|| Error::InvalidArgument("lengths add up past 2^64".into()))?;
+    }
+    let (peer, descriptor) = segment(segment_handle)?;
+    let buffer = descriptor
+        .buffer(remote_buffer)
+        .ok_or_else(|| Error::UnknownBuffer {
+            segment: peer.name().to_string(),
+            buffer: remote_buffer,
+        })?;
+    for s in spans.as_slice() {
+        check_range(s.remote_offset, s.length, buffer.length).map_err(|e| match e {
+            Error::OutOfRange(m) => Error::OutOfRange(format!(
+                "remote buffer {remote_buffer} of {}: {m}",
+                peer.name()
+            )),
+            other => other,
+        })?;
+    }
+    if opcode == Opcode::Write && buffer.access == Access::ReadOnly {
+        return Err(Error::PermissionDenied(format!(
+            "remote buffer {remote_buffer} of {} is read-only",
+            peer.name()
+        )));
+    }
+    if opcode == Opcode::Read && local.access() == Access::ReadOnly {
+        return Err(Error::PermissionDenied(format!(
+            "local region {local_id} is read-only; it cannot receive a READ"
+        )));
+    }
+    Ok(ValidatedRequest {
+        opcode,
+        local,
+        peer,
+        descriptor,
+        remote_buffer,
+        length,
+        hint,
+        spans,
+    })
 }
 
 /// Resolves and checks a request. `region` and `segment` look ids up in the engine's tables.
@@ -68,53 +284,38 @@ pub(crate) fn validate(
     region: impl Fn(RegionId) -> Result<Arc<Region>>,
     segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
 ) -> Result<ValidatedRequest> {
-    if req.length == 0 {
-        return Err(Error::InvalidArgument("length must be > 0".into()));
-    }
-    let local = region(req.local)?;
-    check_range(req.local_offset, req.length, local.len() as u64).map_err(|e| match e {
-        Error::OutOfRange(m) => Error::OutOfRange(format!("local region {}: {m}", req.local)),
-        other => other,
-    })?;
-    let (peer, descriptor) = segment(req.segment)?;
-    let buffer = descriptor
-        .buffer(req.remote_buffer)
-        .ok_or_else(|| Error::UnknownBuffer {
-            segment: peer.name().to_string(),
-            buffer: req.remote_buffer,
-        })?;
-    check_range(req.remote_offset, req.length, buffer.length).map_err(|e| match e {
-        Error::OutOfRange(m) => Error::OutOfRange(format!(
-            "remote buffer {} of {}: {m}",
-            req.remote_buffer,
-            peer.name()
-        )),
-        other => other,
-    })?;
-    if req.opcode == Opcode::Write && buffer.access == Access::ReadOnly {
-        return Err(Error::PermissionDenied(format!(
-            "remote buffer {} of {} is read-only",
-            req.remote_buffer,
-            peer.name()
-        )));
-    }
-    if req.opcode == Opcode::Read && local.access() == Access::ReadOnly {
-        return Err(Error::PermissionDenied(format!(
-            "local region {} is read-only; it cannot receive a READ",
-            req.local
-        )));
-    }
-    Ok(ValidatedRequest {
+    let head = Head {
         opcode: req.opcode,
-        local,
-        local_offset: req.local_offset,
-        peer,
+        local: req.local,
+        segment: req.segment,
         remote_buffer: req.remote_buffer,
+        hint: req.hint,
+    };
+    let span = Span {
+        local_offset: req.local_offset,
         remote_offset: req.remote_offset,
         length: req.length,
-        hint: req.hint,
-        descriptor,
-    })
+    };
+    resolve(head, Spans::One(span), region, segment)
+}
+
+/// Resolves and checks a gather: every span as a request of its own would be.
+pub(crate) fn validate_gather(
+    g: &Gather,
+    region: impl Fn(RegionId) -> Result<Arc<Region>>,
+    segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+) -> Result<ValidatedRequest> {
+    if g.spans.is_empty() {
+        return Err(Error::InvalidArgument("a gather needs a span".into()));
+    }
+    let head = Head {
+        opcode: g.opcode,
+        local: g.local,
+        segment: g.segment,
+        remote_buffer: g.remote_buffer,
+        hint: g.hint,
+    };
+    resolve(head, Spans::Many(g.spans.clone()), region, segment)
 }
 
 #[cfg(test)]
@@ -291,6 +492,93 @@ mod tests {
             ..good(&f)
         };
         assert!(check(&f, &read_ro).is_ok());
+    }
+
+    fn gather(f: &Fixture, spans: &[(u64, u64, u64)]) -> Gather {
+        Gather {
+            opcode: Opcode::Write,
+            local: f.local,
+            segment: f.seg,
+            remote_buffer: 0,
+            spans: spans
+                .iter()
+                .map(|&(l, r, n)| Span {
+                    local_offset: l,
+                    remote_offset: r,
+                    length: n,
+                })
+                .collect(),
+            hint: TransportHint::Auto,
+        }
+    }
+
+    fn check_gather(f: &Fixture, g: &Gather) -> Result<ValidatedRequest> {
+        validate_gather(
+            g,
+            |id| f.regions.get(id),
+            |h| f.segments.get(h).map(|p| (p.clone(), p.descriptor())),
+        )
+    }
+
+    #[test]
+    fn a_gather_is_checked_span_by_span() {
+        let f = fixture();
+        let v = check_gather(&f, &gather(&f, &[(0, 8000, 192), (100, 0, 50)])).expect("valid");
+        assert_eq!(v.length, 242);
+        assert_eq!(v.spans().len(), 2);
+        assert!(v.gathered().is_some());
+        type Spans = Vec<(u64, u64, u64)>;
+        let bad: Vec<(Spans, &str)> = vec![
+            (vec![], "ERR_FERRY_INVALID_ARGUMENT"),
+            (vec![(0, 0, 4), (0, 0, 0)], "ERR_FERRY_INVALID_ARGUMENT"),
+            // The second span overruns the 4096-byte region by one byte.
+            (vec![(0, 0, 4), (4000, 0, 97)], "ERR_FERRY_OUT_OF_RANGE"),
+            // ... or the 8192-byte buffer.
+            (
+                vec![(0, 8192 - 4, 4), (0, 8190, 3)],
+                "ERR_FERRY_OUT_OF_RANGE",
+            ),
+            (vec![(0, u64::MAX, 4)], "ERR_FERRY_OUT_OF_RANGE"),
+        ];
+        for (spans, code) in bad {
+            let err = check_gather(&f, &gather(&f, &spans)).expect_err("refused");
+            assert_eq!(err.code(), code, "{spans:?}: {err}");
+        }
+        let ro = Gather {
+            remote_buffer: 1,
+            ..gather(&f, &[(0, 0, 10), (20, 20, 10)])
+        };
+        assert_eq!(
+            check_gather(&f, &ro).expect_err("read-only").code(),
+            "ERR_FERRY_PERMISSION_DENIED"
+        );
+    }
+
+    #[test]
+    fn slices_cut_every_span_and_cover_it_in_order() {
+        let f = fixture();
+        let v =
+            check_gather(&f, &gather(&f, &[(0, 100, 10), (50, 0, 3), (20, 30, 8)])).expect("valid");
+        let got: Vec<(u64, u64, u64)> = v
+            .slices(4)
+            .map(|s| (s.local_offset, s.remote_offset, s.length))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 100, 4),
+                (4, 104, 4),
+                (8, 108, 2),
+                (50, 0, 3),
+                (20, 30, 4),
+                (24, 34, 4)
+            ]
+        );
+        assert_eq!(v.slice_count(4), 6);
+        let one = check(&f, &good(&f)).expect("valid");
+        assert!(one.gathered().is_none());
+        assert_eq!(one.slice_count(1000), 5);
+        assert_eq!(one.slices(4096).count(), 1);
     }
 
     #[test]

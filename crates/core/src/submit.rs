@@ -11,7 +11,7 @@ use crate::engine::Inner;
 use crate::error::{Error, Result};
 use crate::memory::Region;
 use crate::plan::{plan, PeerView, Plan};
-use crate::request::{validate, Request, ValidatedRequest};
+use crate::request::{Validate, ValidatedRequest};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::status::TransferStatus;
 use crate::task::{Driver, Group, Observer, Task, TaskSnapshot, Told};
@@ -19,7 +19,7 @@ use crate::wake::Wake;
 
 impl Inner {
     /// Validates and plans every request; the first bad one fails the call.
-    fn prepare(&self, requests: &[Request]) -> Result<Vec<(ValidatedRequest, Plan)>> {
+    fn prepare<R: Validate>(&self, requests: &[R]) -> Result<Vec<(ValidatedRequest, Plan)>> {
         self.check_open()?;
         if requests.is_empty() {
             return Err(Error::InvalidArgument("no requests given".into()));
@@ -55,7 +55,7 @@ impl Inner {
             .iter()
             .enumerate()
             .map(|(i, r)| {
-                let v = validate(r, region, segment).map_err(|e| annotate(e, i))?;
+                let v = r.validate(region, segment).map_err(|e| annotate(e, i))?;
                 let p = self.plan(&v, now).map_err(|e| annotate(e, i))?;
                 Ok((v, p))
             })
@@ -125,20 +125,20 @@ impl Inner {
         }
     }
 
-    pub(crate) fn submit_transfer(
+    pub(crate) fn submit_transfer<R: Validate>(
         self: &Arc<Self>,
         batch: u64,
-        requests: &[Request],
+        requests: &[R],
     ) -> Result<usize> {
         self.submit_transfer_then(batch, requests, None)
     }
 
     /// `submit_transfer`, running `then` once every task of this submission has ended (a
     /// notification riding on it, `notify.rs`).
-    pub(crate) fn submit_transfer_then(
+    pub(crate) fn submit_transfer_then<R: Validate>(
         self: &Arc<Self>,
         batch: u64,
-        requests: &[Request],
+        requests: &[R],
         then: Option<crate::notify::Then>,
     ) -> Result<usize> {
         self.check_open()?;
@@ -159,8 +159,9 @@ impl Inner {
         Ok(first)
     }
 
-    pub(crate) fn transfer<F>(self: &Arc<Self>, requests: &[Request], on_done: F) -> Result<u64>
+    pub(crate) fn transfer<R, F>(self: &Arc<Self>, requests: &[R], on_done: F) -> Result<u64>
     where
+        R: Validate,
         F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
     {
         let prepared = self.prepare(requests)?;

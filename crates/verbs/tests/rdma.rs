@@ -7,6 +7,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_core::blocks::{Blocks, PerBlock};
 use ferry_core::failover::FailoverPolicy;
 use ferry_core::health::RailPolicy;
 use ferry_core::transport::{Transport, TransportContext, TransportFactory};
@@ -110,6 +111,50 @@ fn write_and_read_256_mib_move_the_right_bytes() {
             .expect("small"));
         assert_eq!(s.status, TransferStatus::Completed);
         assert_eq!(s.transferred, 77_777);
+    });
+}
+
+/// A block list of scattered pages is one gather: its spans go out as work requests of
+/// their own (each cut at the slice size), and every page lands where its block says.
+#[test]
+fn a_gather_of_scattered_blocks_moves_every_span_over_rdma() {
+    within(Duration::from_secs(60), "test body", || {
+        const SLOT: u64 = 96 << 10;
+        const N: u64 = 257; // prime: i * 7 % N visits every slot once
+        let initiator = engine_with(provider(EmulatedFaults::default()), |_, _| {});
+        let r = rig_with(N * SLOT, initiator);
+        // 4 KiB blocks, and one as long as its slot (more than the 64 KiB slice: two work
+        // requests).
+        let mut lengths: Vec<u64> = vec![4096; N as usize];
+        lengths[3] = SLOT;
+        let blocks = Blocks {
+            opcode: Opcode::Write,
+            local: PerBlock::One(r.local.id()),
+            segment: PerBlock::One(r.seg),
+            remote_buffer: PerBlock::One(r.remote.id()),
+            local_offsets: (0..N).map(|i| i * SLOT).collect(),
+            remote_offsets: (0..N).map(|i| (i * 7 % N) * SLOT).collect(),
+            lengths: PerBlock::Each(lengths.clone()),
+            hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
+        };
+        let (tx, rx) = mpsc::channel();
+        let (_, tasks) = r
+            .initiator
+            .transfer_blocks(&blocks, move |o| {
+                let _ = tx.send(o);
+            })
+            .expect("submitted");
+        assert_eq!(tasks, 1, "one gather");
+        let out = rx.recv_timeout(Duration::from_secs(30)).expect("outcome");
+        assert!(out.failed.is_empty(), "{:?}", out.failed);
+        for (b, &len) in lengths.iter().enumerate() {
+            let (l, rm) = (blocks.local_offsets[b], blocks.remote_offsets[b]);
+            assert!(
+                ferry_testkit::bytes_at(&r.local, l, len)
+                    == ferry_testkit::bytes_at(&r.remote, rm, len),
+                "block {b} differs"
+            );
+        }
     });
 }
 

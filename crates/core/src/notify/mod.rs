@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex};
 pub use inbox::{InboxSignal, InboxWaker, NotifyOutcome};
 
 use crate::block_submit::BlockSubmission;
-use crate::blocks::{BlockOutcome, Blocks, Merged};
+use crate::blocks::{BlockOutcome, Blocks, Gathered};
 use crate::engine::{Engine, Inner};
 use crate::error::{Error, Result};
-use crate::request::Request;
+use crate::request::{Request, Validate};
 use crate::status::TransferStatus;
 use crate::task::{Task, TaskSnapshot};
 
@@ -90,12 +90,12 @@ fn check_size(data: &[u8], max: usize) -> Result<()> {
 }
 
 /// The one segment a notifying call's requests go to.
-fn single_target(requests: &[Request]) -> Result<u64> {
+fn single_target<R: Validate>(requests: &[R]) -> Result<u64> {
     let first = requests
         .first()
         .ok_or_else(|| Error::InvalidArgument("no requests given".into()))?
-        .segment;
-    if let Some(i) = requests.iter().position(|r| r.segment != first) {
+        .segment();
+    if let Some(i) = requests.iter().position(|r| r.segment() != first) {
         return Err(Error::InvalidArgument(format!(
             "request {i}: a call with a notification must go to one segment (request 0's)"
         )));
@@ -198,6 +198,15 @@ impl Engine {
     where
         F: FnOnce(Vec<TaskSnapshot>, Option<Error>) + Send + 'static,
     {
+        self.transfer_notify_of(requests, notify, on_done)
+    }
+
+    /// `transfer_notify` of requests or a block list's units.
+    fn transfer_notify_of<R, F>(&self, requests: &[R], notify: Vec<u8>, on_done: F) -> Result<u64>
+    where
+        R: Validate,
+        F: FnOnce(Vec<TaskSnapshot>, Option<Error>) + Send + 'static,
+    {
         let live = self.live()?;
         check_size(&notify, live.config.notify.max_bytes)?;
         let segment = single_target(requests)?;
@@ -240,8 +249,8 @@ impl Engine {
         })
     }
 
-    /// `transfer_blocks` with a notification: sent once every block completed (the merged
-    /// requests are one call of `transfer_notify`, so exactly once, after all their bytes).
+    /// `transfer_blocks` with a notification: sent once every block completed (the list's
+    /// tasks are one call of `transfer_notify`, so exactly once, after all their bytes).
     pub fn transfer_blocks_notify<F>(
         &self,
         blocks: &Blocks,
@@ -251,9 +260,9 @@ impl Engine {
     where
         F: FnOnce(BlockOutcome, Option<Error>) + Send + 'static,
     {
-        let Merged { requests, map } = self.live()?.merge_blocks(blocks)?;
-        let count = requests.len();
-        let op = self.transfer_notify(&requests, notify, move |snaps, err| {
+        let Gathered { units, map } = self.live()?.merge_blocks(blocks)?;
+        let count = units.len();
+        let op = self.transfer_notify_of(&units, notify, move |snaps, err| {
             on_done(map.outcome(&snaps), err)
         })?;
         Ok((op, count))
@@ -266,8 +275,8 @@ impl Engine {
         blocks: &Blocks,
         notify: Vec<u8>,
     ) -> Result<BlockSubmission> {
-        let Merged { requests, map } = self.live()?.merge_blocks(blocks)?;
-        let first_task = self.submit_transfer_notify(batch, &requests, notify)?;
+        let Gathered { units, map } = self.live()?.merge_blocks(blocks)?;
+        let first_task = self.submit_transfer_notify_of(batch, &units, notify)?;
         Ok(BlockSubmission { first_task, map })
     }
 
@@ -278,6 +287,16 @@ impl Engine {
         &self,
         batch: u64,
         requests: &[Request],
+        notify: Vec<u8>,
+    ) -> Result<usize> {
+        self.submit_transfer_notify_of(batch, requests, notify)
+    }
+
+    /// `submit_transfer_notify` of requests or a block list's units.
+    fn submit_transfer_notify_of<R: Validate>(
+        &self,
+        batch: u64,
+        requests: &[R],
         notify: Vec<u8>,
     ) -> Result<usize> {
         let live = self.live()?;

@@ -39,6 +39,7 @@ use crate::life_word::{self, PeerLifeWord};
 use crate::linux::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::memory::{Region, RegionTable};
 use crate::net::{client_handshake, server_handshake};
+use crate::request::{Span, ValidatedRequest};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::task::{Observer, Task};
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
@@ -284,6 +285,73 @@ impl ShmPeer {
 /// Called when a same-host peer's process is seen to exit.
 pub(crate) type DeathHook = Arc<dyn Fn(&Arc<Peer>, String) + Send + Sync>;
 
+/// What one copy job moves: a piece of a request's one span, or a run of a gather's spans.
+enum Work {
+    Span(Span),
+    Run {
+        spans: Arc<[Span]>,
+        range: std::ops::Range<usize>,
+    },
+}
+
+impl Work {
+    /// The whole of a request, as one job.
+    fn all(req: &ValidatedRequest) -> Self {
+        match req.gathered() {
+            Some(spans) => Self::Run {
+                spans: spans.clone(),
+                range: 0..spans.len(),
+            },
+            None => Self::Span(req.spans()[0]),
+        }
+    }
+
+    /// A request cut into jobs of about `chunk` bytes: a single span into pieces of at most
+    /// `chunk`, a gather into runs of whole spans (its spans are small, `blocks::GATHER`)
+    /// of at most `chunk` bytes each, or one span where a span alone is larger.
+    fn cut(req: &ValidatedRequest, chunk: u64) -> Vec<Self> {
+        match req.gathered() {
+            Some(spans) => runs(spans, chunk)
+                .map(|range| Self::Run {
+                    spans: spans.clone(),
+                    range,
+                })
+                .collect(),
+            None => req.slices(chunk).map(Self::Span).collect(),
+        }
+    }
+
+    fn spans(&self) -> &[Span] {
+        match self {
+            Self::Span(s) => std::slice::from_ref(s),
+            Self::Run { spans, range } => &spans[range.clone()],
+        }
+    }
+}
+
+/// Consecutive runs of `spans` of at most `chunk` bytes each (a span larger than `chunk`
+/// is a run of its own), covering every span once, in order.
+fn runs(spans: &[Span], chunk: u64) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= spans.len() {
+            return None;
+        }
+        let mut end = start + 1;
+        let mut bytes = spans[start].length;
+        while let Some(next) = spans.get(end) {
+            match bytes.checked_add(next.length) {
+                Some(b) if b <= chunk => bytes = b,
+                _ => break,
+            }
+            end += 1;
+        }
+        let run = start..end;
+        start = end;
+        Some(run)
+    })
+}
+
 struct CopyJob {
     task: Arc<Task>,
     attempt: u32,
@@ -291,13 +359,12 @@ struct CopyJob {
     mapping: Arc<RemoteMapping>,
     opcode: Opcode,
     region: Arc<Region>,
-    local_offset: u64,
-    remote_offset: u64,
-    len: u64,
+    work: Work,
 }
 
 impl CopyJob {
-    /// Copies, then checks the target is still alive before reporting success.
+    /// Copies every span of its work, then checks the target is still alive (once, for
+    /// all of them) before reporting success.
     fn run(self) {
         if !self.peer.known_alive() {
             self.task.attempt_failed(
@@ -306,29 +373,34 @@ impl CopyJob {
             );
             return;
         }
-        let (Some(remote), Ok(local)) = (
-            self.mapping.range_ptr(self.remote_offset, self.len),
-            self.region.range_ptr(self.local_offset, self.len),
-        ) else {
-            self.task.attempt_failed(
-                self.attempt,
-                Error::OutOfRange(format!(
-                    "shm copy [{}+{}) outside the mapping",
-                    self.remote_offset, self.len
-                )),
-            );
-            return;
-        };
-        let (src, dst) = match self.opcode {
-            Opcode::Write => (local.cast_const(), remote),
-            Opcode::Read => (remote.cast_const(), local),
-        };
-        // SAFETY: both ranges were bounds-checked just above against mappings that this job
-        // keeps alive (`mapping`, `region`); they belong to different mappings, so they do
-        // not overlap. Concurrent access by the peers is the transfer contract, as with RDMA.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, self.len as usize) };
+        let mut bytes = 0;
+        for span in self.work.spans() {
+            let (Some(remote), Ok(local)) = (
+                self.mapping.range_ptr(span.remote_offset, span.length),
+                self.region.range_ptr(span.local_offset, span.length),
+            ) else {
+                self.task.attempt_failed(
+                    self.attempt,
+                    Error::OutOfRange(format!(
+                        "shm copy [{}+{}) outside the mapping",
+                        span.remote_offset, span.length
+                    )),
+                );
+                return;
+            };
+            let (src, dst) = match self.opcode {
+                Opcode::Write => (local.cast_const(), remote),
+                Opcode::Read => (remote.cast_const(), local),
+            };
+            // SAFETY: both ranges were bounds-checked just above against mappings that this
+            // job keeps alive (`mapping`, `region`); they belong to different mappings, so
+            // they do not overlap. Concurrent access by the peers is the transfer contract,
+            // as with RDMA.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, span.length as usize) };
+            bytes += span.length;
+        }
         if self.peer.confirm_alive() {
-            self.task.slice_done(self.attempt, self.len);
+            self.task.slice_done(self.attempt, bytes);
         } else {
             self.task.attempt_failed(
                 self.attempt,
@@ -476,25 +548,27 @@ impl ShmTransport {
                     req.peer.name()
                 ))
             })?;
-        if mapping.range_ptr(req.remote_offset, req.length).is_none() {
+        if let Some(s) = req
+            .spans()
+            .iter()
+            .find(|s| mapping.range_ptr(s.remote_offset, s.length).is_none())
+        {
             return Err(Error::OutOfRange(format!(
                 "[{}+{}) outside the {}-byte mapping of buffer {}",
-                req.remote_offset,
-                req.length,
+                s.remote_offset,
+                s.length,
                 mapping.len(),
                 req.remote_buffer
             )));
         }
-        let job = |offset: u64, len: u64| CopyJob {
+        let job = |work: Work| CopyJob {
             task: a.task.clone(),
             attempt: a.attempt,
             peer: peer.clone(),
             mapping: mapping.clone(),
             opcode: req.opcode,
             region: req.local.clone(),
-            local_offset: req.local_offset + offset,
-            remote_offset: req.remote_offset + offset,
-            len,
+            work,
         };
         let hand_off = a.more_follow && req.length > SHARE_MIN;
         let inline_max = match a.task.observer() {
@@ -503,7 +577,7 @@ impl ShmTransport {
         };
         if req.length <= inline_max && !hand_off {
             a.task.expect_slices(a.attempt, 1);
-            job(0, req.length).run();
+            job(Work::all(req)).run();
             return Ok(());
         }
         let plan = if hand_off {
@@ -511,29 +585,29 @@ impl ShmTransport {
         } else {
             ChunkPlan::new(req.length)
         };
-        let chunks = u32::try_from(plan.chunks)
+        let mut works = Work::cut(req, plan.chunk).into_iter();
+        let count = u32::try_from(works.len())
             .map_err(|_| Error::InvalidArgument("request too large".into()))?;
+        // Copied by this thread, after the others are queued (none when handed off).
+        let first = if hand_off { None } else { works.next() };
         let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
         let Some(tx) = jobs.as_ref() else {
             return Err(Error::Closed);
         };
-        a.task.expect_slices(a.attempt, chunks);
-        // Every chunk but the first goes to the copy threads, queued before this thread
+        a.task.expect_slices(a.attempt, count);
+        // Every job but the first goes to the copy threads, queued before this thread
         // copies the first itself: the copy threads start at once, and the op never waits
         // on a hand-off alone (a dip in bandwidth where copies move off this thread).
         // Handed off, the first goes too.
-        let mut offset = if hand_off { 0 } else { plan.chunk };
-        while offset < req.length {
-            let len = plan.chunk.min(req.length - offset);
-            if let Err(mpsc::SendError(job)) = tx.send(job(offset, len)) {
+        for work in works {
+            if let Err(mpsc::SendError(job)) = tx.send(job(work)) {
                 job.task.attempt_failed(job.attempt, Error::Closed);
                 return Ok(());
             }
-            offset += len;
         }
         drop(jobs);
-        if !hand_off {
-            job(0, plan.chunk.min(req.length)).run();
+        if let Some(work) = first {
+            job(work).run();
         }
         Ok(())
     }
@@ -929,6 +1003,23 @@ mod tests {
             ticked,
             "the runtime stopped while the attach waited for its peer"
         );
+    }
+
+    #[test]
+    fn runs_group_whole_spans_up_to_a_chunk_and_cover_each_once() {
+        let spans: Vec<Span> = [4, 4, 4, 10, 3, 3, 1]
+            .iter()
+            .map(|&length| Span {
+                local_offset: 0,
+                remote_offset: 0,
+                length,
+            })
+            .collect();
+        let got: Vec<_> = runs(&spans, 8).collect();
+        // 4+4 | 4 | 10 (alone: larger than a chunk) | 3+3+1
+        assert_eq!(got, vec![0..2, 2..3, 3..4, 4..7]);
+        assert_eq!(runs(&spans, u64::MAX).collect::<Vec<_>>(), vec![0..7]);
+        assert_eq!(runs(&[], 8).count(), 0);
     }
 
     #[test]

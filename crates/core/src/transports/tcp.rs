@@ -374,29 +374,26 @@ impl TcpTransport {
         let token = req.descriptor.token_bytes()?;
         let pool = self.pool(&req.peer);
         let slice_size = self.config.slice_size;
-        let count = u32::try_from(req.length.div_ceil(slice_size)).map_err(|_| {
+        let count = u32::try_from(req.slice_count(slice_size)).map_err(|_| {
             Error::InvalidArgument(format!(
                 "request of {} bytes has too many slices",
                 req.length
             ))
         })?;
         task.expect_slices(a.attempt, count);
-        let mut offset = 0;
-        while offset < req.length {
-            let len = slice_size.min(req.length - offset);
+        for piece in req.slices(slice_size) {
             let n = pool.next.fetch_add(1, Ordering::Relaxed) % pool.conns.len();
             pool.conns[n].send(Slice {
                 task: task.clone(),
                 attempt: a.attempt,
                 opcode: req.opcode,
                 region: req.local.clone(),
-                local_offset: req.local_offset + offset,
+                local_offset: piece.local_offset,
                 buffer: req.remote_buffer,
-                remote_offset: req.remote_offset + offset,
-                len,
+                remote_offset: piece.remote_offset,
+                len: piece.length,
                 token,
             });
-            offset += len;
         }
         Ok(())
     }

@@ -484,34 +484,32 @@ impl Shared {
                 ))
             })?;
         let slice = self.config.slice_size as u64;
-        let slices = req.length.div_ceil(slice);
-        let slices_u32 = u32::try_from(slices)
+        let slices_u32 = u32::try_from(req.slice_count(slice))
             .map_err(|_| Error::InvalidArgument("request has too many slices".into()))?;
         let opcode = match req.opcode {
             Opcode::Write => WrOpcode::RdmaWrite,
             Opcode::Read => WrOpcode::RdmaRead,
         };
-        let local_base = local.region.as_ptr() as u64 + req.local_offset;
-        let remote_base = remote.addr.wrapping_add(req.remote_offset);
+        let local_base = local.region.as_ptr() as u64;
         let start = link.next.fetch_add(1, Ordering::Relaxed) as usize;
         let mut per_ep: Vec<Vec<Work>> = (0..eps.len()).map(|_| Vec::new()).collect();
-        for i in 0..slices {
-            let e = (start + i as usize) % eps.len();
+        for (i, piece) in req.slices(slice).enumerate() {
+            let e = (start + i) % eps.len();
             let ep = &eps[e];
             let (Some(mr), Some(rkey)) =
                 (local.mrs.get(ep.local_dev), remote.rkeys.get(ep.remote_dev))
             else {
                 return Err(unavailable("device index out of range".into()));
             };
-            let off = i * slice;
             per_ep[e].push(Work {
                 task: a.task.clone(),
                 attempt: a.attempt,
                 opcode,
-                local_addr: local_base + off,
+                local_addr: local_base + piece.local_offset,
                 lkey: mr.lkey(),
-                len: (req.length - off).min(slice) as u32,
-                remote_addr: remote_base.wrapping_add(off),
+                // A slice is at most `slice_size`, a u32.
+                len: piece.length as u32,
+                remote_addr: remote.addr.wrapping_add(piece.remote_offset),
                 rkey: *rkey,
                 local: local.clone(),
             });
