@@ -63,10 +63,12 @@ export declare class NativeBench {
 export declare class NativeEngine {
   /**
    * Starts a block-list transfer; returns `{ op, requests, promise }` where the promise
-   * resolves with every block's outcome (one wake of the JS thread for all of them).
+   * resolves with every block's outcome (one wake of the JS thread for all of them), or
+   * is that outcome itself when every block ended before the call returned (same-host
+   * copies done inline).
    * With `notify`, the blocks' segment is notified once every block completed.
    */
-  transferBlocks(opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null): { op: number, requests: number, promise: Promise<BlocksOutcome> }
+  transferBlocks(opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null): { op: number, requests: number, promise: Promise<BlocksOutcome> | BlocksOutcome }
   /** Submits a block list as tasks of a batch. */
   submitBlocks(batch: number, opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null): BlockSubmissionJs
   /** Writes the raw status of tasks `firstTask..` into `out`; returns how many. */
@@ -134,9 +136,10 @@ export declare class NativeEngine {
   freeBatch(batch: number): void
   /**
    * Starts a transfer; returns `{ op, promise }` where the promise resolves with every
-   * task's final status.
+   * task's final status, or is those statuses when every task ended before the call
+   * returned (same-host copies done inline: no Promise, no wake of the event loop).
    */
-  transfer(requestsJs: Array<TransferRequest>): { op: number, promise: Promise<Array<TaskStatus>> }
+  transfer(requestsJs: Array<TransferRequest>): { op: number, promise: Promise<Array<TaskStatus>> | Array<TaskStatus> }
   /** Cancels a pending transfer; returns whether it was pending. */
   cancel(op: number): boolean
   /** Sets the function that receives engine events. It does not keep Node alive. */

@@ -89,6 +89,21 @@ export class FerryError extends Error {
 }
 
 /** napi's own statuses for a value of the wrong type (a safety net: the binding names fields itself). */
+/**
+ * Waits one turn of the event loop. An outcome the binding hands back at once (same-host
+ * copies done inline, no Promise) is passed on only after this, as one that arrived from
+ * another thread would be: a caller's `while (...) await engine.write(...)` loop then
+ * still lets timers and I/O run between its calls, instead of spinning on microtasks.
+ */
+const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve))
+
+/** An outcome the binding returns as a Promise, or (done inline) as the value itself. */
+async function settled<T>(v: Promise<T> | T): Promise<T> {
+  if (v instanceof Promise) return v
+  await nextTurn()
+  return v
+}
+
 const NAPI_TYPE_ERRORS = new Set([
   'InvalidArg',
   'ObjectExpected',
@@ -1003,7 +1018,7 @@ export class Engine extends EventEmitter {
     signal?.addEventListener('abort', onAbort, { once: true })
     let raw: Native.BlocksOutcome
     try {
-      raw = await promise
+      raw = await settled(promise)
     } finally {
       signal?.removeEventListener('abort', onAbort)
     }
@@ -1101,7 +1116,7 @@ export class Engine extends EventEmitter {
     let raw: Native.TaskStatus[]
     let notifyError: Native.NotifyResult | undefined
     try {
-      const done = await started.promise
+      const done = await settled<Native.TaskStatus[] | Native.NotifiedTransfer>(started.promise)
       if (Array.isArray(done)) raw = done
       else {
         raw = done.tasks

@@ -137,6 +137,34 @@ test("requireTransport: 'shm' towards a peer on another host fails with a clear 
   }
 })
 
+test('writes done inline still let the event loop turn between awaits', async (t) => {
+  t.timeout(60_000)
+  // A same-host 4 KiB write is copied before write() returns, and its outcome handed back
+  // without a Promise from the binding: a loop of awaited writes must still let timers run.
+  const target = await startTarget({ FERRY_TARGET_BYTES: String(MiB) })
+  const engine = await Engine.create()
+  try {
+    const src = engine.allocate(MiB)
+    const seg = await engine.openSegment(target.segment)
+    const blocks = { local: src, remote: seg, remoteBuffer: target.buffer, localOffsets: new Float64Array([0, 8192]), remoteOffsets: new Float64Array([16384, 0]), lengths: 4096 }
+    for (const op of ['write', 'writeBlocks'] as const) {
+      let fired = false
+      setTimeout(() => (fired = true), 5)
+      let calls = 0
+      const giveUp = Date.now() + 5000
+      while (!fired && Date.now() < giveUp) {
+        if (op === 'write') t.is((await engine.write({ local: src, remote: seg, remoteBuffer: target.buffer, length: 4096 })).tasks[0].transport, 'shm')
+        else t.true((await engine.writeBlocks(blocks)).status.every((s) => s === TransferStatus.COMPLETED))
+        calls++
+      }
+      t.true(fired, `${op}: a 5 ms timer fired while ${calls} calls ran back to back`)
+    }
+  } finally {
+    await engine.close()
+    await target.kill()
+  }
+})
+
 test('SIGKILL of a target during shm writes: FAILED within 1 s, never a silent success', async (t) => {
   t.timeout(60_000)
   const target = await startTarget({ FERRY_TARGET_BYTES: String(64 * MiB) })

@@ -15,7 +15,7 @@ use napi_derive::napi;
 use crate::convert::{internal, js_error, transport};
 use crate::js::{exact_u64, to_u64};
 use crate::notify::NotifyResult;
-use crate::settle::Settle;
+use crate::settle::Early;
 use crate::NativeEngine;
 
 /// Blocks of one request that did not complete.
@@ -249,12 +249,14 @@ fn batch_and_task(batch: f64, task: f64) -> napi::Result<(u64, usize), String> {
 #[napi]
 impl NativeEngine {
     /// Starts a block-list transfer; returns `{ op, requests, promise }` where the promise
-    /// resolves with every block's outcome (one wake of the JS thread for all of them).
+    /// resolves with every block's outcome (one wake of the JS thread for all of them), or
+    /// is that outcome itself when every block ended before the call returned (same-host
+    /// copies done inline).
     /// With `notify`, the blocks' segment is notified once every block completed.
     #[napi(
         catch_unwind,
         ts_args_type = "opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null",
-        ts_return_type = "{ op: number, requests: number, promise: Promise<BlocksOutcome> }"
+        ts_return_type = "{ op: number, requests: number, promise: Promise<BlocksOutcome> | BlocksOutcome }"
     )]
     pub fn transfer_blocks<'env>(
         &self,
@@ -265,7 +267,7 @@ impl NativeEngine {
     ) -> napi::Result<Object<'env>, String> {
         let engine = self.core();
         let list = blocks(env, &engine.handles(), &opcode, &list).map_err(js_error)?;
-        let (settle, promise) = Settle::<BlocksOutcome>::new(env).map_err(internal)?;
+        let (early, settle) = Early::<BlocksOutcome>::new();
         let (op, requests) = match notify {
             None => engine.transfer_blocks(&list, move |outcome| {
                 settle.resolve(BlocksOutcome::from(outcome))
@@ -283,7 +285,8 @@ impl NativeEngine {
         let mut out = Object::new(env).map_err(internal)?;
         out.set("op", op as f64).map_err(internal)?;
         out.set("requests", requests as f64).map_err(internal)?;
-        out.set("promise", promise).map_err(internal)?;
+        out.set("promise", early.hand(env).map_err(internal)?)
+            .map_err(internal)?;
         Ok(out)
     }
 

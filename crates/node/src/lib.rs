@@ -31,7 +31,7 @@ use crate::convert::{
     OpenResult, RegionInfo, SegmentDesc, TaskStatus, TransferRequest,
 };
 use crate::js::to_u64;
-use crate::settle::Settle;
+use crate::settle::{Early, Settle};
 
 static LOGGING: Once = Once::new();
 
@@ -339,10 +339,11 @@ impl NativeEngine {
     }
 
     /// Starts a transfer; returns `{ op, promise }` where the promise resolves with every
-    /// task's final status.
+    /// task's final status, or is those statuses when every task ended before the call
+    /// returned (same-host copies done inline: no Promise, no wake of the event loop).
     #[napi(
         catch_unwind,
-        ts_return_type = "{ op: number, promise: Promise<Array<TaskStatus>> }"
+        ts_return_type = "{ op: number, promise: Promise<Array<TaskStatus>> | Array<TaskStatus> }"
     )]
     pub fn transfer<'env>(
         &self,
@@ -350,7 +351,7 @@ impl NativeEngine {
         requests_js: Vec<TransferRequest>,
     ) -> napi::Result<Object<'env>, String> {
         let reqs = requests(&requests_js, &self.engine.handles()).map_err(js_error)?;
-        let (settle, promise) = Settle::<Vec<TaskStatus>>::new(env).map_err(internal)?;
+        let (early, settle) = Early::<Vec<TaskStatus>>::new();
         let op = self
             .engine
             .transfer(&reqs, move |snaps| {
@@ -360,7 +361,8 @@ impl NativeEngine {
             .map_err(js_error)?;
         let mut out = Object::new(env).map_err(internal)?;
         out.set("op", op as f64).map_err(internal)?;
-        out.set("promise", promise).map_err(internal)?;
+        out.set("promise", early.hand(env).map_err(internal)?)
+            .map_err(internal)?;
         Ok(out)
     }
 
