@@ -35,7 +35,7 @@ impl Inner {
                 })
             },
         )?;
-        Ok(blocks.merge().gather(GATHER))
+        Ok(blocks.gather(GATHER))
     }
 
     /// Submits a block list; `on_done` gets every block's outcome once all have ended.

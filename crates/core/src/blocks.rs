@@ -175,29 +175,17 @@ impl Blocks {
         Ok(())
     }
 
-    /// Merges the list into requests: a block joins the previous block's request when it
-    /// names the same region, segment and buffer and starts, on both sides, where that
-    /// request ends. Only exact adjacency merges: overlapping or reordered blocks stay
-    /// requests of their own. Call after `check_shape` and `check_bounds` (ends cannot
-    /// overflow then).
-    pub fn merge(&self) -> Merged {
-        let mut requests: Vec<Request> = Vec::new();
-        let mut starts: Vec<u32> = Vec::new();
-        for i in 0..self.len() {
-            let b = self.block(i);
-            if let Some(last) = requests.last_mut() {
-                let joins = last.local == b.local
-                    && last.segment == b.segment
-                    && last.remote_buffer == b.remote_buffer
-                    && last.local_offset.checked_add(last.length) == Some(b.local_offset)
-                    && last.remote_offset.checked_add(last.length) == Some(b.remote_offset);
-                if let (true, Some(length)) = (joins, last.length.checked_add(b.length)) {
-                    last.length = length;
-                    continue;
-                }
-            }
-            starts.push(i as u32);
-            requests.push(Request {
+    /// The list's merged runs, in order, each with the index of its first block: a block
+    /// joins the previous block's run when it names the same region, segment and buffer
+    /// and starts, on both sides, where that run ends. Only exact adjacency merges:
+    /// overlapping or reordered blocks stay runs of their own. Call after `check_shape`
+    /// and `check_bounds` (ends cannot overflow then).
+    fn runs(&self) -> impl Iterator<Item = (u32, Request)> + '_ {
+        let mut i = 0;
+        std::iter::from_fn(move || {
+            let first = self.local_offsets.get(i).map(|_| i)?;
+            let b = self.block(first);
+            let mut run = Request {
                 opcode: self.opcode,
                 local: b.local,
                 local_offset: b.local_offset,
@@ -206,11 +194,111 @@ impl Blocks {
                 remote_offset: b.remote_offset,
                 length: b.length,
                 hint: self.hint,
-            });
-        }
+            };
+            i += 1;
+            while i < self.len() {
+                let n = self.block(i);
+                let joins = run.local == n.local
+                    && run.segment == n.segment
+                    && run.remote_buffer == n.remote_buffer
+                    && run.local_offset.checked_add(run.length) == Some(n.local_offset)
+                    && run.remote_offset.checked_add(run.length) == Some(n.remote_offset);
+                match (joins, run.length.checked_add(n.length)) {
+                    (true, Some(length)) => run.length = length,
+                    _ => break,
+                }
+                i += 1;
+            }
+            Some((first as u32, run))
+        })
+    }
+
+    /// Merges the list into requests (see `runs`), keeping which blocks each covers.
+    pub fn merge(&self) -> Merged {
+        let mut starts: Vec<u32> = Vec::new();
+        let requests = self
+            .runs()
+            .map(|(first, run)| {
+                starts.push(first);
+                run
+            })
+            .collect();
         starts.push(self.len() as u32);
         Merged {
             requests,
+            map: BlockMap { starts },
+        }
+    }
+
+    /// Merges the list (see `runs`) and gathers runs of small requests that name the same
+    /// region, segment and buffer into one request of many spans, within `limits`, in one
+    /// pass. A run of one stays a plain request. The map says which blocks each unit
+    /// covers.
+    pub fn gather(&self, limits: GatherLimits) -> Gathered {
+        struct Open {
+            head: Request,
+            spans: Vec<Span>,
+            bytes: u64,
+        }
+        fn close(open: Open) -> Unit {
+            if open.spans.len() == 1 {
+                return Unit::One(open.head);
+            }
+            let h = open.head;
+            Unit::Gather(Gather {
+                opcode: h.opcode,
+                local: h.local,
+                segment: h.segment,
+                remote_buffer: h.remote_buffer,
+                spans: open.spans.into(),
+                hint: h.hint,
+            })
+        }
+        let mut units = Vec::new();
+        let mut starts = Vec::new();
+        let mut open: Option<Open> = None;
+        for (first, req) in self.runs() {
+            let span = Span {
+                local_offset: req.local_offset,
+                remote_offset: req.remote_offset,
+                length: req.length,
+            };
+            let small = req.length <= limits.span_max;
+            if let Some(o) = open.as_mut() {
+                let joins = small
+                    && o.head.local == req.local
+                    && o.head.segment == req.segment
+                    && o.head.remote_buffer == req.remote_buffer
+                    && o.spans.len() < limits.spans_max
+                    && o.bytes.saturating_add(req.length) <= limits.bytes_max;
+                if joins {
+                    o.spans.push(span);
+                    o.bytes += req.length;
+                    continue;
+                }
+            }
+            if let Some(o) = open.take() {
+                units.push(close(o));
+            }
+            starts.push(first);
+            if small {
+                let mut spans = Vec::with_capacity(self.len().min(limits.spans_max));
+                spans.push(span);
+                open = Some(Open {
+                    bytes: req.length,
+                    head: req,
+                    spans,
+                });
+            } else {
+                units.push(Unit::One(req));
+            }
+        }
+        if let Some(o) = open.take() {
+            units.push(close(o));
+        }
+        starts.push(self.len() as u32);
+        Gathered {
+            units,
             map: BlockMap { starts },
         }
     }
@@ -235,79 +323,6 @@ pub const GATHER: GatherLimits = GatherLimits {
     bytes_max: 4 << 20,
     spans_max: 4096,
 };
-
-impl Merged {
-    /// Gathers runs of small requests that name the same region, segment and buffer into
-    /// one request of many spans, within `limits`. A run of one stays a plain request.
-    /// The map says which blocks each resulting unit covers.
-    pub fn gather(self, limits: GatherLimits) -> Gathered {
-        struct Open {
-            head: Request,
-            spans: Vec<Span>,
-            bytes: u64,
-        }
-        fn close(open: Open) -> Unit {
-            if open.spans.len() == 1 {
-                return Unit::One(open.head);
-            }
-            let h = open.head;
-            Unit::Gather(Gather {
-                opcode: h.opcode,
-                local: h.local,
-                segment: h.segment,
-                remote_buffer: h.remote_buffer,
-                spans: open.spans.into(),
-                hint: h.hint,
-            })
-        }
-        let Merged { requests, map } = self;
-        let mut units = Vec::new();
-        let mut starts = Vec::new();
-        let mut open: Option<Open> = None;
-        for (r, req) in requests.into_iter().enumerate() {
-            let span = Span {
-                local_offset: req.local_offset,
-                remote_offset: req.remote_offset,
-                length: req.length,
-            };
-            let small = req.length <= limits.span_max;
-            if let Some(o) = open.as_mut() {
-                let joins = small
-                    && o.head.local == req.local
-                    && o.head.segment == req.segment
-                    && o.head.remote_buffer == req.remote_buffer
-                    && o.spans.len() < limits.spans_max
-                    && o.bytes.saturating_add(req.length) <= limits.bytes_max;
-                if joins {
-                    o.spans.push(span);
-                    o.bytes += req.length;
-                    continue;
-                }
-            }
-            if let Some(o) = open.take() {
-                units.push(close(o));
-            }
-            starts.push(map.starts[r]);
-            if small {
-                open = Some(Open {
-                    bytes: req.length,
-                    head: req,
-                    spans: vec![span],
-                });
-            } else {
-                units.push(Unit::One(req));
-            }
-        }
-        if let Some(o) = open.take() {
-            units.push(close(o));
-        }
-        starts.push(map.blocks() as u32);
-        Gathered {
-            units,
-            map: BlockMap { starts },
-        }
-    }
-}
 
 /// A block list as the units it is submitted as: one task each.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -660,7 +675,7 @@ mod tests {
     #[test]
     fn scattered_small_requests_gather_into_one_unit() {
         let b = list(&[0, 4, 40, 8], &[100, 104, 60, 0], &[4, 4, 4, 4]);
-        let g = b.merge().gather(LIMITS);
+        let g = b.gather(LIMITS);
         assert_eq!(units(&g), vec![vec![(0, 100, 8), (40, 60, 4), (8, 0, 4)]]);
         assert!(
             matches!(&g.units[0], Unit::Gather(x) if x.opcode == Opcode::Write && x.local == 1 && x.segment == 2 && x.remote_buffer == 3)
@@ -671,12 +686,10 @@ mod tests {
     #[test]
     fn a_lone_request_stays_plain_and_large_ones_stay_alone() {
         // One merged run: a plain request, not a gather of one.
-        let g = list(&[0, 4], &[0, 4], &[4, 4]).merge().gather(LIMITS);
+        let g = list(&[0, 4], &[0, 4], &[4, 4]).gather(LIMITS);
         assert!(matches!(g.units.as_slice(), [Unit::One(r)] if r.length == 8));
         // 20 bytes is over span_max: it splits the small ones around it.
-        let g = list(&[0, 50, 100, 200], &[0, 50, 100, 200], &[4, 4, 20, 4])
-            .merge()
-            .gather(LIMITS);
+        let g = list(&[0, 50, 100, 200], &[0, 50, 100, 200], &[4, 4, 20, 4]).gather(LIMITS);
         assert_eq!(
             units(&g),
             vec![
@@ -692,24 +705,20 @@ mod tests {
     #[test]
     fn gathers_end_at_their_limits_and_at_another_region_segment_or_buffer() {
         // spans_max 3: four scattered blocks make a gather of three and a plain request.
-        let g = list(&[0, 10, 20, 30], &[90, 70, 50, 30], &[2, 2, 2, 2])
-            .merge()
-            .gather(LIMITS);
+        let g = list(&[0, 10, 20, 30], &[90, 70, 50, 30], &[2, 2, 2, 2]).gather(LIMITS);
         assert_eq!(g.map.starts, vec![0, 3, 4]);
         // bytes_max 24: 16 + 8 fits, a third span does not.
-        let g = list(&[0, 100, 200], &[300, 200, 100], &[16, 8, 1])
-            .merge()
-            .gather(LIMITS);
+        let g = list(&[0, 100, 200], &[300, 200, 100], &[16, 8, 1]).gather(LIMITS);
         assert_eq!(g.map.starts, vec![0, 2, 3]);
         let mut b = list(&[0, 10, 20, 30], &[90, 70, 50, 30], &[2, 2, 2, 2]);
         b.local = PerBlock::Each(vec![1, 1, 9, 9]);
-        assert_eq!(b.merge().gather(LIMITS).map.starts, vec![0, 2, 4]);
+        assert_eq!(b.gather(LIMITS).map.starts, vec![0, 2, 4]);
         b.local = PerBlock::One(1);
         b.segment = PerBlock::Each(vec![2, 5, 5, 5]);
-        assert_eq!(b.merge().gather(LIMITS).map.starts, vec![0, 1, 4]);
+        assert_eq!(b.gather(LIMITS).map.starts, vec![0, 1, 4]);
         b.segment = PerBlock::One(2);
         b.remote_buffer = PerBlock::Each(vec![3, 3, 4, 4]);
-        assert_eq!(b.merge().gather(LIMITS).map.starts, vec![0, 2, 4]);
+        assert_eq!(b.gather(LIMITS).map.starts, vec![0, 2, 4]);
     }
 
     #[test]
@@ -719,21 +728,19 @@ mod tests {
         let remote: Vec<u64> = (0..n).map(|i| (n - 1 - i) * 4096).collect();
         let mut b = list(&local, &remote, &[]);
         b.lengths = PerBlock::One(4096);
-        let g = b.merge().gather(GATHER);
+        let g = b.gather(GATHER);
         assert_eq!(g.units.len(), 1);
         assert_eq!(units(&g)[0].len(), n as usize);
         // 1 MiB blocks are each their own task.
         b.lengths = PerBlock::One(1 << 20);
         b.local_offsets = (0..4).map(|i| i << 21).collect();
         b.remote_offsets = (0..4).map(|i| (3 - i) << 21).collect();
-        assert_eq!(b.merge().gather(GATHER).units.len(), 4);
+        assert_eq!(b.gather(GATHER).units.len(), 4);
     }
 
     #[test]
     fn outcomes_of_gathered_units_expand_to_their_blocks() {
-        let g = list(&[0, 50, 100, 200], &[0, 50, 100, 200], &[4, 4, 20, 4])
-            .merge()
-            .gather(LIMITS);
+        let g = list(&[0, 50, 100, 200], &[0, 50, 100, 200], &[4, 4, 20, 4]).gather(LIMITS);
         let out = g.map.outcome(&[
             snap(TransferStatus::Failed, Some(Error::Io("boom".into()))),
             snap(TransferStatus::Completed, None),
