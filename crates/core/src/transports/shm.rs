@@ -3,9 +3,10 @@
 //! Engine-owned regions are memfds sealed against resizing. A same-host initiator connects
 //! to the target's abstract unix socket, proves the segment token, and receives each
 //! buffer's memfd over SCM_RIGHTS; it maps every buffer once and copies straight into or out
-//! of the mapping: one copy, no target CPU. Copies up to 1 MiB run on the submitting
-//! thread; larger ones are cut into chunks, the first copied by the submitting thread and
-//! the others by a small pool of copy threads.
+//! of the mapping: one copy, no target CPU. Copies up to 1 MiB (gathers of scattered
+//! blocks up to 128 KiB) run on the submitting thread; larger ones are cut into jobs that
+//! the submitting thread and a small pool of copy threads take in turn, so that a copy
+//! thread that wakes late never slows the copy down.
 //!
 //! A dead process's memory stays mapped, so a copy into it would "succeed" silently. The
 //! transport therefore watches the target: a pidfd (exit) and the unix connection (EOF)
@@ -45,19 +46,22 @@ use crate::task::{Observer, Task};
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 use crate::wire::{token_eq, ConnKind, Token};
 
-/// Copies up to this size run on the submitting thread, as one memcpy: a hand-off to a
-/// copy thread costs a wake-up (and, on a busy host, a wait for a core) that a copy of
-/// this size does not repay.
-const INLINE_COPY_MAX: u64 = CHUNK;
-/// The same for a polled task (the batch API, whose caller waits for it anyway): one
-/// memcpy up to 8 MiB. Measured on a 2-core VM, one op in flight, same block and working
-/// set: handed off in 1 MiB chunks, 2/4/8 MiB moved 11/8/14 GB/s against memcpy's
-/// 35/34/19; from 16 MiB (DRAM-bound) the two were equal. A Promise's caller is a JS
-/// thread, which a long copy would block: it keeps [`INLINE_COPY_MAX`].
+/// What the submitting thread of a Promise's task copies itself: a copy up to this size
+/// runs on it as one memcpy (a hand-off costs a wake-up that such a copy does not repay);
+/// of a larger one it copies this much and leaves the rest to the copy threads. Its caller
+/// is a JS thread, which a long copy would block.
+const INLINE_COPY_MAX: u64 = 1 << 20;
+/// The same for a polled task (the batch API, the native tebench workers: a caller that
+/// waits for it anyway): it copies up to 8 MiB of a request itself, beside the copy
+/// threads.
 const POLLED_INLINE_COPY_MAX: u64 = 8 << 20;
-/// Larger copies are cut into chunks of at most this size; the submitting thread copies
-/// one, the copy threads the others.
-const CHUNK: u64 = 1 << 20;
+/// Plain copies above this size are cut into jobs of this size that the submitting
+/// thread and the copy threads take in turn ([`Shared`]). Measured on a 2-core VM
+/// (tebench shm WRITE, 1 thread, fixed addressing), against a 1-thread memcpy of the same
+/// block and working set in the same minutes: 1/2/4 MiB moved 28.6/29/28 GB/s as one
+/// memcpy on the submitting thread and 40/42.6/35 shared (memcpy: 32.9/33/28.2); 8 and
+/// 16 MiB moved 18 and 12 inline, 22.9 and 12.6 shared (memcpy: 12.3 and 7.5).
+const CHUNK: u64 = 512 << 10;
 /// A copy above this size that more of its submission follow (`Attempt::more_follow`) is
 /// handed to the copy threads whole, so that a batch's large copies run beside the
 /// submitting thread (which copies the last) instead of one after another on it: copied
@@ -73,39 +77,11 @@ const GATHER_SHARE_MIN: u64 = 128 << 10;
 /// The runs a shared gather is cut into: small enough that a copy thread that wakes late
 /// still finds some left, large enough that taking one costs nothing next to copying it.
 const SHARED_RUN: u64 = 64 << 10;
-/// How long the submitting thread waits, once no run is left to take, for the runs a copy
-/// thread is still copying: about what a few runs take, so that the outcome is usually
-/// there before the submitting call returns (handed back at once, no wake-up of the
-/// caller), yet a copy thread that stalls costs the caller no more than this.
+/// How long the submitting thread waits, once no job is left to take, for the jobs a
+/// copy thread is still copying: about what a few runs take, so that the outcome is
+/// usually there before the submitting call returns (handed back at once, no wake-up of
+/// the caller), yet a copy thread that stalls costs the caller no more than this.
 const SHARED_JOIN_WAIT: Duration = Duration::from_micros(100);
-/// How a copy larger than [`INLINE_COPY_MAX`] is cut: chunks of at most [`CHUNK`], and
-/// never fewer than two, so that the submitting thread (which copies the first) always
-/// shares the work with a copy thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ChunkPlan {
-    chunk: u64,
-    chunks: u64,
-}
-
-impl ChunkPlan {
-    /// Chunks of at most [`CHUNK`], every one for the copy threads.
-    fn handed_off(length: u64) -> Self {
-        Self::at_least(length, 1)
-    }
-
-    fn new(length: u64) -> Self {
-        Self::at_least(length, 2)
-    }
-
-    fn at_least(length: u64, min_chunks: u64) -> Self {
-        let chunks = length.div_ceil(CHUNK).max(min_chunks);
-        let chunk = length.div_ceil(chunks);
-        Self {
-            chunk,
-            chunks: length.div_ceil(chunk.max(1)),
-        }
-    }
-}
 
 /// How long the server waits for a client's token.
 const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -341,6 +317,10 @@ impl Work {
             Self::Run { spans, range } => &spans[range.clone()],
         }
     }
+
+    fn bytes(&self) -> u64 {
+        self.spans().iter().map(|s| s.length).sum()
+    }
 }
 
 /// Consecutive runs of `spans` of at most `chunk` bytes each (a span larger than `chunk`
@@ -436,12 +416,19 @@ struct Shared {
 }
 
 impl Shared {
-    /// Takes and runs jobs until none is left to take.
-    fn work(&self) {
-        while let Some(job) = self.jobs.get(self.next.fetch_add(1, Ordering::Relaxed)) {
+    /// Takes and runs jobs until none is left to take, or until it copied `budget` bytes;
+    /// whether none is left.
+    fn work(&self, budget: u64) -> bool {
+        let mut copied = 0u64;
+        while copied < budget {
+            let Some(job) = self.jobs.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
+                return true;
+            };
             job.run();
+            copied = copied.saturating_add(job.work.bytes());
             self.left.fetch_sub(1, Ordering::Release);
         }
+        self.next.load(Ordering::Relaxed) >= self.jobs.len()
     }
 
     /// Waits up to `bound` for the jobs others still run.
@@ -459,9 +446,11 @@ impl Shared {
 /// still awake.
 const COPY_THREAD_SPIN: Duration = Duration::from_micros(100);
 
-/// The next message for a copy thread: looked for during [`COPY_THREAD_SPIN`], then waited
+/// The next shared copy for a copy thread: looked for during [`COPY_THREAD_SPIN`], then waited
 /// for. An error once the transport shut down.
-fn next_message(rx: &mpsc::Receiver<Message>) -> std::result::Result<Message, mpsc::RecvError> {
+fn next_message(
+    rx: &mpsc::Receiver<Arc<Shared>>,
+) -> std::result::Result<Arc<Shared>, mpsc::RecvError> {
     let until = std::time::Instant::now() + COPY_THREAD_SPIN;
     loop {
         match rx.try_recv() {
@@ -473,14 +462,6 @@ fn next_message(rx: &mpsc::Receiver<Message>) -> std::result::Result<Message, mp
             Err(mpsc::TryRecvError::Empty) => return rx.recv(),
         }
     }
-}
-
-/// What the copy threads are given.
-enum Message {
-    /// One job, theirs alone.
-    Job(CopyJob),
-    /// Jobs to take from, beside the submitting thread.
-    Help(Arc<Shared>),
 }
 
 /// The shared-memory transport.
@@ -495,7 +476,7 @@ pub struct ShmTransport {
     socket: std::sync::OnceLock<String>,
     /// Read on every request (two threads submitting must not queue on it).
     peers: RwLock<FxHashMap<u64, Arc<ShmPeer>>>,
-    jobs: Mutex<Option<mpsc::Sender<Message>>>,
+    jobs: Mutex<Option<mpsc::Sender<Arc<Shared>>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Copy threads asked to help with one shared copy: as many as leave a core to the
     /// submitting thread.
@@ -511,7 +492,7 @@ pub struct ShmTransport {
 impl ShmTransport {
     /// A transport with `copy_threads` copy threads, for the engine of `context`.
     fn new(context: TransportContext, copy_threads: usize) -> Result<Arc<Self>> {
-        let (tx, rx) = mpsc::channel::<Message>();
+        let (tx, rx) = mpsc::channel::<Arc<Shared>>();
         let rx = Arc::new(Mutex::new(rx));
         let mut threads = Vec::new();
         let copy_threads = copy_threads.max(1);
@@ -523,8 +504,9 @@ impl ShmTransport {
                 .spawn(move || loop {
                     let message = next_message(&rx.lock().unwrap_or_else(|p| p.into_inner()));
                     match message {
-                        Ok(Message::Job(job)) => job.run(),
-                        Ok(Message::Help(shared)) => shared.work(),
+                        Ok(shared) => {
+                            shared.work(u64::MAX);
+                        }
                         Err(_) => return, // the transport shut down
                     }
                 })
@@ -651,75 +633,61 @@ impl ShmTransport {
             work,
         };
         let hand_off = a.more_follow && req.length > SHARE_MIN;
-        let inline_max = match a.task.observer() {
-            Observer::Poll => POLLED_INLINE_COPY_MAX,
-            Observer::Progress => INLINE_COPY_MAX,
+        // What this thread may copy itself: a Promise's caller is a JS thread, which a
+        // long copy would block.
+        let budget = match (hand_off, a.task.observer()) {
+            (true, _) => 0,
+            (false, Observer::Poll) => POLLED_INLINE_COPY_MAX,
+            (false, Observer::Progress) => INLINE_COPY_MAX,
         };
-        if req.gathered().is_some() && req.length > GATHER_SHARE_MIN && !hand_off {
-            return self.share(a, Work::cut(req, SHARED_RUN).into_iter().map(job).collect());
-        }
-        if req.length <= inline_max && !hand_off {
+        let (shared, run) = match req.gathered() {
+            Some(_) => (req.length > GATHER_SHARE_MIN, SHARED_RUN),
+            None => (req.length > CHUNK, CHUNK),
+        };
+        if !shared && !hand_off {
             a.task.expect_slices(a.attempt, 1);
             job(Work::all(req)).run();
             return Ok(());
         }
-        let plan = if hand_off {
-            ChunkPlan::handed_off(req.length)
-        } else {
-            ChunkPlan::new(req.length)
-        };
-        let mut works = Work::cut(req, plan.chunk).into_iter();
-        let count = u32::try_from(works.len())
-            .map_err(|_| Error::InvalidArgument("request too large".into()))?;
-        // Copied by this thread, after the others are queued (none when handed off).
-        let first = if hand_off { None } else { works.next() };
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(tx) = jobs.as_ref() else {
-            return Err(Error::Closed);
-        };
-        a.task.expect_slices(a.attempt, count);
-        // Every job but the first goes to the copy threads, queued before this thread
-        // copies the first itself: the copy threads start at once, and the op never waits
-        // on a hand-off alone (a dip in bandwidth where copies move off this thread).
-        // Handed off, the first goes too.
-        for work in works {
-            if let Err(mpsc::SendError(Message::Job(job))) = tx.send(Message::Job(job(work))) {
-                job.task.attempt_failed(job.attempt, Error::Closed);
-                return Ok(());
-            }
-        }
-        drop(jobs);
-        if let Some(work) = first {
-            job(work).run();
-        }
-        Ok(())
+        let jobs = Work::cut(req, run).into_iter().map(job).collect();
+        self.share(a, jobs, budget)
     }
 
-    /// Runs `jobs` on this thread and on the copy threads that come to help ([`Shared`]),
-    /// then waits a little for the ones still being copied.
-    fn share(&self, a: &Attempt, jobs: Vec<CopyJob>) -> Result<()> {
+    /// Runs `jobs` on the copy threads that come to help and on this thread, which takes
+    /// jobs until it copied `budget` bytes ([`Shared`]); when it took the last, it waits a
+    /// little for the ones still being copied, so that the outcome is usually there when
+    /// the call returns.
+    fn share(&self, a: &Attempt, jobs: Vec<CopyJob>, budget: u64) -> Result<()> {
         let count = u32::try_from(jobs.len())
             .map_err(|_| Error::InvalidArgument("request too large".into()))?;
-        let helpers = self.helpers.min(jobs.len().saturating_sub(1));
+        // At least one, always: this thread may leave jobs to them (`budget`), and a helper
+        // that finds none left returns at once.
+        let helpers = if budget == 0 {
+            self.helpers.min(jobs.len())
+        } else {
+            self.helpers.min(jobs.len().saturating_sub(1))
+        }
+        .max(1);
         let shared = Arc::new(Shared {
             left: AtomicUsize::new(jobs.len()),
             jobs: jobs.into_boxed_slice(),
             next: AtomicUsize::new(0),
         });
-        a.task.expect_slices(a.attempt, count);
         {
             let queue = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-            // Closing: nobody helps, this thread copies everything.
-            if let Some(tx) = queue.as_ref() {
-                for _ in 0..helpers {
-                    if tx.send(Message::Help(shared.clone())).is_err() {
-                        break;
-                    }
+            let Some(tx) = queue.as_ref() else {
+                return Err(Error::Closed);
+            };
+            a.task.expect_slices(a.attempt, count);
+            for _ in 0..helpers {
+                if tx.send(shared.clone()).is_err() {
+                    break;
                 }
             }
         }
-        shared.work();
-        shared.join(SHARED_JOIN_WAIT);
+        if shared.work(budget) {
+            shared.join(SHARED_JOIN_WAIT);
+        }
         Ok(())
     }
 }
@@ -1131,43 +1099,5 @@ mod tests {
         assert_eq!(got, vec![0..2, 2..3, 3..4, 4..7]);
         assert_eq!(runs(&spans, u64::MAX).collect::<Vec<_>>(), vec![0..7]);
         assert_eq!(runs(&[], 8).count(), 0);
-    }
-
-    #[test]
-    fn large_copies_are_cut_into_at_least_two_chunks_that_cover_them() {
-        for length in [
-            INLINE_COPY_MAX + 1,
-            CHUNK + 1,
-            2 * CHUNK,
-            3 * CHUNK - 7,
-            64 * CHUNK,
-        ] {
-            let plan = ChunkPlan::new(length);
-            assert!(plan.chunks >= 2, "{length}: {plan:?}");
-            assert!(plan.chunk <= CHUNK, "{length}: {plan:?}");
-            assert!(plan.chunk * plan.chunks >= length, "{length}: {plan:?}");
-            assert!(
-                plan.chunk * (plan.chunks - 1) < length,
-                "{length}: {plan:?}"
-            );
-        }
-        // Handed off whole: one chunk up to CHUNK, else chunks of at most CHUNK.
-        for length in [SHARE_MIN + 1, CHUNK, CHUNK + 1, 3 * CHUNK - 7] {
-            let plan = ChunkPlan::handed_off(length);
-            assert!(plan.chunk <= CHUNK, "{length}: {plan:?}");
-            assert!(plan.chunk * plan.chunks >= length, "{length}: {plan:?}");
-            assert!(
-                plan.chunk * (plan.chunks - 1) < length,
-                "{length}: {plan:?}"
-            );
-        }
-        assert_eq!(ChunkPlan::handed_off(CHUNK).chunks, 1);
-        assert_eq!(
-            ChunkPlan::new(2 * CHUNK),
-            ChunkPlan {
-                chunk: CHUNK,
-                chunks: 2
-            }
-        );
     }
 }
