@@ -89,19 +89,20 @@ export class FerryError extends Error {
 }
 
 /** napi's own statuses for a value of the wrong type (a safety net: the binding names fields itself). */
-/**
- * Waits one turn of the event loop. An outcome the binding hands back at once (same-host
- * copies done inline, no Promise) is passed on at once, as a resolved value, except that
- * at least every `TURN_EVERY_MS` one waits for a turn of the loop first: a caller's
- * `while (...) await engine.write(...)` loop then still lets timers and I/O run (delayed
- * by at most about that long), instead of spinning on microtasks for good, while most
- * calls skip the round trip through the loop (a few microseconds each).
- */
+/** Waits one turn of the event loop. */
 const nextTurn = () => new Promise<void>((resolve) => setImmediate(resolve))
+/** How long inline outcomes may follow one another without a turn of the loop. */
 const TURN_EVERY_MS = 1
 let lastTurn = performance.now()
 
-/** An outcome the binding returns as a Promise, or (done inline) as the value itself. */
+/**
+ * An outcome the binding returns as a Promise, or (done inline: same-host copies, no
+ * Promise) as the value itself. The value is passed on at once, except that at least every
+ * `TURN_EVERY_MS` it first waits for a turn of the loop: a caller's
+ * `while (...) await engine.write(...)` loop then still lets timers and I/O run (delayed
+ * by at most about that long) instead of spinning on microtasks for good, while most calls
+ * skip the round trip through the loop (a few microseconds each).
+ */
 async function settled<T>(v: Promise<T> | T): Promise<T> {
   if (v instanceof Promise) {
     const got = await v

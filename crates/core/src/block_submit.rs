@@ -21,7 +21,7 @@ pub struct BlockSubmission {
 impl Inner {
     /// Checks every block (shape, then each range), merges the list and gathers its
     /// small requests; nothing is submitted here.
-    pub(crate) fn merge_blocks(&self, blocks: &Blocks) -> Result<Gathered> {
+    pub(crate) fn gather_blocks(&self, blocks: &Blocks) -> Result<Gathered> {
         self.check_open()?;
         blocks.check_shape()?;
         blocks.check_bounds(
@@ -48,7 +48,7 @@ impl Inner {
     where
         F: FnOnce(BlockOutcome) + Send + 'static,
     {
-        let Gathered { units, map } = self.merge_blocks(blocks)?;
+        let Gathered { units, map } = self.gather_blocks(blocks)?;
         let count = units.len();
         let op = self.transfer(&units, move |snaps| on_done(map.outcome(&snaps)))?;
         Ok((op, count))
@@ -60,7 +60,7 @@ impl Inner {
         batch: u64,
         blocks: &Blocks,
     ) -> Result<BlockSubmission> {
-        let Gathered { units, map } = self.merge_blocks(blocks)?;
+        let Gathered { units, map } = self.gather_blocks(blocks)?;
         let first_task = self.submit_transfer(batch, &units)?;
         Ok(BlockSubmission { first_task, map })
     }

@@ -183,7 +183,10 @@ impl Blocks {
     fn runs(&self) -> impl Iterator<Item = (u32, Request)> + '_ {
         let mut i = 0;
         std::iter::from_fn(move || {
-            let first = self.local_offsets.get(i).map(|_| i)?;
+            if i >= self.len() {
+                return None;
+            }
+            let first = i;
             let b = self.block(first);
             let mut run = Request {
                 opcode: self.opcode,
@@ -213,49 +216,37 @@ impl Blocks {
         })
     }
 
-    /// Merges the list into requests (see `runs`), keeping which blocks each covers.
-    pub fn merge(&self) -> Merged {
-        let mut starts: Vec<u32> = Vec::new();
-        let requests = self
-            .runs()
-            .map(|(first, run)| {
-                starts.push(first);
-                run
-            })
-            .collect();
-        starts.push(self.len() as u32);
-        Merged {
-            requests,
-            map: BlockMap { starts },
-        }
-    }
-
     /// Merges the list (see `runs`) and gathers runs of small requests that name the same
     /// region, segment and buffer into one request of many spans, within `limits`, in one
     /// pass. A run of one stays a plain request. The map says which blocks each unit
     /// covers.
     pub fn gather(&self, limits: GatherLimits) -> Gathered {
+        /// The open gather: its first request and its bytes so far (its spans are in
+        /// `spans`, one list reused for every gather).
         struct Open {
             head: Request,
-            spans: Vec<Span>,
             bytes: u64,
         }
-        fn close(open: Open) -> Unit {
-            if open.spans.len() == 1 {
-                return Unit::One(open.head);
-            }
+        fn close(open: Open, spans: &mut Vec<Span>) -> Unit {
             let h = open.head;
-            Unit::Gather(Gather {
-                opcode: h.opcode,
-                local: h.local,
-                segment: h.segment,
-                remote_buffer: h.remote_buffer,
-                spans: open.spans.into(),
-                hint: h.hint,
-            })
+            let unit = if spans.len() == 1 {
+                Unit::One(h)
+            } else {
+                Unit::Gather(Gather {
+                    opcode: h.opcode,
+                    local: h.local,
+                    segment: h.segment,
+                    remote_buffer: h.remote_buffer,
+                    spans: spans.as_slice().into(),
+                    hint: h.hint,
+                })
+            };
+            spans.clear();
+            unit
         }
         let mut units = Vec::new();
         let mut starts = Vec::new();
+        let mut spans: Vec<Span> = Vec::new();
         let mut open: Option<Open> = None;
         for (first, req) in self.runs() {
             let span = Span {
@@ -269,32 +260,30 @@ impl Blocks {
                     && o.head.local == req.local
                     && o.head.segment == req.segment
                     && o.head.remote_buffer == req.remote_buffer
-                    && o.spans.len() < limits.spans_max
+                    && spans.len() < limits.spans_max
                     && o.bytes.saturating_add(req.length) <= limits.bytes_max;
                 if joins {
-                    o.spans.push(span);
+                    spans.push(span);
                     o.bytes += req.length;
                     continue;
                 }
             }
             if let Some(o) = open.take() {
-                units.push(close(o));
+                units.push(close(o, &mut spans));
             }
             starts.push(first);
             if small {
-                let mut spans = Vec::with_capacity(self.len().min(limits.spans_max));
                 spans.push(span);
                 open = Some(Open {
                     bytes: req.length,
                     head: req,
-                    spans,
                 });
             } else {
                 units.push(Unit::One(req));
             }
         }
         if let Some(o) = open.take() {
-            units.push(close(o));
+            units.push(close(o, &mut spans));
         }
         starts.push(self.len() as u32);
         Gathered {
@@ -304,7 +293,7 @@ impl Blocks {
     }
 }
 
-/// Which requests of a merged list are gathered, and into how large gathers.
+/// Which merged requests of a list are gathered, and into how large gathers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GatherLimits {
     /// Requests of at most this many bytes are gathered; larger ones stay tasks of their
@@ -348,15 +337,6 @@ fn side(e: Error, what: &str) -> Error {
         Error::OutOfRange(m) => Error::OutOfRange(format!("{what}: {m}")),
         other => other,
     }
-}
-
-/// A block list as requests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Merged {
-    /// The requests, in block order.
-    pub requests: Vec<Request>,
-    /// Which blocks each request covers.
-    pub map: BlockMap,
 }
 
 /// Which blocks each request of a merged list covers.
@@ -470,6 +450,31 @@ pub struct BlockOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A block list as merged requests, gathered or not.
+    struct Merged {
+        requests: Vec<Request>,
+        map: BlockMap,
+    }
+
+    impl Blocks {
+        /// The merged runs as requests (see `runs`), and which blocks each covers.
+        fn merge(&self) -> Merged {
+            let mut starts: Vec<u32> = Vec::new();
+            let requests = self
+                .runs()
+                .map(|(first, run)| {
+                    starts.push(first);
+                    run
+                })
+                .collect();
+            starts.push(self.len() as u32);
+            Merged {
+                requests,
+                map: BlockMap { starts },
+            }
+        }
+    }
 
     fn list(local: &[u64], remote: &[u64], lengths: &[u64]) -> Blocks {
         Blocks {

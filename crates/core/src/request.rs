@@ -133,6 +133,15 @@ enum Spans {
     Many(Arc<[Span]>),
 }
 
+impl Spans {
+    fn as_slice(&self) -> &[Span] {
+        match self {
+            Self::One(s) => std::slice::from_ref(s),
+            Self::Many(v) => v,
+        }
+    }
+}
+
 /// A request whose every reference has been resolved and checked.
 #[derive(Debug, Clone)]
 pub struct ValidatedRequest {
@@ -197,15 +206,6 @@ struct Head {
     segment: u64,
     remote_buffer: u64,
     hint: TransportHint,
-}
-
-impl Spans {
-    fn as_slice(&self) -> &[Span] {
-        match self {
-            Self::One(s) => std::slice::from_ref(s),
-            Self::Many(v) => v,
-        }
-    }
 }
 
 /// The checks a request and a gather share: the references, then every span's two

@@ -2,7 +2,7 @@
 //! Node's event loop alive forever, so the guard resolves it with a default value when the
 //! operation it belonged to was never started (that Promise is never handed to JS).
 
-use napi::bindgen_prelude::ToNapiValue;
+use napi::bindgen_prelude::{Either, ToNapiValue};
 use napi::{Env, JsDeferred};
 
 type Resolver<T> = Box<dyn FnOnce(Env) -> napi::Result<T>>;
@@ -65,11 +65,9 @@ pub(crate) struct Arrival<T: ToNapiValue + Default + Send + 'static> {
     slot: Option<std::sync::Arc<std::sync::Mutex<Slot<T>>>>,
 }
 
-/// What the call hands JS: the outcome, or a Promise of it (`await` takes either).
-pub(crate) enum Handed<'env, T> {
-    Value(T),
-    Promise(napi::bindgen_prelude::Object<'env>),
-}
+/// What the call hands JS: the outcome (`A`), or a Promise of it (`B`); `await` takes
+/// either.
+pub(crate) type Handed<'env, T> = Either<T, napi::bindgen_prelude::Object<'env>>;
 
 impl<T: ToNapiValue + Default + Send + 'static> Early<T> {
     pub(crate) fn new() -> (Self, Arrival<T>) {
@@ -82,14 +80,14 @@ impl<T: ToNapiValue + Default + Send + 'static> Early<T> {
     pub(crate) fn hand(self, env: &Env) -> napi::Result<Handed<'_, T>> {
         let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         match std::mem::replace(&mut *slot, Slot::Done) {
-            Slot::Arrived(v) => Ok(Handed::Value(v)),
+            Slot::Arrived(v) => Ok(Either::A(v)),
             Slot::Waiting => {
                 let (settle, promise) = Settle::new(env)?;
                 *slot = Slot::Promised(settle);
-                Ok(Handed::Promise(promise))
+                Ok(Either::B(promise))
             }
             // Only `hand` promises, once; kept total all the same.
-            Slot::Promised(_) | Slot::Done => Ok(Handed::Value(T::default())),
+            Slot::Promised(_) | Slot::Done => Ok(Either::A(T::default())),
         }
     }
 }
@@ -122,20 +120,6 @@ impl<T: ToNapiValue + Default + Send + 'static> Drop for Arrival<T> {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
             deliver(&slot, T::default());
-        }
-    }
-}
-
-impl<T: ToNapiValue> ToNapiValue for Handed<'_, T> {
-    unsafe fn to_napi_value(
-        env: napi::sys::napi_env,
-        val: Self,
-    ) -> napi::Result<napi::sys::napi_value> {
-        match val {
-            // SAFETY: forwarded with the env napi-rs gave this call.
-            Handed::Value(v) => unsafe { T::to_napi_value(env, v) },
-            // SAFETY: as above.
-            Handed::Promise(p) => unsafe { napi::bindgen_prelude::Object::to_napi_value(env, p) },
         }
     }
 }

@@ -260,7 +260,7 @@ impl Engine {
     where
         F: FnOnce(BlockOutcome, Option<Error>) + Send + 'static,
     {
-        let Gathered { units, map } = self.live()?.merge_blocks(blocks)?;
+        let Gathered { units, map } = self.live()?.gather_blocks(blocks)?;
         let count = units.len();
         let op = self.transfer_notify_of(&units, notify, move |snaps, err| {
             on_done(map.outcome(&snaps), err)
@@ -275,7 +275,7 @@ impl Engine {
         blocks: &Blocks,
         notify: Vec<u8>,
     ) -> Result<BlockSubmission> {
-        let Gathered { units, map } = self.live()?.merge_blocks(blocks)?;
+        let Gathered { units, map } = self.live()?.gather_blocks(blocks)?;
         let first_task = self.submit_transfer_notify_of(batch, &units, notify)?;
         Ok(BlockSubmission { first_task, map })
     }

@@ -446,9 +446,9 @@ impl Shared {
 /// still awake.
 const COPY_THREAD_SPIN: Duration = Duration::from_micros(100);
 
-/// The next shared copy for a copy thread: looked for during [`COPY_THREAD_SPIN`], then waited
-/// for. An error once the transport shut down.
-fn next_message(
+/// The next shared copy for a copy thread: looked for during [`COPY_THREAD_SPIN`], then
+/// waited for. An error once the transport shut down.
+fn next_shared(
     rx: &mpsc::Receiver<Arc<Shared>>,
 ) -> std::result::Result<Arc<Shared>, mpsc::RecvError> {
     let until = std::time::Instant::now() + COPY_THREAD_SPIN;
@@ -476,6 +476,7 @@ pub struct ShmTransport {
     socket: std::sync::OnceLock<String>,
     /// Read on every request (two threads submitting must not queue on it).
     peers: RwLock<FxHashMap<u64, Arc<ShmPeer>>>,
+    /// Where shared copies are offered to the copy threads; `None` once shut down.
     jobs: Mutex<Option<mpsc::Sender<Arc<Shared>>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Copy threads asked to help with one shared copy: as many as leave a core to the
@@ -502,8 +503,7 @@ impl ShmTransport {
             let handle = std::thread::Builder::new()
                 .name(format!("ferry-shm-copy-{i}"))
                 .spawn(move || loop {
-                    let message = next_message(&rx.lock().unwrap_or_else(|p| p.into_inner()));
-                    match message {
+                    match next_shared(&rx.lock().unwrap_or_else(|p| p.into_inner())) {
                         Ok(shared) => {
                             shared.work(u64::MAX);
                         }
@@ -660,14 +660,9 @@ impl ShmTransport {
     fn share(&self, a: &Attempt, jobs: Vec<CopyJob>, budget: u64) -> Result<()> {
         let count = u32::try_from(jobs.len())
             .map_err(|_| Error::InvalidArgument("request too large".into()))?;
-        // At least one, always: this thread may leave jobs to them (`budget`), and a helper
-        // that finds none left returns at once.
-        let helpers = if budget == 0 {
-            self.helpers.min(jobs.len())
-        } else {
-            self.helpers.min(jobs.len().saturating_sub(1))
-        }
-        .max(1);
+        // At least one (there is a job, and this thread may leave jobs to them, `budget`);
+        // a helper that finds none left returns at once.
+        let helpers = self.helpers.min(jobs.len()).max(1);
         let shared = Arc::new(Shared {
             left: AtomicUsize::new(jobs.len()),
             jobs: jobs.into_boxed_slice(),
