@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -252,7 +252,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         not_enabled: not_enabled_messages(&config, &disabled),
         deadlines: Arc::new(Deadlines::new(std::time::Instant::now(), tick)),
         health: HealthTable::new(config.rail),
-        health_dirty: AtomicBool::new(false),
+        health_dirty: Arc::default(),
         ops: Mutex::new(rustc_hash::FxHashMap::default()),
         next_op: AtomicU64::new(1),
         stats: stats.clone(),
@@ -263,6 +263,9 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         notifier,
     });
     let _ = slot.set(Arc::downgrade(&inner));
+    let driver: Weak<dyn crate::task::Driver> =
+        Arc::downgrade(&inner) as Weak<dyn crate::task::Driver>;
+    stats.counters.connect(driver, &inner.health_dirty);
     if inner.config.failover.attempt_timeout.is_some() {
         inner.handle.spawn(crate::dispatch::sweep_deadlines(
             Arc::downgrade(&inner),

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::handle::{HandleKind, Handles, PAYLOAD_BITS};
+use crate::lanes::Striped;
 use crate::status::{aggregate, TransferStatus};
 use crate::task::{Task, TaskSnapshot};
 use crate::wake::Wake;
@@ -131,10 +132,25 @@ struct Slot {
     batch: Option<Arc<Batch>>,
 }
 
-/// Slots of live batches and their generations.
+/// One lane's slots and the indices of its free ones.
+#[derive(Default)]
+struct Shard {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+}
+
+/// A slot number is its index in its shard, then the shard's lane in the low bits.
+const LANE_BITS: u32 = 4;
+const _: () = assert!(crate::lanes::LANES == 1 << LANE_BITS);
+/// Most slots one shard holds.
+const SHARD_SLOTS: usize = MAX_BATCHES >> LANE_BITS;
+
+/// Slots of live batches and their generations, in shards: a thread allocates in its lane's
+/// shard (another when that one is full), so threads that each allocate, poll and free
+/// their own batches take locks no other thread takes (`lanes.rs`).
 pub struct BatchTable {
     handles: Handles,
-    slots: Mutex<(Vec<Slot>, Vec<usize>)>,
+    shards: Striped<Mutex<Shard>>,
 }
 
 impl Default for BatchTable {
@@ -148,7 +164,7 @@ impl BatchTable {
     pub fn new(handles: Handles) -> Self {
         Self {
             handles,
-            slots: Mutex::new((Vec::new(), Vec::new())),
+            shards: Striped::default(),
         }
     }
 
@@ -157,9 +173,17 @@ impl BatchTable {
         Self::new(Handles::with_tag(tag))
     }
 
-    fn encode(&self, slot: usize, generation: u64) -> u64 {
-        let payload = ((generation & GEN_MASK) << SLOT_BITS) | slot as u64;
+    fn encode(&self, lane: usize, index: usize, generation: u64) -> u64 {
+        let slot = ((index as u64) << LANE_BITS) | lane as u64;
+        let payload = ((generation & GEN_MASK) << SLOT_BITS) | slot;
         self.handles.encode(HandleKind::Batch, payload)
+    }
+
+    fn shard(&self, lane: usize) -> std::sync::MutexGuard<'_, Shard> {
+        self.shards
+            .lane(lane)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Allocates a batch for up to `capacity` tasks.
@@ -175,42 +199,45 @@ impl BatchTable {
             wake: Arc::default(),
             freed: AtomicBool::new(false),
         });
-        let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let (slots, free) = &mut *guard;
-        let index = match free.pop() {
-            Some(i) => i,
-            None => {
-                if slots.len() >= MAX_BATCHES {
-                    return Err(Error::InvalidArgument(format!(
-                        "too many live batches (max {MAX_BATCHES})"
-                    )));
+        let home = crate::lanes::current();
+        for lane in (0..crate::lanes::LANES).map(|i| (home + i) % crate::lanes::LANES) {
+            let mut shard = self.shard(lane);
+            let index = match shard.free.pop() {
+                Some(i) => i,
+                None if shard.slots.len() < SHARD_SLOTS => {
+                    shard.slots.push(Slot {
+                        generation: 0,
+                        batch: None,
+                    });
+                    shard.slots.len() - 1
                 }
-                slots.push(Slot {
-                    generation: 0,
-                    batch: None,
-                });
-                slots.len() - 1
-            }
-        };
-        let slot = &mut slots[index];
-        slot.generation = (slot.generation + 1) & GEN_MASK;
-        slot.batch = Some(batch);
-        Ok(self.encode(index, slot.generation))
+                None => continue,
+            };
+            let slot = &mut shard.slots[index];
+            slot.generation = (slot.generation + 1) & GEN_MASK;
+            slot.batch = Some(batch);
+            return Ok(self.encode(lane, index, slot.generation));
+        }
+        Err(Error::InvalidArgument(format!(
+            "too many live batches (max {MAX_BATCHES})"
+        )))
     }
 
-    fn locate(&self, id: u64) -> Option<(usize, u64)> {
+    /// The lane, index and generation an id names.
+    fn locate(&self, id: u64) -> Option<(usize, usize, u64)> {
         let payload = self.handles.decode(HandleKind::Batch, id).ok()?;
+        let slot = payload & SLOT_MASK;
         Some((
-            (payload & SLOT_MASK) as usize,
+            (slot & ((1 << LANE_BITS) - 1)) as usize,
+            (slot >> LANE_BITS) as usize,
             (payload >> SLOT_BITS) & GEN_MASK,
         ))
     }
 
     /// The live batch with this id.
     pub fn get(&self, id: u64) -> Result<Arc<Batch>> {
-        let (index, generation) = self.locate(id).ok_or(Error::InvalidBatch(id))?;
-        let guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        match guard.0.get(index) {
+        let (lane, index, generation) = self.locate(id).ok_or(Error::InvalidBatch(id))?;
+        match self.shard(lane).slots.get(index) {
             Some(Slot {
                 generation: g,
                 batch: Some(b),
@@ -221,13 +248,13 @@ impl BatchTable {
 
     /// Frees a batch; returns it so the caller can cancel what is still pending.
     pub fn free(&self, id: u64) -> Result<Arc<Batch>> {
-        let (index, generation) = self.locate(id).ok_or(Error::InvalidBatch(id))?;
-        let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let (slots, free) = &mut *guard;
-        match slots.get_mut(index) {
-            Some(slot) if slot.generation == generation && slot.batch.is_some() => {
+        let (lane, index, generation) = self.locate(id).ok_or(Error::InvalidBatch(id))?;
+        let mut guard = self.shard(lane);
+        let shard = &mut *guard;
+        match shard.slots.get_mut(index) {
+            Some(slot) if slot.generation == generation => {
                 let batch = slot.batch.take().ok_or(Error::InvalidBatch(id))?;
-                free.push(index);
+                shard.free.push(index);
                 Ok(batch)
             }
             _ => Err(Error::InvalidBatch(id)),
@@ -236,13 +263,15 @@ impl BatchTable {
 
     /// Every live batch (for close).
     pub fn drain(&self) -> Vec<Arc<Batch>> {
-        let mut guard = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        let (slots, free) = &mut *guard;
         let mut out = Vec::new();
-        for (i, slot) in slots.iter_mut().enumerate() {
-            if let Some(b) = slot.batch.take() {
-                out.push(b);
-                free.push(i);
+        for lane in 0..crate::lanes::LANES {
+            let mut guard = self.shard(lane);
+            let shard = &mut *guard;
+            for (i, slot) in shard.slots.iter_mut().enumerate() {
+                if let Some(b) = slot.batch.take() {
+                    out.push(b);
+                    shard.free.push(i);
+                }
             }
         }
         out
@@ -305,6 +334,44 @@ mod tests {
         for bad in [0, u64::MAX, 1 << 53, id + 1, id ^ (1 << SLOT_BITS)] {
             assert!(one.get(bad).is_err(), "{bad:#x}");
         }
+    }
+
+    fn lane_of(id: u64) -> usize {
+        (id & ((1 << LANE_BITS) - 1)) as usize
+    }
+
+    #[test]
+    fn a_thread_allocates_in_its_own_lane_and_any_thread_may_use_the_id() {
+        let table = BatchTable::default();
+        let (id, lane) = std::thread::scope(|s| {
+            s.spawn(|| (table.allocate(1).expect("alloc"), crate::lanes::current()))
+                .join()
+                .expect("thread")
+        });
+        assert_eq!(lane_of(id), lane);
+        // Polled and freed by another thread than the one that allocated it.
+        assert!(table.get(id).is_ok());
+        table.free(id).expect("free");
+        assert_eq!(table.get(id).err(), Some(Error::InvalidBatch(id)));
+    }
+
+    #[test]
+    fn a_full_lane_spills_into_the_next_and_close_drains_every_lane() {
+        let table = BatchTable::default();
+        let home = crate::lanes::current();
+        let ids: Vec<u64> = (0..SHARD_SLOTS)
+            .map(|_| table.allocate(1).expect("alloc"))
+            .collect();
+        assert!(ids.iter().all(|&id| lane_of(id) == home));
+        let spilled = table.allocate(1).expect("spill");
+        assert_eq!(lane_of(spilled), (home + 1) % crate::lanes::LANES);
+        // A slot freed at home is taken again before any other lane's.
+        table.free(ids[7]).expect("free");
+        let again = table.allocate(1).expect("alloc");
+        assert_eq!(lane_of(again), home);
+        assert_ne!(again, ids[7], "a new generation");
+        assert_eq!(table.drain().len(), SHARD_SLOTS + 1);
+        assert!(table.get(spilled).is_err() && table.get(again).is_err());
     }
 
     #[test]

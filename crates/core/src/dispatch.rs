@@ -45,7 +45,7 @@ impl Driver for Inner {
 impl Inner {
     /// Starts a new attempt of `task` on `kind`.
     pub(crate) fn start_attempt(&self, task: &Arc<Task>, kind: TransportKind) {
-        self.start_attempt_in(task, kind, false)
+        self.start_attempt_in(task, kind, false, Instant::now())
     }
 
     /// `start_attempt`, as one of a submission's attempts (`more_follow`: see [`Attempt`]).
@@ -54,16 +54,13 @@ impl Inner {
         task: &Arc<Task>,
         kind: TransportKind,
         more_follow: bool,
+        now: Instant,
     ) {
         let Some(attempt) = task.begin_attempt(kind) else {
             return;
         };
-        // The deadline counts from the start (no clock read when there is none).
-        let deadline = self
-            .config
-            .failover
-            .attempt_timeout
-            .map(|t| Instant::now() + t);
+        // The deadline counts from the start.
+        let deadline = self.config.failover.attempt_timeout.map(|t| now + t);
         tracing::debug!(
             peer = task.request().peer.name(),
             transport = kind.name(),

@@ -95,7 +95,7 @@ pub(crate) struct Inner {
     /// Error history per (peer, transport): failing paths rank last for a cooldown.
     pub(crate) health: HealthTable<Rail>,
     /// Set once any error was recorded, so successes skip the table until then.
-    pub(crate) health_dirty: AtomicBool,
+    pub(crate) health_dirty: Arc<AtomicBool>,
     /// Operations of `transfer` in flight, for `cancel` and `close`: each holds its tasks
     /// once they are made (the completion hook takes them out).
     pub(crate) ops: Mutex<FxHashMap<u64, crate::notify::Holder>>,
@@ -114,8 +114,8 @@ pub(crate) struct Inner {
 /// Counters that outlive the engine's resources, so that `metrics()` works after close.
 #[derive(Default)]
 pub(crate) struct Stats {
-    pub(crate) counters: Arc<Counters>,
-    pub(crate) submitted: AtomicU64,
+    /// Tasks submitted and ended, in lanes (`task::Counters`).
+    pub(crate) counters: Counters,
     pub(crate) peers_lost: AtomicU64,
     pub(crate) peers_recovered: AtomicU64,
     pub(crate) failovers: AtomicU64,
@@ -520,17 +520,20 @@ impl Engine {
         let (segments, regions, auth_failures, connections_refused) = match self.live() {
             Ok(l) => (
                 l.segments.len() as u64,
-                l.regions.snapshot().len() as u64,
+                l.regions.len() as u64,
                 l.local.admission.auth_failures(),
                 l.local.admission.refused(),
             ),
             Err(_) => (0, 0, Vec::new(), Vec::new()),
         };
+        // Ended before submitted: a task is counted submitted before it ends, so the
+        // in-flight count (submitted − ended) is never below zero.
+        let tasks = c.tasks();
         Metrics {
-            tasks_submitted: s.submitted.load(Ordering::Relaxed),
-            tasks_completed: c.completed.load(Ordering::Relaxed),
-            tasks_failed: c.failed.load(Ordering::Relaxed),
-            bytes_transferred: c.bytes.load(Ordering::Relaxed),
+            tasks_submitted: c.submitted_total(),
+            tasks_completed: c.completed(),
+            tasks_failed: c.failed(),
+            bytes_transferred: c.bytes(),
             peers_lost: s.peers_lost.load(Ordering::Relaxed),
             peers_recovered: s.peers_recovered.load(Ordering::Relaxed),
             failovers: s.failovers.load(Ordering::Relaxed),
@@ -546,7 +549,7 @@ impl Engine {
             ),
             ..Metrics::default()
         }
-        .with_tasks(&c.tasks)
+        .with_tasks(&tasks)
     }
 
     /// Closes the engine. Idempotent; pending work ends CANCELED with `Closed`, pending

@@ -13,11 +13,10 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
-
-use rustc_hash::FxHashMap;
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
+use crate::lanes::{Lent, ReadMostly};
 
 /// Identifies a local region within one engine. Ids start at 0 and are never reused.
 pub type RegionId = u64;
@@ -359,8 +358,8 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
 #[derive(Default)]
 pub struct RegionTable {
     next_id: AtomicU64,
-    /// By engine-made id, looked up on every request: a fast hash.
-    regions: RwLock<FxHashMap<RegionId, Arc<Region>>>,
+    /// By engine-made id, looked up on every request: a fast hash, one copy per lane.
+    regions: ReadMostly<RegionId, Lent<Region>>,
     /// Every engine-owned region allocated here that may still be alive (released ones
     /// included: a Buffer may still view them), for `detach_owned`. Dead entries are pruned
     /// as it grows, so it stays within twice the live ones (and at least `PRUNE_MIN`).
@@ -444,34 +443,51 @@ impl RegionTable {
     }
 
     fn insert(&self, region: Arc<Region>) {
-        let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
-        map.insert(region.id, region);
+        self.regions
+            .insert_with(region.id, |_| Lent::new(region.clone()));
     }
 
     /// Looks a region up by id.
     pub fn get(&self, id: RegionId) -> Result<Arc<Region>> {
-        let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        map.get(&id).cloned().ok_or(Error::UnknownRegion(id))
+        self.regions
+            .with(&id, |r| r.map(|r| r.shared()))
+            .ok_or(Error::UnknownRegion(id))
+    }
+
+    /// Looks a region up by id, for a request: a reference that the calling thread's lane
+    /// holds the count of (`lanes.rs`).
+    pub fn lend(&self, id: RegionId) -> Result<Lent<Region>> {
+        self.regions.get(&id).ok_or(Error::UnknownRegion(id))
     }
 
     /// Removes a region from the table. In-flight users keep it alive until they finish.
     pub fn release(&self, id: RegionId) -> Result<()> {
-        let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
-        map.remove(&id).map(drop).ok_or(Error::UnknownRegion(id))
+        self.regions
+            .remove(&id)
+            .map(drop)
+            .ok_or(Error::UnknownRegion(id))
     }
 
     /// A snapshot of all regions, by id.
     pub fn snapshot(&self) -> Vec<Arc<Region>> {
-        let map = self.regions.read().unwrap_or_else(|p| p.into_inner());
-        let mut all: Vec<_> = map.values().cloned().collect();
+        let mut all: Vec<_> = self.regions.values().iter().map(Lent::shared).collect();
         all.sort_by_key(|r| r.id);
         all
     }
 
+    /// How many regions are registered.
+    pub fn len(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Whether no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Drops every region from the table.
     pub fn clear(&self) {
-        let mut map = self.regions.write().unwrap_or_else(|p| p.into_inner());
-        map.clear();
+        self.regions.clear();
     }
 
     /// Detaches every engine-owned region still alive, in the table or not (see

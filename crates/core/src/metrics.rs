@@ -56,6 +56,21 @@ impl TaskCounters {
         }
     }
 
+    /// Adds every count of `other` to this one's.
+    pub fn add(&self, other: &TaskCounters) {
+        for (mine, theirs) in self.by_status.iter().zip(&other.by_status) {
+            mine.fetch_add(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        for (mine, theirs) in self
+            .bytes
+            .iter()
+            .flatten()
+            .zip(other.bytes.iter().flatten())
+        {
+            mine.fetch_add(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
     /// Tasks that ended with `status`.
     pub fn ended(&self, status: TransferStatus) -> u64 {
         self.by_status[usize::from(status.raw()).min(6)].load(Ordering::Relaxed)

@@ -1,6 +1,7 @@
 //! The engine's peers: opening a segment (descriptor, link, transports set up), the path
 //! each transport has to it, closing it, and carrying out its loss and recovery.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -87,13 +88,13 @@ impl Inner {
     }
 
     /// The path `kind` has to `peer` from here.
-    pub(crate) fn path(&self, kind: TransportKind, peer: &Peer) -> Path {
+    pub(crate) fn path(&self, kind: TransportKind, peer: &Peer) -> Path<'_> {
         let Some(t) = self.transport(kind) else {
             // Worded once, at start (this runs for every request).
             return Path::NotEnabled(
                 self.not_enabled
                     .iter()
-                    .find_map(|(k, why)| (*k == kind).then(|| why.clone()))
+                    .find_map(|(k, why)| (*k == kind).then(|| Cow::Borrowed(&**why)))
                     .unwrap_or_else(|| format!("{kind} is not enabled on this engine").into()),
             );
         };

@@ -10,25 +10,28 @@
 //! - Otherwise the candidates are the transports both usable from here and registered by
 //!   the target, in [`DEFAULT_ORDER`], those with a paused rail moved last.
 
-use std::sync::Arc;
+use std::borrow::Cow;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::kind::{Kinds, TransportHint, TransportKind, BY_INDEX, DEFAULT_ORDER};
 
 /// One transport's state towards the peer, from here.
+///
+/// Its messages are borrowed when they can be: paths are asked for every request, and a
+/// message shared by every thread would cost a reference count written per request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Path {
+pub(crate) enum Path<'a> {
     /// It can carry requests to the peer now.
     Usable,
     /// Not enabled on this engine (the message says why, e.g. "rdma is disabled on this
     /// engine: no RDMA device").
-    NotEnabled(Arc<str>),
+    NotEnabled(Cow<'a, str>),
     /// Enabled here, but it cannot reach this peer (e.g. shm towards another host).
-    Unreachable(Arc<str>),
+    Unreachable(Cow<'a, str>),
 }
 
-impl Path {
+impl Path<'_> {
     /// Why it cannot serve, when it cannot.
     pub(crate) fn why_not(&self) -> Option<&str> {
         match self {
@@ -47,7 +50,7 @@ pub(crate) struct PeerView<'a> {
     /// Transports the target registered the remote buffer with.
     pub(crate) registered: &'a [TransportKind],
     /// Each transport's path to the peer.
-    pub(crate) path: &'a dyn Fn(TransportKind) -> Path,
+    pub(crate) path: &'a dyn Fn(TransportKind) -> Path<'a>,
     /// The peer's loss (its typed error), while it is declared lost.
     pub(crate) lost: Option<Error>,
     /// Whether the (peer, transport) rail is paused at the given time.
@@ -137,7 +140,7 @@ mod tests {
     /// A peer as the tests describe it.
     struct Peer {
         registered: Vec<TransportKind>,
-        paths: HashMap<TransportKind, Path>,
+        paths: HashMap<TransportKind, Path<'static>>,
         lost: bool,
         paused: Vec<TransportKind>,
     }
@@ -151,7 +154,7 @@ mod tests {
                 paused: Vec::new(),
             }
         }
-        fn with(mut self, k: TransportKind, p: Path) -> Self {
+        fn with(mut self, k: TransportKind, p: Path<'static>) -> Self {
             self.paths.insert(k, p);
             self
         }
@@ -183,12 +186,12 @@ mod tests {
         (e.code(), e.to_string())
     }
 
-    fn off(why: &str) -> Path {
-        Path::NotEnabled(why.into())
+    fn off(why: &str) -> Path<'static> {
+        Path::NotEnabled(why.to_string().into())
     }
 
-    fn far(why: &str) -> Path {
-        Path::Unreachable(why.into())
+    fn far(why: &str) -> Path<'static> {
+        Path::Unreachable(why.to_string().into())
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::kind::{Opcode, TransportHint};
+use crate::lanes::Lent;
 use crate::memory::{check_range, Access, Region, RegionId};
 use crate::segment::{Peer, SegmentDescriptor};
 
@@ -87,8 +88,8 @@ pub(crate) trait Validate {
     /// Resolves and checks it (`region` and `segment` look ids up in the engine's tables).
     fn validate(
         &self,
-        region: impl Fn(RegionId) -> Result<Arc<Region>>,
-        segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+        region: impl Fn(RegionId) -> Result<Lent<Region>>,
+        segment: impl Fn(u64) -> Result<(Lent<Peer>, Arc<SegmentDescriptor>)>,
     ) -> Result<ValidatedRequest>;
 }
 
@@ -99,8 +100,8 @@ impl Validate for Request {
 
     fn validate(
         &self,
-        region: impl Fn(RegionId) -> Result<Arc<Region>>,
-        segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+        region: impl Fn(RegionId) -> Result<Lent<Region>>,
+        segment: impl Fn(u64) -> Result<(Lent<Peer>, Arc<SegmentDescriptor>)>,
     ) -> Result<ValidatedRequest> {
         validate(self, region, segment)
     }
@@ -116,8 +117,8 @@ impl Validate for Unit {
 
     fn validate(
         &self,
-        region: impl Fn(RegionId) -> Result<Arc<Region>>,
-        segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+        region: impl Fn(RegionId) -> Result<Lent<Region>>,
+        segment: impl Fn(u64) -> Result<(Lent<Peer>, Arc<SegmentDescriptor>)>,
     ) -> Result<ValidatedRequest> {
         match self {
             Self::One(r) => validate(r, region, segment),
@@ -148,9 +149,9 @@ pub struct ValidatedRequest {
     /// Read or write.
     pub opcode: Opcode,
     /// The local region (kept alive while the request lives).
-    pub local: Arc<Region>,
+    pub local: Lent<Region>,
     /// The peer.
-    pub peer: Arc<Peer>,
+    pub peer: Lent<Peer>,
     /// The descriptor the request was checked against.
     pub descriptor: Arc<SegmentDescriptor>,
     /// Buffer id inside the segment.
@@ -213,8 +214,8 @@ struct Head {
 fn resolve(
     head: Head,
     spans: Spans,
-    region: impl Fn(RegionId) -> Result<Arc<Region>>,
-    segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+    region: impl Fn(RegionId) -> Result<Lent<Region>>,
+    segment: impl Fn(u64) -> Result<(Lent<Peer>, Arc<SegmentDescriptor>)>,
 ) -> Result<ValidatedRequest> {
     let Head {
         opcode,
@@ -281,8 +282,8 @@ fn resolve(
 /// Resolves and checks a request. `region` and `segment` look ids up in the engine's tables.
 pub(crate) fn validate(
     req: &Request,
-    region: impl Fn(RegionId) -> Result<Arc<Region>>,
-    segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+    region: impl Fn(RegionId) -> Result<Lent<Region>>,
+    segment: impl Fn(u64) -> Result<(Lent<Peer>, Arc<SegmentDescriptor>)>,
 ) -> Result<ValidatedRequest> {
     let head = Head {
         opcode: req.opcode,
@@ -302,8 +303,8 @@ pub(crate) fn validate(
 /// Resolves and checks a gather: every span as a request of its own would be.
 pub(crate) fn validate_gather(
     g: &Gather,
-    region: impl Fn(RegionId) -> Result<Arc<Region>>,
-    segment: impl Fn(u64) -> Result<(Arc<Peer>, Arc<SegmentDescriptor>)>,
+    region: impl Fn(RegionId) -> Result<Lent<Region>>,
+    segment: impl Fn(u64) -> Result<(Lent<Peer>, Arc<SegmentDescriptor>)>,
 ) -> Result<ValidatedRequest> {
     if g.spans.is_empty() {
         return Err(Error::InvalidArgument("a gather needs a span".into()));
@@ -375,8 +376,13 @@ mod tests {
     fn check(f: &Fixture, req: &Request) -> Result<ValidatedRequest> {
         validate(
             req,
-            |id| f.regions.get(id),
-            |h| f.segments.get(h).map(|p| (p.clone(), p.descriptor())),
+            |id| f.regions.lend(id),
+            |h| {
+                f.segments.lend(h).map(|p| {
+                    let d = p.descriptor();
+                    (p, d)
+                })
+            },
         )
     }
 
@@ -515,8 +521,13 @@ mod tests {
     fn check_gather(f: &Fixture, g: &Gather) -> Result<ValidatedRequest> {
         validate_gather(
             g,
-            |id| f.regions.get(id),
-            |h| f.segments.get(h).map(|p| (p.clone(), p.descriptor())),
+            |id| f.regions.lend(id),
+            |h| {
+                f.segments.lend(h).map(|p| {
+                    let d = p.descriptor();
+                    (p, d)
+                })
+            },
         )
     }
 

@@ -7,11 +7,13 @@ use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
+use crate::lanes::{Lent, ReadMostly, Striped};
 use crate::memory::Access;
 use crate::wire::Token;
 
@@ -89,7 +91,10 @@ pub struct Peer {
     name: String,
     /// Control address (`host:port`); the name itself in p2p mode.
     addr: RwLock<String>,
-    descriptor: RwLock<Arc<SegmentDescriptor>>,
+    /// Read for every request; replaced when the peer's descriptor is fetched again. One
+    /// copy per lane, so that the reference each request takes counts on a cache line of
+    /// its lane (`lanes.rs`).
+    descriptor: Striped<ArcSwap<SegmentDescriptor>>,
     lost: AtomicBool,
     lost_reason: Mutex<String>,
     lost_count: AtomicU64,
@@ -133,7 +138,7 @@ impl Peer {
             handle,
             addr: RwLock::new(name.clone()),
             name,
-            descriptor: RwLock::new(Arc::new(descriptor)),
+            descriptor: Striped::new(|_| ArcSwap::from_pointee(descriptor.clone())),
             lost: AtomicBool::new(false),
             lost_reason: Mutex::new(String::new()),
             lost_count: AtomicU64::new(0),
@@ -214,13 +219,12 @@ impl Peer {
     }
     /// The cached descriptor.
     pub fn descriptor(&self) -> Arc<SegmentDescriptor> {
-        self.descriptor
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.descriptor.local().load_full()
     }
     pub(crate) fn set_descriptor(&self, desc: SegmentDescriptor) {
-        *self.descriptor.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(desc);
+        for lane in self.descriptor.iter() {
+            lane.store(Arc::new(desc.clone()));
+        }
     }
     /// Whether the peer is currently declared lost.
     pub fn is_lost(&self) -> bool {
@@ -277,7 +281,11 @@ impl Peer {
 #[derive(Default)]
 pub struct SegmentTable {
     next_handle: AtomicU64,
+    /// The table itself; every change is made under its lock.
     inner: Mutex<Segments>,
+    /// `by_handle` again, for the lookup every request makes (`lanes.rs`): kept equal to
+    /// it under `inner`'s lock.
+    lookup: ReadMostly<u64, Lent<Peer>>,
 }
 
 #[derive(Default)]
@@ -290,10 +298,13 @@ struct Segments {
 impl SegmentTable {
     /// Looks a segment up by handle.
     pub fn get(&self, handle: u64) -> Result<Arc<Peer>> {
-        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        s.by_handle
+        self.lend(handle).map(|p| p.shared())
+    }
+    /// Looks a segment up by handle, for a request: a reference that the calling thread's
+    /// lane holds the count of (`lanes.rs`).
+    pub fn lend(&self, handle: u64) -> Result<Lent<Peer>> {
+        self.lookup
             .get(&handle)
-            .cloned()
             .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))
     }
     /// Looks a segment up by name.
@@ -319,6 +330,7 @@ impl SegmentTable {
         let peer = Arc::new(make(handle));
         s.by_name.insert(name.to_string(), handle);
         s.by_handle.insert(handle, peer.clone());
+        self.lookup.insert_with(handle, |_| Lent::new(peer.clone()));
         (peer, true)
     }
     /// Removes a segment.
@@ -329,6 +341,7 @@ impl SegmentTable {
             .remove(&handle)
             .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))?;
         s.by_name.remove(peer.name());
+        self.lookup.remove(&handle);
         Ok(peer)
     }
     /// Segments open.
@@ -347,6 +360,7 @@ impl SegmentTable {
     pub fn drain(&self) -> Vec<Arc<Peer>> {
         let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         s.by_name.clear();
+        self.lookup.clear();
         s.by_handle.drain().map(|(_, p)| p).collect()
     }
 }

@@ -4,37 +4,41 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::engine::Inner;
 use crate::error::{Error, Result};
+use crate::lanes::Lent;
 use crate::memory::Region;
 use crate::plan::{plan, PeerView, Plan};
 use crate::request::{Validate, ValidatedRequest};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::status::TransferStatus;
-use crate::task::{Driver, Group, Observer, Task, TaskSnapshot, Told};
+use crate::task::{Group, Observer, Task, TaskSnapshot, Told};
 use crate::wake::Wake;
 
 impl Inner {
-    /// Validates and plans every request; the first bad one fails the call.
-    fn prepare<R: Validate>(&self, requests: &[R]) -> Result<Vec<(ValidatedRequest, Plan)>> {
+    /// Validates and plans every request, as of `now`; the first bad one fails the call.
+    fn prepare<R: Validate>(
+        &self,
+        requests: &[R],
+        now: Instant,
+    ) -> Result<Vec<(ValidatedRequest, Plan)>> {
         self.check_open()?;
         if requests.is_empty() {
             return Err(Error::InvalidArgument("no requests given".into()));
         }
-        let now = Instant::now();
         // The requests of one call mostly share a region and a segment (a block list
         // always does): each is looked up once per run of equal ids, not under the
         // tables' locks for every request. The descriptor is the one the run began with.
-        let last_region: RefCell<Option<Arc<Region>>> = RefCell::default();
-        let last_peer: RefCell<Option<(Arc<Peer>, Arc<SegmentDescriptor>)>> = RefCell::default();
+        let last_region: RefCell<Option<Lent<Region>>> = RefCell::default();
+        let last_peer: RefCell<Option<(Lent<Peer>, Arc<SegmentDescriptor>)>> = RefCell::default();
         let region = |id| {
             if let Some(r) = last_region.borrow().as_ref().filter(|r| r.id() == id) {
                 return Ok(r.clone());
             }
-            let r = self.regions.get(id)?;
+            let r = self.regions.lend(id)?;
             *last_region.borrow_mut() = Some(r.clone());
             Ok(r)
         };
@@ -46,7 +50,7 @@ impl Inner {
             {
                 return Ok(p.clone());
             }
-            let peer = self.segments.get(handle)?;
+            let peer = self.segments.lend(handle)?;
             let found = (peer.clone(), peer.descriptor());
             *last_peer.borrow_mut() = Some(found.clone());
             Ok(found)
@@ -90,19 +94,18 @@ impl Inner {
         observer: Observer,
         wake: Option<&Arc<Wake>>,
     ) -> Vec<Arc<Task>> {
-        let driver: Weak<dyn Driver> = Arc::downgrade(self) as Weak<dyn Driver>;
+        let lane = self.stats.counters.lane();
         prepared
             .into_iter()
             .map(|(v, p)| {
-                Task::with_driver(
+                Task::new(
                     v,
                     Told {
                         group: group.cloned(),
                         wake: wake.cloned(),
                     },
-                    self.stats.counters.clone(),
+                    lane.clone(),
                     observer,
-                    Some(driver.clone()),
                     p.candidates,
                     p.pinned,
                 )
@@ -110,13 +113,13 @@ impl Inner {
             .collect()
     }
 
-    fn launch(&self, tasks: &[Arc<Task>]) {
-        self.stats
-            .submitted
-            .fetch_add(tasks.len() as u64, Ordering::Relaxed);
+    /// Starts every task's first attempt; `now` is when the call began (attempt deadlines
+    /// count from it: one clock read per call, not per task).
+    fn launch(&self, tasks: &[Arc<Task>], now: Instant) {
+        self.stats.counters.submitted(tasks.len() as u64);
         for (i, task) in tasks.iter().enumerate() {
             match task.with_state(|st| st.candidates.first().copied()) {
-                Some(kind) => self.start_attempt_in(task, kind, i + 1 < tasks.len()),
+                Some(kind) => self.start_attempt_in(task, kind, i + 1 < tasks.len(), now),
                 // A plan is never empty; kept total all the same.
                 None => {
                     task.fail(Error::TransportUnavailable("no candidate transport".into()));
@@ -144,7 +147,8 @@ impl Inner {
         self.check_open()?;
         let b = self.batches.get(batch).map_err(|e| self.or_closed(e))?;
         b.check_room(batch, requests.len())?;
-        let prepared = self.prepare(requests)?;
+        let now = Instant::now();
+        let prepared = self.prepare(requests, now)?;
         let count = prepared.len();
         let (holder, group) = match then.map(crate::notify::hook) {
             Some((holder, run)) => (Some(holder), Some(Group::new(count, run))),
@@ -155,7 +159,7 @@ impl Inner {
             *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
         }
         let first = b.push(batch, tasks.clone())?;
-        self.launch(&tasks);
+        self.launch(&tasks, now);
         Ok(first)
     }
 
@@ -164,7 +168,8 @@ impl Inner {
         R: Validate,
         F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
     {
-        let prepared = self.prepare(requests)?;
+        let now = Instant::now();
+        let prepared = self.prepare(requests, now)?;
         let op = self.next_op.fetch_add(1, Ordering::Relaxed);
         let weak = Arc::downgrade(self);
         let holder: Arc<Mutex<Vec<Arc<Task>>>> = Arc::default();
@@ -190,7 +195,7 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(op, holder);
-        self.launch(&tasks);
+        self.launch(&tasks, now);
         Ok(op)
     }
 

@@ -1,12 +1,13 @@
 //! The shared state of one transfer task. Transports write outcomes into it; status reads
 //! (poll or Promise) read it without locks held across transports.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::error::Error;
 use crate::failover::{DeadlineKey, Deadlines};
 use crate::kind::{Kinds, TransportKind};
+use crate::lanes::Striped;
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
 use crate::wake::Wake;
@@ -49,17 +50,123 @@ pub struct Told {
     pub wake: Option<Arc<Wake>>,
 }
 
-/// Engine-wide task counters, bumped as tasks end.
+/// One lane's share of the engine's task counters (`lanes.rs`).
 #[derive(Debug, Default)]
+struct LaneCounts {
+    submitted: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicU64,
+    bytes: AtomicU64,
+    tasks: crate::metrics::TaskCounters,
+}
+
+/// What the tasks one thread submits share: that thread's lane of the engine's counters,
+/// and the engine's failover driver. A task holds its lane, not the engine's counters or
+/// the engine itself, so taking and dropping those references writes a cache line only
+/// that thread uses.
+#[repr(align(128))]
+pub struct Lane {
+    counts: LaneCounts,
+    driver: OnceLock<Link>,
+}
+
+/// The driver a lane's tasks report to, and whether their successes are worth reporting
+/// (set once any error was recorded: health bookkeeping; until then a success costs no
+/// reference to the engine).
+struct Link {
+    driver: Weak<dyn Driver>,
+    successes_matter: Arc<AtomicBool>,
+}
+
+/// Engine-wide task counters, bumped as tasks are submitted and end; one set per lane,
+/// summed when read.
 pub struct Counters {
+    lanes: Striped<Arc<Lane>>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            lanes: Striped::new(|_| {
+                Arc::new(Lane {
+                    counts: LaneCounts::default(),
+                    driver: OnceLock::new(),
+                })
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counters")
+            .field("completed", &self.completed())
+            .field("failed", &self.failed())
+            .finish()
+    }
+}
+
+impl Counters {
+    /// Has every lane's tasks report failed attempts to `driver`, and successes too once
+    /// `successes_matter` is set. The first call wins.
+    pub fn connect(&self, driver: Weak<dyn Driver>, successes_matter: &Arc<AtomicBool>) {
+        for lane in self.lanes.iter() {
+            let _ = lane.driver.set(Link {
+                driver: driver.clone(),
+                successes_matter: successes_matter.clone(),
+            });
+        }
+    }
+
+    /// The calling thread's lane, for the tasks it makes.
+    pub fn lane(&self) -> Arc<Lane> {
+        self.lanes.local().clone()
+    }
+
+    /// Counts `n` tasks submitted.
+    pub fn submitted(&self, n: u64) {
+        self.lanes
+            .local()
+            .counts
+            .submitted
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn sum(&self, field: impl Fn(&LaneCounts) -> &AtomicU64) -> u64 {
+        self.lanes
+            .iter()
+            .map(|l| field(&l.counts).load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Tasks submitted.
+    pub fn submitted_total(&self) -> u64 {
+        self.sum(|c| &c.submitted)
+    }
+
     /// Tasks that completed.
-    pub completed: AtomicU64,
+    pub fn completed(&self) -> u64 {
+        self.sum(|c| &c.completed)
+    }
+
     /// Tasks that ended in any other terminal status.
-    pub failed: AtomicU64,
+    pub fn failed(&self) -> u64 {
+        self.sum(|c| &c.failed)
+    }
+
     /// Bytes moved by completed tasks.
-    pub bytes: AtomicU64,
-    /// Ended tasks by status, and their bytes by transport and op.
-    pub tasks: crate::metrics::TaskCounters,
+    pub fn bytes(&self) -> u64 {
+        self.sum(|c| &c.bytes)
+    }
+
+    /// Ended tasks by status, and their bytes by transport and op, summed over the lanes.
+    pub fn tasks(&self) -> crate::metrics::TaskCounters {
+        let total = crate::metrics::TaskCounters::default();
+        for lane in self.lanes.iter() {
+            total.add(&lane.counts.tasks);
+        }
+        total
+    }
 }
 
 /// A point-in-time view of a task.
@@ -130,11 +237,11 @@ pub struct Task {
     corrupt: AtomicU32,
     state: Mutex<AttemptState>,
     observer: Observer,
-    driver: Option<Weak<dyn Driver>>,
     group: Option<Arc<Group>>,
     /// Rung as the task ends: its batch's waiters (`Engine::wait_batch`).
     wake: Option<Arc<Wake>>,
-    counters: Arc<Counters>,
+    /// Its counters and driver.
+    lane: Arc<Lane>,
     request: ValidatedRequest,
 }
 
@@ -148,30 +255,13 @@ impl std::fmt::Debug for Task {
 }
 
 impl Task {
-    /// A waiting task for `request`, reporting to `group` when it ends.
+    /// A waiting task for `request`, reporting to `group` when it ends; counted in `lane`,
+    /// whose driver (if connected) decides what its failed attempts lead to.
     pub fn new(
         request: ValidatedRequest,
-        group: Option<Arc<Group>>,
-        counters: Arc<Counters>,
-    ) -> Arc<Self> {
-        Self::with_driver(
-            request,
-            Told { group, wake: None },
-            counters,
-            Observer::Progress,
-            None,
-            Kinds::new(),
-            false,
-        )
-    }
-
-    /// A task whose failed attempts go to `driver`.
-    pub fn with_driver(
-        request: ValidatedRequest,
         told: Told,
-        counters: Arc<Counters>,
+        lane: Arc<Lane>,
         observer: Observer,
-        driver: Option<Weak<dyn Driver>>,
         candidates: Kinds,
         pinned: bool,
     ) -> Arc<Self> {
@@ -189,10 +279,9 @@ impl Task {
                 ..AttemptState::default()
             }),
             observer,
-            driver,
             group,
             wake,
-            counters,
+            lane,
             request,
         })
     }
@@ -323,8 +412,11 @@ impl Task {
             return;
         }
         if self.finish(TransferStatus::Completed, None) {
-            if let Some(driver) = self.driver.as_ref().and_then(Weak::upgrade) {
-                driver.attempt_succeeded(self, attempt);
+            let link = self.lane.driver.get();
+            if let Some(link) = link.filter(|l| l.successes_matter.load(Ordering::Relaxed)) {
+                if let Some(driver) = link.driver.upgrade() {
+                    driver.attempt_succeeded(self, attempt);
+                }
             }
         }
     }
@@ -342,7 +434,7 @@ impl Task {
             }
             st.failed_attempt = attempt;
         }
-        match self.driver.as_ref().and_then(Weak::upgrade) {
+        match self.lane.driver.get().and_then(|l| l.driver.upgrade()) {
             Some(driver) => driver.attempt_failed(self, attempt, error),
             None => {
                 self.fail(error);
@@ -370,19 +462,22 @@ impl Task {
         if let Some((d, k)) = deadline {
             d.remove(k);
         }
-        self.counters.tasks.task_ended(
+        // Counted in the lane of the thread that submitted the task: the one that ends it
+        // is most often that thread too (a copy done inline).
+        let counts = &self.lane.counts;
+        counts.tasks.task_ended(
             status,
             self.transport(),
             self.request.opcode,
             self.request.length,
         );
         if status == TransferStatus::Completed {
-            self.counters.completed.fetch_add(1, Ordering::Relaxed);
-            self.counters
+            counts.completed.fetch_add(1, Ordering::Relaxed);
+            counts
                 .bytes
                 .fetch_add(self.request.length, Ordering::Relaxed);
         } else {
-            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            counts.failed.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(group) = &self.group {
             group.task_finished();
@@ -421,5 +516,41 @@ impl Task {
     /// The error, if the task ended without completing.
     pub fn error(&self) -> Option<Error> {
         self.lock().error.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kind::Opcode;
+
+    #[test]
+    fn counters_kept_in_lanes_add_up_over_every_thread() {
+        let counters = Counters::default();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    counters.submitted(3);
+                    let lane = counters.lane();
+                    lane.counts.completed.fetch_add(2, Ordering::Relaxed);
+                    lane.counts.failed.fetch_add(1, Ordering::Relaxed);
+                    lane.counts.bytes.fetch_add(4096, Ordering::Relaxed);
+                    lane.counts.tasks.task_ended(
+                        TransferStatus::Completed,
+                        Some(TransportKind::Shm),
+                        Opcode::Write,
+                        4096,
+                    );
+                });
+            }
+        });
+        assert_eq!(counters.submitted_total(), 12);
+        assert_eq!(counters.completed(), 8);
+        assert_eq!(counters.failed(), 4);
+        assert_eq!(counters.bytes(), 4 * 4096);
+        let tasks = counters.tasks();
+        assert_eq!(tasks.ended(TransferStatus::Completed), 4);
+        assert_eq!(tasks.bytes(TransportKind::Shm, Opcode::Write), 4 * 4096);
+        assert_eq!(tasks.bytes(TransportKind::Shm, Opcode::Read), 0);
     }
 }

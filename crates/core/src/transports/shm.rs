@@ -21,7 +21,9 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream as StdUnixStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -36,6 +38,7 @@ use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
 use crate::kind::Opcode;
 use crate::kind::TransportKind;
+use crate::lanes::Lent;
 use crate::life_word::{self, PeerLifeWord};
 use crate::linux::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::memory::{Region, RegionTable};
@@ -237,7 +240,9 @@ struct ShmPeer {
     /// The target's life word, when it sent one: read after each copy instead of polling
     /// `pidfd`.
     life: Option<PeerLifeWord>,
-    maps: RwLock<HashMap<u64, Arc<RemoteMapping>>>,
+    /// Read on every copy without a lock or a reference taken (`ArcSwap`: nothing another
+    /// submitting thread writes); emptied when the peer goes.
+    maps: ArcSwap<Mappings>,
     dead: AtomicBool,
     cancel: CancellationToken,
 }
@@ -285,17 +290,6 @@ enum Work {
 }
 
 impl Work {
-    /// The whole of a request, as one job.
-    fn all(req: &ValidatedRequest) -> Self {
-        match req.gathered() {
-            Some(spans) => Self::Run {
-                spans: spans.clone(),
-                range: 0..spans.len(),
-            },
-            None => Self::Span(req.spans()[0]),
-        }
-    }
-
     /// A request cut into jobs of about `chunk` bytes: a single span into pieces of at most
     /// `chunk`, a gather into runs of whole spans (its spans are small, `blocks::GATHER`)
     /// of at most `chunk` bytes each, or one span where a span alone is larger.
@@ -352,13 +346,42 @@ struct CopyJob {
     peer: Arc<ShmPeer>,
     mapping: Arc<RemoteMapping>,
     opcode: Opcode,
-    region: Arc<Region>,
+    region: Lent<Region>,
     work: Work,
 }
 
 impl CopyJob {
-    /// Copies every span of its work, then checks the target is still alive (once, for
-    /// all of them) before reporting success.
+    fn run(&self) {
+        Copy {
+            task: &self.task,
+            attempt: self.attempt,
+            peer: &self.peer,
+            mapping: &self.mapping,
+            opcode: self.opcode,
+            region: &self.region,
+            spans: self.work.spans(),
+        }
+        .run();
+    }
+}
+
+/// One copy's parts, borrowed: from the job that owns them, or, for a copy this thread does
+/// at once, from the tables it looked them up in. Borrowing them takes no reference: the
+/// peer, its mapping and the region are shared by every thread that copies to that peer,
+/// and each reference taken and dropped would write their count's cache line.
+struct Copy<'a> {
+    task: &'a Arc<Task>,
+    attempt: u32,
+    peer: &'a ShmPeer,
+    mapping: &'a RemoteMapping,
+    opcode: Opcode,
+    region: &'a Region,
+    spans: &'a [Span],
+}
+
+impl Copy<'_> {
+    /// Copies every span, then checks the target is still alive (once, for all of them)
+    /// before reporting success.
     fn run(&self) {
         if !self.peer.known_alive() {
             self.task.attempt_failed(
@@ -368,7 +391,7 @@ impl CopyJob {
             return;
         }
         let mut bytes = 0;
-        for span in self.work.spans() {
+        for span in self.spans {
             let (Some(remote), Ok(local)) = (
                 self.mapping.range_ptr(span.remote_offset, span.length),
                 self.region.range_ptr(span.local_offset, span.length),
@@ -386,8 +409,8 @@ impl CopyJob {
                 Opcode::Write => (local.cast_const(), remote),
                 Opcode::Read => (remote.cast_const(), local),
             };
-            // SAFETY: both ranges were bounds-checked just above against mappings that this
-            // job keeps alive (`mapping`, `region`); they belong to different mappings, so
+            // SAFETY: both ranges were bounds-checked just above against mappings that are
+            // alive while borrowed (`mapping`, `region`); they belong to different mappings, so
             // they do not overlap. Concurrent access by the peers is the transfer contract,
             // as with RDMA.
             unsafe { std::ptr::copy_nonoverlapping(src, dst, span.length as usize) };
@@ -474,8 +497,9 @@ pub struct ShmTransport {
     gate: Arc<Gate>,
     /// The abstract socket's name once `install` bound it.
     socket: std::sync::OnceLock<String>,
-    /// Read on every request (two threads submitting must not queue on it).
-    peers: RwLock<FxHashMap<u64, Arc<ShmPeer>>>,
+    /// Read on every request, without a lock or a reference taken (two threads submitting
+    /// must write no cache line in common); replaced whole on the rare attach and forget.
+    peers: ArcSwap<FxHashMap<u64, Arc<ShmPeer>>>,
     /// Where shared copies are offered to the copy threads; `None` once shut down.
     jobs: Mutex<Option<mpsc::Sender<Arc<Shared>>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -527,7 +551,7 @@ impl ShmTransport {
                 timeout: context.frame_timeout,
             }),
             socket: std::sync::OnceLock::new(),
-            peers: RwLock::new(FxHashMap::default()),
+            peers: ArcSwap::default(),
             closed: AtomicBool::new(false),
             jobs: Mutex::new(Some(tx)),
             threads: Mutex::new(threads),
@@ -539,11 +563,18 @@ impl ShmTransport {
     }
 
     fn peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
-        self.peers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&handle)
-            .cloned()
+        self.peers.load().get(&handle).cloned()
+    }
+
+    /// Takes `handle`'s peer out of the table; returns it.
+    fn remove_peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
+        let mut removed = None;
+        self.peers.rcu(|peers| {
+            let mut peers = FxHashMap::clone(peers);
+            removed = peers.remove(&handle);
+            peers
+        });
+        removed
     }
 
     /// Connects to a same-host peer and maps its buffers (again, on refresh). Peers on
@@ -568,18 +599,19 @@ impl ShmTransport {
             peer: peer.clone(),
             pidfd,
             life,
-            maps: RwLock::new(maps),
+            maps: ArcSwap::from_pointee(maps),
             dead: AtomicBool::new(false),
             cancel: self.shutdown.child_token(),
         });
-        let old = self
-            .peers
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(peer.handle(), shm_peer.clone());
+        let mut old = None;
+        self.peers.rcu(|peers| {
+            let mut peers = FxHashMap::clone(peers);
+            old = peers.insert(peer.handle(), shm_peer.clone());
+            peers
+        });
         if let Some(old) = old {
             old.cancel.cancel();
-            old.maps.write().unwrap_or_else(|e| e.into_inner()).clear();
+            old.maps.store(Arc::default());
         }
         self.rt
             .spawn(watch(shm_peer, stream, self.on_death.clone()));
@@ -591,25 +623,21 @@ impl ShmTransport {
             return Err(Error::Closed);
         }
         let req = a.task.request();
-        let peer = self.peer(req.peer.handle()).ok_or_else(|| {
+        let peers = self.peers.load();
+        let peer = peers.get(&req.peer.handle()).ok_or_else(|| {
             Error::TransportUnavailable(format!("no shared memory with {}", req.peer.name()))
         })?;
         if !peer.known_alive() {
             return Err(req.peer.lost_error_or("target process exited"));
         }
-        let mapping = peer
-            .maps
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&req.remote_buffer)
-            .cloned()
-            .ok_or_else(|| {
-                Error::TransportUnavailable(format!(
-                    "buffer {} of {} is not mapped",
-                    req.remote_buffer,
-                    req.peer.name()
-                ))
-            })?;
+        let maps = peer.maps.load();
+        let mapping = maps.get(&req.remote_buffer).ok_or_else(|| {
+            Error::TransportUnavailable(format!(
+                "buffer {} of {} is not mapped",
+                req.remote_buffer,
+                req.peer.name()
+            ))
+        })?;
         if let Some(s) = req
             .spans()
             .iter()
@@ -646,7 +674,16 @@ impl ShmTransport {
         };
         if !shared && !hand_off {
             a.task.expect_slices(a.attempt, 1);
-            job(Work::all(req)).run();
+            Copy {
+                task: &a.task,
+                attempt: a.attempt,
+                peer,
+                mapping,
+                opcode: req.opcode,
+                region: &req.local,
+                spans: req.spans(),
+            }
+            .run();
             return Ok(());
         }
         let jobs = Work::cut(req, run).into_iter().map(job).collect();
@@ -914,8 +951,7 @@ impl Transport for ShmTransport {
         // Asked for every request: looked at under the lock, no reference taken.
         let alive = self
             .peers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+            .load()
             .get(&peer.handle())
             .map(|p| p.known_alive());
         match alive {
@@ -962,32 +998,21 @@ impl Transport for ShmTransport {
 
     fn forget_peer(&self, peer: &Peer, error: Error) {
         self.fail_peer(peer, error);
-        let removed = self
-            .peers
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&peer.handle());
-        if let Some(p) = removed {
+        if let Some(p) = self.remove_peer(peer.handle()) {
             p.cancel.cancel();
             // Unmap now: only copies already in flight keep their mapping until they end.
-            p.maps.write().unwrap_or_else(|e| e.into_inner()).clear();
+            p.maps.store(Arc::default());
         }
     }
 
     fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
         self.shutdown.cancel();
-        let peers: Vec<_> = self
-            .peers
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .map(|(_, p)| p)
-            .collect();
-        for p in peers {
+        let peers = self.peers.swap(Arc::default());
+        for p in peers.values() {
             p.dead.store(true, Ordering::Release);
             p.cancel.cancel();
-            p.maps.write().unwrap_or_else(|e| e.into_inner()).clear();
+            p.maps.store(Arc::default());
         }
         // Closing the queue ends the copy threads once they finish their current job.
         drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take());

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::kind::Opcode;
 use crate::kind::TransportKind;
+use crate::lanes::Lent;
 use crate::memory::{Region, Window};
 use crate::net::{connect, read_header};
 use crate::segment::Peer;
@@ -70,7 +71,7 @@ struct Slice {
     task: Arc<Task>,
     attempt: u32,
     opcode: Opcode,
-    region: Arc<Region>,
+    region: Lent<Region>,
     local_offset: u64,
     buffer: u64,
     remote_offset: u64,
