@@ -10,7 +10,7 @@
 //! private anonymous zero pages and the memfd is closed. The descriptor and the shared pages
 //! are released at close; the address range stays valid until the last holder goes.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -85,23 +85,9 @@ impl Mapping {
         {
             return Err(Error::io("seal memfd", &std::io::Error::last_os_error()));
         }
-        // SAFETY: mapping a descriptor we own with a length it was truncated to; the kernel
-        // chooses the address, so no existing mapping is replaced.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(Error::io("mmap", &std::io::Error::last_os_error()));
-        }
+        // The length it was truncated to, at a placement of its own (`ALIAS_SPAN`).
         let ptr =
-            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| Error::Io("mmap returned null".into()))?;
+            crate::linux::map_shared(fd.as_fd(), len, 0).map_err(|e| Error::io("mmap", &e))?;
         Ok(Self {
             ptr,
             len,

@@ -19,13 +19,13 @@ use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream as StdUnixStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -38,7 +38,7 @@ use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
 use crate::kind::Opcode;
 use crate::kind::TransportKind;
-use crate::lanes::Lent;
+use crate::lanes::{Lent, Striped};
 use crate::life_word::{self, PeerLifeWord};
 use crate::linux::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::memory::{Region, RegionTable};
@@ -58,13 +58,26 @@ const INLINE_COPY_MAX: u64 = 1 << 20;
 /// waits for it anyway): it copies up to 8 MiB of a request itself, beside the copy
 /// threads.
 const POLLED_INLINE_COPY_MAX: u64 = 8 << 20;
-/// Plain copies above this size are cut into jobs of this size that the submitting
-/// thread and the copy threads take in turn ([`Shared`]). Measured on a 2-core VM
+/// Plain copies of more than twice this size are cut into jobs of this size that the
+/// submitting thread and the copy threads take in turn ([`Shared`]). Measured on a 2-core VM
 /// (tebench shm WRITE, 1 thread, fixed addressing), against a 1-thread memcpy of the same
 /// block and working set in the same minutes: 1/2/4 MiB moved 28.6/29/28 GB/s as one
 /// memcpy on the submitting thread and 40/42.6/35 shared (memcpy: 32.9/33/28.2); 8 and
 /// 16 MiB moved 18 and 12 inline, 22.9 and 12.6 shared (memcpy: 12.3 and 7.5).
 const CHUNK: u64 = 512 << 10;
+/// Plain copies above this size are shared, while a core is free for a copy thread
+/// (`LargeCopiers`): in two halves up to `2 × CHUNK`, in `CHUNK`s beyond. Measured on a
+/// 2-core VM (tebench shm WRITE, 1 thread, fixed addressing, runs alternated with a
+/// 1-thread memcpy of the same block and working set): 256 KiB moved 26-30 GB/s inline
+/// and 27-36 shared, 512 KiB 28-31 and 34-41 (memcpy: 35-37 and 33-34). Halving 128 KiB
+/// copies gained nothing (22-28 GB/s against 25-29).
+const PLAIN_SHARE_MIN: u64 = 128 << 10;
+
+/// The size of the jobs a shared plain copy of `len` bytes is cut into.
+fn plain_job(len: u64) -> u64 {
+    len.div_ceil(2).next_multiple_of(4096).min(CHUNK)
+}
+
 /// A copy above this size that more of its submission follow (`Attempt::more_follow`) is
 /// handed to the copy threads whole, so that a batch's large copies run beside the
 /// submitting thread (which copies the last) instead of one after another on it: copied
@@ -365,6 +378,50 @@ impl CopyJob {
     }
 }
 
+/// Which threads copied a block large enough to share lately: one time per lane, each
+/// written by its own lane's threads only (`lanes.rs`).
+struct LargeCopiers {
+    epoch: Instant,
+    /// Nanoseconds after `epoch` of each lane's latest large copy (0: none yet).
+    last: Striped<AtomicU64>,
+}
+
+/// A thread that copied a large block within this long is counted as keeping its core.
+const COPIER_WINDOW: Duration = Duration::from_millis(1);
+
+impl LargeCopiers {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            last: Striped::default(),
+        }
+    }
+
+    /// Records a large copy of the calling thread; whether, with the threads of other
+    /// lanes that made one within [`COPIER_WINDOW`], every one of `cores` is taken.
+    fn others_busy(&self, cores: usize) -> bool {
+        // Never 0, which stands for "none yet".
+        let now = u64::try_from(self.epoch.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.note(crate::lanes::current(), now, cores)
+    }
+
+    /// [`LargeCopiers::others_busy`] for a copy of lane `me` at `now`.
+    fn note(&self, me: usize, now: u64, cores: usize) -> bool {
+        self.last.lane(me).store(now, Ordering::Relaxed);
+        let window = COPIER_WINDOW.as_nanos() as u64;
+        let others = (0..crate::lanes::LANES)
+            .filter(|&lane| lane != me)
+            .filter(|&lane| {
+                let at = self.last.lane(lane).load(Ordering::Relaxed);
+                at != 0 && now.saturating_sub(at) < window
+            })
+            .count();
+        others + 1 >= cores
+    }
+}
+
 /// One copy's parts, borrowed: from the job that owns them, or, for a copy this thread does
 /// at once, from the tables it looked them up in. Borrowing them takes no reference: the
 /// peer, its mapping and the region are shared by every thread that copies to that peer,
@@ -508,6 +565,11 @@ pub struct ShmTransport {
     helpers: usize,
     rt: Handle,
     shutdown: CancellationToken,
+    /// Which threads copied large blocks lately: copy threads help only while a core is
+    /// free for them.
+    large_copiers: LargeCopiers,
+    /// The cores this process may run on.
+    cores: usize,
     /// Set by `shutdown`: what a submit checks (`CancellationToken::is_cancelled` takes a
     /// mutex, which threads submitting side by side queue on).
     closed: AtomicBool,
@@ -556,6 +618,8 @@ impl ShmTransport {
             jobs: Mutex::new(Some(tx)),
             threads: Mutex::new(threads),
             helpers: copy_threads.min(cores.saturating_sub(1)).max(1),
+            large_copiers: LargeCopiers::new(),
+            cores,
             rt: context.handle,
             shutdown: context.shutdown,
             on_death: context.lost,
@@ -670,9 +734,15 @@ impl ShmTransport {
         };
         let (shared, run) = match req.gathered() {
             Some(_) => (req.length > GATHER_SHARE_MIN, SHARED_RUN),
-            None => (req.length > CHUNK, CHUNK),
+            None => (req.length > PLAIN_SHARE_MIN, plain_job(req.length)),
         };
-        if !shared && !hand_off {
+        // Copy threads help only while a core is free for them. With as many threads copying
+        // large blocks as there are cores, a helper takes turns with them instead: two
+        // tebench threads of 1 MiB blocks on 2 cores moved 30-43 GB/s shared, with 4-8 ms
+        // tails where a worker was preempted, against 55-59 GB/s of 256-512 KiB blocks
+        // copied inline.
+        let cores_busy = (shared || hand_off) && self.large_copiers.others_busy(self.cores);
+        if (!shared && !hand_off) || (cores_busy && req.length <= budget) {
             a.task.expect_slices(a.attempt, 1);
             Copy {
                 task: &a.task,
@@ -1028,6 +1098,31 @@ impl Transport for ShmTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_threads_help_only_while_other_lanes_leave_a_core_free() {
+        let c = LargeCopiers::new();
+        let ms = 1_000_000;
+        // Alone: the other core is free.
+        assert!(!c.note(0, 10 * ms, 2));
+        // A second lane copying within the window: both cores are taken, for either.
+        assert!(c.note(1, 10 * ms + 10_000, 2));
+        assert!(c.note(0, 10 * ms + 20_000, 2));
+        // Three cores: two copiers still leave one.
+        assert!(!c.note(0, 10 * ms + 30_000, 3));
+        // The other lane went quiet for longer than the window.
+        assert!(!c.note(0, 12 * ms, 2));
+        // The same lane again never counts as another.
+        assert!(!c.note(0, 12 * ms + 1, 2));
+    }
+
+    #[test]
+    fn plain_copies_are_halved_up_to_two_chunks_then_cut_in_chunks() {
+        assert_eq!(plain_job(256 << 10), 128 << 10);
+        assert_eq!(plain_job((256 << 10) + 1), (128 << 10) + 4096);
+        assert_eq!(plain_job(1 << 20), CHUNK);
+        assert_eq!(plain_job(8 << 20), CHUNK);
+    }
     use std::sync::atomic::AtomicU64;
 
     /// An attach waiting on a slow peer (here: one that holds back its token reply) must
