@@ -11,6 +11,7 @@
 //!   the target, in [`DEFAULT_ORDER`], those with a paused rail moved last.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
@@ -68,9 +69,10 @@ pub(crate) struct Plan {
 
 /// Plans a request with `hint` towards the peer of `view`, at `now`.
 pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Result<Plan> {
-    // Each path asked once (asking may take a transport's lock).
-    let paths = BY_INDEX.map(|k| (view.path)(k));
-    let path = |k: TransportKind| &paths[k.index()];
+    // Each path asked once at most, and only when needed: a requirement asks only its own
+    // (asking may take a transport's lock, and runs for every request).
+    let paths: [OnceCell<Path<'_>>; BY_INDEX.len()] = Default::default();
+    let path = |k: TransportKind| paths[k.index()].get_or_init(|| (view.path)(k));
     if let TransportHint::Require(k) = hint {
         // Not usable here at all: say so first (the target not offering it either is the
         // lesser news).
@@ -86,10 +88,6 @@ pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Re
             )));
         }
     }
-    let usable: Kinds = DEFAULT_ORDER
-        .into_iter()
-        .filter(|k| *path(*k) == Path::Usable)
-        .collect();
     if let TransportHint::Require(k) = hint {
         if let Some(why) = path(k).why_not() {
             return Err(view.lost.clone().unwrap_or_else(|| {
@@ -104,6 +102,10 @@ pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Re
             pinned: true,
         });
     }
+    let usable: Kinds = DEFAULT_ORDER
+        .into_iter()
+        .filter(|k| *path(*k) == Path::Usable)
+        .collect();
     let mut candidates: Kinds = usable
         .iter()
         .copied()
@@ -174,6 +176,35 @@ mod tests {
             };
             plan(hint, &view, Instant::now())
         }
+    }
+
+    #[test]
+    fn each_path_is_asked_at_most_once_and_a_requirement_asks_only_its_own() {
+        let asked = std::cell::RefCell::new(Vec::new());
+        let path = |k| {
+            asked.borrow_mut().push(k);
+            Path::Usable
+        };
+        let paused = |_, _| false;
+        let view = PeerView {
+            name: "10.0.0.2:7000",
+            buffer: 3,
+            registered: &DEFAULT_ORDER,
+            path: &path,
+            lost: None,
+            paused: &paused,
+        };
+        let pinned = plan(TransportHint::Require(Shm), &view, Instant::now()).expect("plan");
+        assert_eq!(pinned.candidates.to_vec(), [Shm]);
+        assert_eq!(*asked.borrow(), [Shm]);
+        asked.borrow_mut().clear();
+        let auto = plan(TransportHint::Auto, &view, Instant::now()).expect("plan");
+        assert_eq!(auto.candidates.len(), DEFAULT_ORDER.len());
+        let mut seen = asked.borrow().clone();
+        seen.sort_by_key(|k| k.index());
+        seen.dedup();
+        assert_eq!(seen.len(), asked.borrow().len(), "a path asked twice");
+        assert_eq!(seen.len(), DEFAULT_ORDER.len());
     }
 
     fn ok(p: Result<Plan>) -> (Vec<TransportKind>, bool) {
