@@ -123,87 +123,122 @@ impl<T: std::fmt::Debug> std::fmt::Debug for Lent<T> {
     }
 }
 
-/// A map read on every request and written rarely (regions registered, segments opened,
-/// peers attached): one copy per lane, each behind its own lock, so readers on different
-/// threads take different locks. A write takes every lane's lock in turn; a reader sees the
-/// change once the writer passed its lane.
-pub(crate) struct ReadMostly<K, V> {
-    lanes: Striped<RwLock<FxHashMap<K, V>>>,
+/// A table read on every request and written rarely (regions registered, segments opened),
+/// whose values are handed out as [`Lent`] references. The table itself is one map behind
+/// one lock; each lane keeps, behind a lock of its own, the loans its threads took, made
+/// the first time one of them asks for a key. A reader that finds its loan takes only its
+/// lane's lock, so threads on different lanes take different locks, and a value costs a
+/// loan only in the lanes that used it.
+pub(crate) struct LentTable<K, T> {
+    table: RwLock<FxHashMap<K, Arc<T>>>,
+    loans: Striped<RwLock<FxHashMap<K, Lent<T>>>>,
 }
 
-impl<K, V> Default for ReadMostly<K, V> {
+impl<K, T> Default for LentTable<K, T> {
     fn default() -> Self {
         Self {
-            lanes: Striped::new(|_| RwLock::new(FxHashMap::default())),
+            table: RwLock::default(),
+            loans: Striped::new(|_| RwLock::new(FxHashMap::default())),
         }
     }
 }
 
-impl<K: Eq + Hash + Clone, V: Clone> ReadMostly<K, V> {
-    fn read(&self, lane: usize) -> RwLockReadGuard<'_, FxHashMap<K, V>> {
-        self.lanes
-            .lane(lane)
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+impl<K: Eq + Hash + Clone, T> LentTable<K, T> {
+    fn table(&self) -> RwLockReadGuard<'_, FxHashMap<K, Arc<T>>> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn each_lane(&self, mut f: impl FnMut(&mut FxHashMap<K, V>)) {
-        for lane in self.lanes.iter() {
-            f(&mut lane.write().unwrap_or_else(|p| p.into_inner()));
+    fn loans(&self, lane: usize) -> &RwLock<FxHashMap<K, Lent<T>>> {
+        self.loans.lane(lane)
+    }
+
+    /// A loan of the value under `key`, from the calling thread's lane.
+    pub(crate) fn lend(&self, key: &K) -> Option<Lent<T>> {
+        self.lend_in(current(), key)
+    }
+
+    fn lend_in(&self, lane: usize, key: &K) -> Option<Lent<T>> {
+        let loans = self.loans(lane);
+        if let Some(l) = loans.read().unwrap_or_else(|p| p.into_inner()).get(key) {
+            return Some(l.clone());
+        }
+        // The first loan of `key` in this lane is made under the table's read lock, so a
+        // removal (which takes its write lock first) cannot slip in between: no loan of a
+        // removed key is ever left in a lane.
+        let table = self.table();
+        let value = table.get(key)?;
+        let mut loans = loans.write().unwrap_or_else(|p| p.into_inner());
+        Some(
+            loans
+                .entry(key.clone())
+                .or_insert_with(|| Lent::new(value.clone()))
+                .clone(),
+        )
+    }
+
+    /// The value under `key` itself (a reference on the count every lane shares).
+    pub(crate) fn get(&self, key: &K) -> Option<Arc<T>> {
+        self.table().get(key).cloned()
+    }
+
+    /// Puts `value` under `key`; returns the value it replaced.
+    pub(crate) fn insert(&self, key: K, value: Arc<T>) -> Option<Arc<T>> {
+        let old = self
+            .table
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone(), value);
+        if old.is_some() {
+            self.drop_loans(&key);
+        }
+        old
+    }
+
+    /// Takes `key` out of the table and every lane; returns its value.
+    pub(crate) fn remove(&self, key: &K) -> Option<Arc<T>> {
+        let old = self
+            .table
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        self.drop_loans(key);
+        old
+    }
+
+    fn drop_loans(&self, key: &K) {
+        for loans in self.loans.iter() {
+            loans.write().unwrap_or_else(|p| p.into_inner()).remove(key);
         }
     }
 
-    /// Runs `f` on the value under `key` (or `None`), under the calling thread's lane's
-    /// read lock: nothing is cloned.
-    pub(crate) fn with<R>(&self, key: &K, f: impl FnOnce(Option<&V>) -> R) -> R {
-        f(self.read(current()).get(key))
-    }
-
-    /// A clone of the value under `key`.
-    pub(crate) fn get(&self, key: &K) -> Option<V> {
-        self.with(key, |v| v.cloned())
-    }
-
-    /// Puts `make(lane)` under `key` in each lane; returns the value lane 0 had.
-    pub(crate) fn insert_with(&self, key: K, mut make: impl FnMut(usize) -> V) -> Option<V> {
-        let mut old = None;
-        let mut lane = 0;
-        self.each_lane(|map| {
-            let replaced = map.insert(key.clone(), make(lane));
-            if lane == 0 {
-                old = replaced;
-            }
-            lane += 1;
-        });
-        old
-    }
-
-    /// Takes `key` out of every lane; returns what lane 0 had.
-    pub(crate) fn remove(&self, key: &K) -> Option<V> {
-        let mut old = None;
-        let mut first = true;
-        self.each_lane(|map| {
-            let removed = map.remove(key);
-            if std::mem::take(&mut first) {
-                old = removed;
-            }
-        });
-        old
-    }
-
-    /// Empties every lane.
+    /// Empties the table and every lane.
     pub(crate) fn clear(&self) {
-        self.each_lane(|map| map.clear());
+        self.table
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        for loans in self.loans.iter() {
+            loans.write().unwrap_or_else(|p| p.into_inner()).clear();
+        }
     }
 
-    /// Every value (of lane 0, which every write reaches first).
-    pub(crate) fn values(&self) -> Vec<V> {
-        self.read(0).values().cloned().collect()
+    /// Every value.
+    pub(crate) fn values(&self) -> Vec<Arc<T>> {
+        self.table().values().cloned().collect()
     }
 
     /// How many keys there are.
     pub(crate) fn len(&self) -> usize {
-        self.read(0).len()
+        self.table().len()
+    }
+
+    /// How many loans lane `lane` holds (tests).
+    #[cfg(test)]
+    fn loans_in(&self, lane: usize) -> usize {
+        self.loans(lane)
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 }
 
@@ -229,45 +264,51 @@ mod tests {
     }
 
     #[test]
-    fn a_read_mostly_map_reads_in_every_lane_what_was_written() {
-        let m: ReadMostly<u32, &str> = ReadMostly::default();
-        assert_eq!(m.insert_with(1, |_| "a"), None);
-        assert_eq!(m.insert_with(1, |_| "b"), Some("a"));
-        assert_eq!(m.insert_with(2, |_| "c"), None);
-        // Every lane has every write, whichever thread reads.
-        for lane in 0..LANES {
-            assert_eq!(m.read(lane).get(&1), Some(&"b"));
-            assert_eq!(m.read(lane).len(), 2);
-        }
-        let other = std::thread::scope(|s| s.spawn(|| m.get(&2)).join().expect("reader"));
-        assert_eq!(other, Some("c"));
-        assert_eq!(m.with(&1, |v| v.copied()), Some("b"));
-        assert_eq!(m.remove(&1), Some("b"));
-        assert_eq!(m.remove(&1), None);
-        assert!((0..LANES).all(|lane| m.read(lane).get(&1).is_none()));
-        assert_eq!(m.values(), vec!["c"]);
-        m.clear();
-        assert_eq!(m.len(), 0);
-        // Each lane may hold a value of its own (per-lane reference counts).
-        m.insert_with(7, |lane| if lane == 0 { "zero" } else { "other" });
-        assert_eq!(m.read(0).get(&7), Some(&"zero"));
-        assert_eq!(m.read(LANES - 1).get(&7), Some(&"other"));
+    fn a_lent_table_lends_per_lane_and_only_in_the_lanes_that_asked() {
+        let t: LentTable<u32, &str> = LentTable::default();
+        assert_eq!(t.insert(1, Arc::new("a")), None);
+        assert_eq!(t.insert(2, Arc::new("c")), None);
+        assert!(
+            (0..LANES).all(|lane| t.loans_in(lane) == 0),
+            "no loan before a lend"
+        );
+        let a0 = t.lend_in(0, &1).expect("lent");
+        let again = t.lend_in(0, &1).expect("lent");
+        assert!(Arc::ptr_eq(&a0.0, &again.0), "one loan per lane and key");
+        let a3 = t.lend_in(3, &1).expect("lent");
+        assert!(!Arc::ptr_eq(&a0.0, &a3.0), "each lane its own count");
+        assert_eq!((**a0, **a3), ("a", "a"));
+        assert_eq!((t.loans_in(0), t.loans_in(3), t.loans_in(5)), (1, 1, 0));
+        assert_eq!(t.lend_in(0, &9).map(|l| **l), None);
+        // Replacing a value drops the loans of the old one.
+        assert_eq!(t.insert(1, Arc::new("b")).map(|v| *v), Some("a"));
+        assert_eq!((t.loans_in(0), t.loans_in(3)), (0, 0));
+        assert_eq!(t.lend_in(3, &1).map(|l| **l), Some("b"));
+        assert_eq!(t.get(&1).map(|v| *v), Some("b"));
+        assert_eq!(t.lend(&2).map(|l| **l), Some("c"));
+        assert_eq!(t.remove(&1).map(|v| *v), Some("b"));
+        assert_eq!(t.remove(&1), None);
+        assert!(t.lend_in(3, &1).is_none() && t.loans_in(3) == 0);
+        let mut values: Vec<&str> = t.values().iter().map(|v| **v).collect();
+        values.sort_unstable();
+        assert_eq!(values, ["c"]);
+        t.clear();
+        assert_eq!(t.len(), 0);
+        assert!((0..LANES).all(|lane| t.loans_in(lane) == 0));
     }
 
     #[test]
-    fn a_lent_value_lives_while_any_lane_or_loan_holds_it() {
+    fn a_lent_value_lives_while_the_table_or_any_loan_holds_it() {
         let value = Arc::new(5);
         let weak = Arc::downgrade(&value);
-        let m: ReadMostly<u8, Lent<i32>> = ReadMostly::default();
-        m.insert_with(1, |_| Lent::new(value.clone()));
-        drop(value);
-        let loan = m.get(&1).expect("lent");
-        assert_eq!(**loan, 5);
-        // One reference per lane; the loan shares its lane's.
-        assert_eq!(weak.strong_count(), LANES);
-        // Each lane its own count.
-        assert!(!Arc::ptr_eq(&m.read(0)[&1].0, &m.read(1)[&1].0));
-        m.remove(&1);
+        let t: LentTable<u8, i32> = LentTable::default();
+        t.insert(1, value);
+        let loan = t.lend_in(0, &1).expect("lent");
+        let other = t.lend_in(1, &1).expect("lent");
+        // The table's reference, and one per lane that lent it.
+        assert_eq!(weak.strong_count(), 3);
+        drop(other);
+        t.remove(&1);
         assert_eq!(weak.strong_count(), 1, "held by the loan alone");
         let shared = loan.shared();
         drop(loan);

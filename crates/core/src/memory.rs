@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
-use crate::lanes::{Lent, ReadMostly};
+use crate::lanes::{Lent, LentTable};
 
 /// Identifies a local region within one engine. Ids start at 0 and are never reused.
 pub type RegionId = u64;
@@ -345,7 +345,7 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
 pub struct RegionTable {
     next_id: AtomicU64,
     /// By engine-made id, looked up on every request: a fast hash, one copy per lane.
-    regions: ReadMostly<RegionId, Lent<Region>>,
+    regions: LentTable<RegionId, Region>,
     /// Every engine-owned region allocated here that may still be alive (released ones
     /// included: a Buffer may still view them), for `detach_owned`. Dead entries are pruned
     /// as it grows, so it stays within twice the live ones (and at least `PRUNE_MIN`).
@@ -429,21 +429,18 @@ impl RegionTable {
     }
 
     fn insert(&self, region: Arc<Region>) {
-        self.regions
-            .insert_with(region.id, |_| Lent::new(region.clone()));
+        self.regions.insert(region.id, region);
     }
 
     /// Looks a region up by id.
     pub fn get(&self, id: RegionId) -> Result<Arc<Region>> {
-        self.regions
-            .with(&id, |r| r.map(|r| r.shared()))
-            .ok_or(Error::UnknownRegion(id))
+        self.regions.get(&id).ok_or(Error::UnknownRegion(id))
     }
 
     /// Looks a region up by id, for a request: a reference that the calling thread's lane
     /// holds the count of (`lanes.rs`).
     pub fn lend(&self, id: RegionId) -> Result<Lent<Region>> {
-        self.regions.get(&id).ok_or(Error::UnknownRegion(id))
+        self.regions.lend(&id).ok_or(Error::UnknownRegion(id))
     }
 
     /// Removes a region from the table. In-flight users keep it alive until they finish.
@@ -456,7 +453,7 @@ impl RegionTable {
 
     /// A snapshot of all regions, by id.
     pub fn snapshot(&self) -> Vec<Arc<Region>> {
-        let mut all: Vec<_> = self.regions.values().iter().map(Lent::shared).collect();
+        let mut all = self.regions.values();
         all.sort_by_key(|r| r.id);
         all
     }

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
-use crate::lanes::{Lent, ReadMostly, Striped};
+use crate::lanes::{Lent, LentTable, Striped};
 use crate::memory::Access;
 use crate::wire::Token;
 
@@ -285,7 +285,7 @@ pub struct SegmentTable {
     inner: Mutex<Segments>,
     /// `by_handle` again, for the lookup every request makes (`lanes.rs`): kept equal to
     /// it under `inner`'s lock.
-    lookup: ReadMostly<u64, Lent<Peer>>,
+    lookup: LentTable<u64, Peer>,
 }
 
 #[derive(Default)]
@@ -298,13 +298,15 @@ struct Segments {
 impl SegmentTable {
     /// Looks a segment up by handle.
     pub fn get(&self, handle: u64) -> Result<Arc<Peer>> {
-        self.lend(handle).map(|p| p.shared())
+        self.lookup
+            .get(&handle)
+            .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))
     }
     /// Looks a segment up by handle, for a request: a reference that the calling thread's
     /// lane holds the count of (`lanes.rs`).
     pub fn lend(&self, handle: u64) -> Result<Lent<Peer>> {
         self.lookup
-            .get(&handle)
+            .lend(&handle)
             .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))
     }
     /// Looks a segment up by name.
@@ -330,7 +332,7 @@ impl SegmentTable {
         let peer = Arc::new(make(handle));
         s.by_name.insert(name.to_string(), handle);
         s.by_handle.insert(handle, peer.clone());
-        self.lookup.insert_with(handle, |_| Lent::new(peer.clone()));
+        self.lookup.insert(handle, peer.clone());
         (peer, true)
     }
     /// Removes a segment.
