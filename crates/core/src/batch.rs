@@ -141,6 +141,7 @@ struct Shard {
 
 /// A slot number is its index in its shard, then the shard's lane in the low bits.
 const LANE_BITS: u32 = 4;
+const LANE_MASK: u64 = (1 << LANE_BITS) - 1;
 const _: () = assert!(crate::lanes::LANES == 1 << LANE_BITS);
 /// Most slots one shard holds.
 const SHARD_SLOTS: usize = MAX_BATCHES >> LANE_BITS;
@@ -228,7 +229,7 @@ impl BatchTable {
         let payload = self.handles.decode(HandleKind::Batch, id).ok()?;
         let slot = payload & SLOT_MASK;
         Some((
-            (slot & ((1 << LANE_BITS) - 1)) as usize,
+            (slot & LANE_MASK) as usize,
             (slot >> LANE_BITS) as usize,
             (payload >> SLOT_BITS) & GEN_MASK,
         ))
@@ -264,8 +265,8 @@ impl BatchTable {
     /// Every live batch (for close).
     pub fn drain(&self) -> Vec<Arc<Batch>> {
         let mut out = Vec::new();
-        for lane in 0..crate::lanes::LANES {
-            let mut guard = self.shard(lane);
+        for shard in self.shards.iter() {
+            let mut guard = shard.lock().unwrap_or_else(|p| p.into_inner());
             let shard = &mut *guard;
             for (i, slot) in shard.slots.iter_mut().enumerate() {
                 if let Some(b) = slot.batch.take() {
@@ -337,7 +338,7 @@ mod tests {
     }
 
     fn lane_of(id: u64) -> usize {
-        (id & ((1 << LANE_BITS) - 1)) as usize
+        (id & LANE_MASK) as usize
     }
 
     #[test]

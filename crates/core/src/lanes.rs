@@ -63,8 +63,7 @@ impl<T: Default> Default for Striped<T> {
 
 impl<T> Striped<T> {
     /// Lane `i` holds `make(i)`.
-    pub(crate) fn new(make: impl FnMut(usize) -> T) -> Self {
-        let mut make = make;
+    pub(crate) fn new(mut make: impl FnMut(usize) -> T) -> Self {
         Self {
             lanes: (0..LANES).map(|i| Padded(make(i))).collect(),
         }

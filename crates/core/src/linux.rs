@@ -75,72 +75,64 @@ fn map_shared_placed(
     extra_flags: libc::c_int,
     placement: usize,
 ) -> io::Result<NonNull<u8>> {
-    let flags = libc::MAP_SHARED | extra_flags;
-    let span = len.checked_add(ALIAS_SPAN);
-    // SAFETY: an anonymous, inaccessible, unreserved mapping at an address the kernel
-    // picks: it replaces nothing and commits no memory; it only holds the address range.
-    let reserved = span.map_or(libc::MAP_FAILED, |span| unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    });
-    let (Some(span), false) = (span, reserved == libc::MAP_FAILED) else {
-        // SAFETY: a fresh shared mapping of a descriptor the caller holds open, at an
-        // address the kernel picks: no existing mapping is replaced.
-        let ptr = unsafe {
+    // The reservation, when it could be made: its start and length.
+    let reservation = len.checked_add(ALIAS_SPAN).and_then(|span| {
+        // SAFETY: an anonymous, inaccessible, unreserved mapping at an address the kernel
+        // picks: it replaces nothing and commits no memory; it only holds the address range.
+        let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd.as_raw_fd(),
+                span,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
                 0,
             )
         };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        return NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap: null"));
+        (p != libc::MAP_FAILED).then_some((p as usize, span))
+    });
+    // Inside the reservation at the placement, or wherever the kernel puts it.
+    let (at, fixed) = match reservation {
+        Some((start, _)) => (start + placed_at(start, placement), libc::MAP_FIXED),
+        None => (0, 0),
     };
-    let start = reserved as usize;
-    let head = placed_at(start, placement);
-    let base = start + head;
-    // SAFETY: `[base, base + len)` lies inside the reservation just made
-    // (`head < ALIAS_SPAN`, so `head + len < span`), which this thread alone knows of: MAP_FIXED
-    // replaces only that reservation's pages, no other mapping.
+    // SAFETY: a shared mapping of a descriptor the caller holds open. With MAP_FIXED,
+    // `[at, at + len)` lies inside the reservation just made (`placed_at` < ALIAS_SPAN, so
+    // it ends before `start + span`), which this thread alone knows of: only that
+    // reservation's pages are replaced. Without it, the kernel picks the address and
+    // replaces nothing.
     let ptr = unsafe {
         libc::mmap(
-            base as *mut libc::c_void,
+            at as *mut libc::c_void,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            flags | libc::MAP_FIXED,
+            libc::MAP_SHARED | extra_flags | fixed,
             fd.as_raw_fd(),
             0,
         )
     };
-    let mapped_end = base + len.next_multiple_of(page_size());
     let failed = ptr == libc::MAP_FAILED;
     let error = io::Error::last_os_error();
-    // What is left of the reservation goes: all of it when the mapping failed, otherwise
-    // what lies before and after the mapping.
-    let unreserve = |from: usize, to: usize| {
-        if to > from {
-            // SAFETY: `[from, to)` is part of the reservation made above and holds no
-            // mapping of anyone else's; unmapping it returns the address range.
-            unsafe { libc::munmap(from as *mut libc::c_void, to - from) };
+    if let Some((start, span)) = reservation {
+        // What is left of the reservation goes: all of it when the mapping failed,
+        // otherwise what lies before and after the mapping.
+        let unreserve = |from: usize, to: usize| {
+            if to > from {
+                // SAFETY: `[from, to)` is part of the reservation made above and holds no
+                // mapping of anyone else's; unmapping it returns the address range.
+                unsafe { libc::munmap(from as *mut libc::c_void, to - from) };
+            }
+        };
+        if failed {
+            unreserve(start, start + span);
+        } else {
+            unreserve(start, at);
+            unreserve(at + len.next_multiple_of(page_size()), start + span);
         }
-    };
+    }
     if failed {
-        unreserve(start, start + span);
         return Err(error);
     }
-    unreserve(start, base);
-    unreserve(mapped_end, start + span);
     NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io::Error::other("mmap: null"))
 }
 

@@ -344,7 +344,7 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> Result<()> {
 #[derive(Default)]
 pub struct RegionTable {
     next_id: AtomicU64,
-    /// By engine-made id, looked up on every request: a fast hash, one copy per lane.
+    /// By engine-made id, looked up on every request: a fast hash, lent per lane.
     regions: LentTable<RegionId, Region>,
     /// Every engine-owned region allocated here that may still be alive (released ones
     /// included: a Buffer may still view them), for `detach_owned`. Dead entries are pruned

@@ -281,41 +281,35 @@ impl Peer {
 #[derive(Default)]
 pub struct SegmentTable {
     next_handle: AtomicU64,
-    /// The table itself; every change is made under its lock.
-    inner: Mutex<Segments>,
-    /// `by_handle` again, for the lookup every request makes (`lanes.rs`): kept equal to
-    /// it under `inner`'s lock.
-    lookup: LentTable<u64, Peer>,
-}
-
-#[derive(Default)]
-struct Segments {
-    // Engine-made keys, looked up on every request: a fast hash, not a DoS-resistant one.
-    by_handle: FxHashMap<u64, Arc<Peer>>,
-    by_name: FxHashMap<String, u64>,
+    /// Handles by name; every change to the table is made under this lock, so that two
+    /// opens of one name keep one peer.
+    names: Mutex<FxHashMap<String, u64>>,
+    /// Peers by handle (engine-made keys, looked up on every request: a fast hash, not a
+    /// DoS-resistant one), lent per lane (`lanes.rs`).
+    by_handle: LentTable<u64, Peer>,
 }
 
 impl SegmentTable {
+    fn names(&self) -> std::sync::MutexGuard<'_, FxHashMap<String, u64>> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner())
+    }
     /// Looks a segment up by handle.
     pub fn get(&self, handle: u64) -> Result<Arc<Peer>> {
-        self.lookup
+        self.by_handle
             .get(&handle)
             .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))
     }
     /// Looks a segment up by handle, for a request: a reference that the calling thread's
     /// lane holds the count of (`lanes.rs`).
     pub fn lend(&self, handle: u64) -> Result<Lent<Peer>> {
-        self.lookup
+        self.by_handle
             .lend(&handle)
             .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))
     }
     /// Looks a segment up by name.
     pub fn by_name(&self, name: &str) -> Option<Arc<Peer>> {
-        let s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        s.by_name
-            .get(name)
-            .and_then(|h| s.by_handle.get(h))
-            .cloned()
+        let names = self.names();
+        names.get(name).and_then(|h| self.by_handle.get(h))
     }
     /// Adds a peer unless one with the same name raced in first; returns the one kept and
     /// whether it is the new one.
@@ -324,35 +318,29 @@ impl SegmentTable {
         name: &str,
         make: impl FnOnce(u64) -> Peer,
     ) -> (Arc<Peer>, bool) {
-        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(existing) = s.by_name.get(name).and_then(|h| s.by_handle.get(h)) {
-            return (existing.clone(), false);
+        let mut names = self.names();
+        if let Some(existing) = names.get(name).and_then(|h| self.by_handle.get(h)) {
+            return (existing, false);
         }
         let handle = self.next_handle.fetch_add(1, Ordering::Relaxed) + 1;
         let peer = Arc::new(make(handle));
-        s.by_name.insert(name.to_string(), handle);
-        s.by_handle.insert(handle, peer.clone());
-        self.lookup.insert(handle, peer.clone());
+        names.insert(name.to_string(), handle);
+        self.by_handle.insert(handle, peer.clone());
         (peer, true)
     }
     /// Removes a segment.
     pub fn remove(&self, handle: u64) -> Result<Arc<Peer>> {
-        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let peer = s
+        let mut names = self.names();
+        let peer = self
             .by_handle
             .remove(&handle)
             .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))?;
-        s.by_name.remove(peer.name());
-        self.lookup.remove(&handle);
+        names.remove(peer.name());
         Ok(peer)
     }
     /// Segments open.
     pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .by_handle
-            .len()
+        self.by_handle.len()
     }
     /// Whether no segment is open.
     pub fn is_empty(&self) -> bool {
@@ -360,10 +348,11 @@ impl SegmentTable {
     }
     /// Removes every segment.
     pub fn drain(&self) -> Vec<Arc<Peer>> {
-        let mut s = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        s.by_name.clear();
-        self.lookup.clear();
-        s.by_handle.drain().map(|(_, p)| p).collect()
+        let mut names = self.names();
+        names.clear();
+        let peers = self.by_handle.values();
+        self.by_handle.clear();
+        peers
     }
 }
 

@@ -629,15 +629,19 @@ impl ShmTransport {
         self.peers.load().get(&handle).cloned()
     }
 
-    /// Takes `handle`'s peer out of the table; returns it.
-    fn remove_peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
-        let mut removed = None;
+    /// Puts `peer` under `handle` in the table (`None`: takes it out); returns the peer it
+    /// replaced.
+    fn replace_peer(&self, handle: u64, peer: Option<Arc<ShmPeer>>) -> Option<Arc<ShmPeer>> {
+        let mut old = None;
         self.peers.rcu(|peers| {
             let mut peers = FxHashMap::clone(peers);
-            removed = peers.remove(&handle);
+            old = match &peer {
+                Some(p) => peers.insert(handle, p.clone()),
+                None => peers.remove(&handle),
+            };
             peers
         });
-        removed
+        old
     }
 
     /// Connects to a same-host peer and maps its buffers (again, on refresh). Peers on
@@ -666,13 +670,7 @@ impl ShmTransport {
             dead: AtomicBool::new(false),
             cancel: self.shutdown.child_token(),
         });
-        let mut old = None;
-        self.peers.rcu(|peers| {
-            let mut peers = FxHashMap::clone(peers);
-            old = peers.insert(peer.handle(), shm_peer.clone());
-            peers
-        });
-        if let Some(old) = old {
+        if let Some(old) = self.replace_peer(peer.handle(), Some(shm_peer.clone())) {
             old.cancel.cancel();
             old.maps.store(Arc::default());
         }
@@ -1068,7 +1066,7 @@ impl Transport for ShmTransport {
 
     fn forget_peer(&self, peer: &Peer, error: Error) {
         self.fail_peer(peer, error);
-        if let Some(p) = self.remove_peer(peer.handle()) {
+        if let Some(p) = self.replace_peer(peer.handle(), None) {
             p.cancel.cancel();
             // Unmap now: only copies already in flight keep their mapping until they end.
             p.maps.store(Arc::default());
