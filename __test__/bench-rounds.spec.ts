@@ -5,6 +5,7 @@
  */
 import test from 'ava'
 import { compare, figures, perMethod, roundErrors, runRounds, type Method, type RoundContext } from '../bench/lib/rounds'
+import { parseCpuTimes, stealPercent } from '../bench/lib/steal'
 import type { SuiteOptions } from '../bench/suites/types'
 
 function options(over: Partial<SuiteOptions> = {}): SuiteOptions {
@@ -140,4 +141,17 @@ test('compare: the better median (or the chosen method) against its baseline, pe
 test('perMethod rounds each method\'s figures and leaves unmeasured rounds null', (t) => {
   const series = { promise: [1.23456, new Error('x'), undefined], batch: [2.5, 3.5, 4.5] }
   t.deepEqual(perMethod(series, 3, (x) => x, 2), { promise: [1.23, null, null], batch: [2.5, 3.5, 4.5] })
+})
+
+test('steal is read from /proc/stat as a share of all CPU time between two readings', (t) => {
+  // user nice system idle iowait irq softirq steal guest guest_nice
+  const a = parseCpuTimes('cpu  100 0 50 800 0 0 0 50 0 0\ncpu0 1 2 3\n')
+  const b = parseCpuTimes('cpu  200 0 100 1500 0 0 0 200 0 0\n')
+  t.deepEqual(a, { steal: 50, total: 1000 })
+  // 1000 jiffies passed, 150 of them stolen.
+  t.is(stealPercent(a, b), 15)
+  t.is(stealPercent(b, a), null, 'no progress: no figure')
+  t.is(stealPercent(null, b), null)
+  t.is(parseCpuTimes('intr 1 2 3'), null)
+  t.is(parseCpuTimes('cpu 1 2 x 4 5 6 7 8'), null)
 })

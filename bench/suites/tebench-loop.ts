@@ -21,6 +21,7 @@ import { startMemcpyBaseline, type MemcpySession } from '../baselines/memcpy'
 import { log } from '../lib/log'
 import { MiB, startTarget } from '../lib/rig'
 import { hostLoad, ORDER_NOTE } from '../lib/rounds'
+import { STEAL_NOTE, withSteal } from '../lib/steal'
 import { median, round } from '../lib/stats'
 import type { CaseRecord, SuiteOptions } from './types'
 
@@ -49,6 +50,9 @@ interface Round {
   avgTxUs: number | null
   baseline: number | null
   load: number | null
+  /** CPU time the hypervisor took during the engine's and the baseline's run, percent. */
+  engineSteal: number | null
+  baselineSteal: number | null
   error?: string
 }
 
@@ -93,22 +97,24 @@ async function measureCase(rig: Rig, c: LoopCase, baseline: Baseline): Promise<R
   for (let r = 0; r < options.repeat; r++) {
     const warm = r === 0 ? options.warmupSeconds : 0
     const tag = `${SUITE}: round ${r + 1}/${options.repeat} ${c.name}`
-    const round: Round = { gbps: null, avgTxUs: null, baseline: null, load: hostLoad() }
+    const round: Round = { gbps: null, avgTxUs: null, baseline: null, load: hostLoad(), engineSteal: null, baselineSteal: null }
     const errors: string[] = []
     const engineStep = async () => {
-      const res = await engineRun(rig, c, warm).catch((e: Error) => e)
+      const { result: res, stealPct } = await withSteal(() => engineRun(rig, c, warm).catch((e: Error) => e))
+      round.engineSteal = stealPct
       if (res instanceof Error) return void errors.push(`engine: ${res.message}`)
       if (res.outcome !== 'ok' || !res.row) return void errors.push(`engine: ${res.outcome} ${res.failure?.reason ?? ''}`.trim())
       if (res.servedLabel !== `${c.transport} (100 %)`) errors.push(`transport: expected ${c.transport}, served ${res.servedLabel}`)
       round.gbps = res.row.bwGbps
       round.avgTxUs = res.row.avgTxUs
-      log(`${tag}: engine ${res.row.bwGbps.toFixed(3)} GB/s, Avg Tx ${res.row.avgTxUs.toFixed(2)} us`)
+      log(`${tag}: engine ${res.row.bwGbps.toFixed(3)} GB/s, Avg Tx ${res.row.avgTxUs.toFixed(2)} us, steal ${stealPct ?? 'n/a'} %`)
     }
     const baselineStep = async () => {
-      const b = await baseline(options.durationSeconds, warm)
+      const { result: b, stealPct } = await withSteal(() => baseline(options.durationSeconds, warm))
       round.baseline = b.gbps
+      round.baselineSteal = stealPct
       if (b.note) errors.push(`baseline: ${b.note}`)
-      log(`${tag}: baseline ${b.gbps ?? 'n/a'} GB/s`)
+      log(`${tag}: baseline ${b.gbps ?? 'n/a'} GB/s, steal ${stealPct ?? 'n/a'} %`)
     }
     const steps = r % 2 === 0 ? [engineStep, baselineStep] : [baselineStep, engineStep]
     for (const step of steps) await step()
@@ -140,7 +146,15 @@ function record(c: LoopCase, rounds: Round[], baselineLabel: string, options: Su
     opcode: c.opcode,
     block_bytes: c.block,
     working_set_bytes: c.block,
-    rounds: rounds.map((r) => ({ gbps: r.gbps, avg_tx_us: r.avgTxUs, baseline_gbps: r.baseline, host_load: r.load })),
+    rounds: rounds.map((r) => ({
+      gbps: r.gbps,
+      avg_tx_us: r.avgTxUs,
+      baseline_gbps: r.baseline,
+      host_load: r.load,
+      engine_steal_pct: r.engineSteal,
+      baseline_steal_pct: r.baselineSteal,
+    })),
+    steal_note: STEAL_NOTE,
     seconds: options.durationSeconds,
     repeat: options.repeat,
     warmup_s_round1: options.warmupSeconds,

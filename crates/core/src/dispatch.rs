@@ -13,6 +13,7 @@ use crate::error::Error;
 use crate::events::EngineEvent;
 use crate::failover::Trampoline;
 use crate::kind::TransportKind;
+use crate::lazy_now::LazyNow;
 use crate::task::{Driver, Task};
 use crate::transport::Attempt;
 
@@ -45,7 +46,7 @@ impl Driver for Inner {
 impl Inner {
     /// Starts a new attempt of `task` on `kind`.
     pub(crate) fn start_attempt(&self, task: &Arc<Task>, kind: TransportKind) {
-        self.start_attempt_in(task, kind, false, Instant::now())
+        self.start_attempt_in(task, kind, false, &LazyNow::new())
     }
 
     /// `start_attempt`, as one of a submission's attempts (`more_follow`: see [`Attempt`]).
@@ -54,13 +55,11 @@ impl Inner {
         task: &Arc<Task>,
         kind: TransportKind,
         more_follow: bool,
-        now: Instant,
+        now: &LazyNow,
     ) {
         let Some(attempt) = task.begin_attempt(kind) else {
             return;
         };
-        // The deadline counts from the start.
-        let deadline = self.config.failover.attempt_timeout.map(|t| now + t);
         tracing::debug!(
             peer = task.request().peer.name(),
             transport = kind.name(),
@@ -81,10 +80,12 @@ impl Inner {
             return;
         }
         // Registered only for an attempt still running once submitted: most same-host
-        // copies are done by now, and skip the deadline table's lock. One that ends
-        // meanwhile is removed again by the task.
-        if let Some(at) = deadline {
+        // copies are done by now, and skip the deadline table's lock and the clock. One
+        // that ends meanwhile is removed again by the task. The deadline counts from the
+        // call's time: its first clock read, at the latest now.
+        if let Some(timeout) = self.config.failover.attempt_timeout {
             if !task.status().is_terminal() && task.attempt() == attempt {
+                let at = now.get() + timeout;
                 let key = self.deadlines.add(Arc::downgrade(task), attempt, at);
                 task.set_deadline(attempt, &self.deadlines, key);
             }

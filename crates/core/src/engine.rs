@@ -189,7 +189,9 @@ impl Engine {
     /// The open engine for the duration of one call, or `Closed`. Holding it keeps
     /// `Inner` alive, so it is never kept beyond the call.
     pub(crate) fn live(&self) -> Result<Arc<Inner>> {
-        let inner = self.shell.live.load_full().ok_or(Error::Closed)?;
+        let Some(inner) = self.shell.live.load_full() else {
+            return Err(Error::Closed);
+        };
         inner.check_open()?;
         Ok(inner)
     }
@@ -198,7 +200,10 @@ impl Engine {
     /// poller makes in a loop, without taking a reference of the shared count.
     fn with_live<R>(&self, f: impl FnOnce(&Arc<Inner>) -> Result<R>) -> Result<R> {
         let guard = self.shell.live.load();
-        let inner = guard.as_ref().ok_or(Error::Closed)?;
+        // let-else, not `ok_or`: no error made (and dropped) on every call.
+        let Some(inner) = guard.as_ref() else {
+            return Err(Error::Closed);
+        };
         inner.check_open()?;
         f(inner)
     }
@@ -430,12 +435,16 @@ impl Engine {
 
     /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
     pub fn free_batch(&self, batch: u64) -> Result<()> {
-        let b = self.with_live(|l| l.batches.free(batch).map_err(|e| l.or_closed(e)))?;
-        // Most were polled to their end: no error is made (and dropped) for those.
-        for t in b.take_tasks().iter().filter(|t| !t.status().is_terminal()) {
-            t.finish(TransferStatus::Canceled, Some(Error::Canceled));
-        }
-        Ok(())
+        self.with_live(|l| {
+            let b = l.batches.free(batch).map_err(|e| l.or_closed(e))?;
+            let tasks = b.take_tasks();
+            // Most were polled to their end: no error is made (and dropped) for those.
+            for t in tasks.iter().filter(|t| !t.status().is_terminal()) {
+                t.finish(TransferStatus::Canceled, Some(Error::Canceled));
+            }
+            l.batches.recycle(b, tasks);
+            Ok(())
+        })
     }
 
     /// Submits `requests` and calls `on_done` once with every task's final snapshot.

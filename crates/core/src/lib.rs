@@ -46,6 +46,7 @@ pub mod handle;
 pub mod health;
 mod kind;
 mod lanes;
+mod lazy_now;
 mod life_word;
 pub mod linux;
 mod liveness;

@@ -440,7 +440,11 @@ impl RegionTable {
     /// Looks a region up by id, for a request: a reference that the calling thread's lane
     /// holds the count of (`lanes.rs`).
     pub fn lend(&self, id: RegionId) -> Result<Lent<Region>> {
-        self.regions.lend(&id).ok_or(Error::UnknownRegion(id))
+        // let-else, not `ok_or`: no error made (and dropped) per request.
+        let Some(region) = self.regions.lend(&id) else {
+            return Err(Error::UnknownRegion(id));
+        };
+        Ok(region)
     }
 
     /// Removes a region from the table. In-flight users keep it alive until they finish.

@@ -1,5 +1,5 @@
 //! Planning: which transports may serve a request, best first, or the typed reason none
-//! can. Pure: the engine gathers a [`PeerView`] at submit time and passes `now`.
+//! can. Pure: the engine gathers a [`PeerView`] at submit time.
 //!
 //! Everything a transport hint, a requirement, a lost peer, a paused rail or an
 //! unreachable path means for the choice is decided here and only here:
@@ -12,7 +12,6 @@
 
 use std::borrow::Cow;
 use std::cell::OnceCell;
-use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::kind::{Kinds, TransportHint, TransportKind, BY_INDEX, DEFAULT_ORDER};
@@ -54,8 +53,9 @@ pub(crate) struct PeerView<'a> {
     pub(crate) path: &'a dyn Fn(TransportKind) -> Path<'a>,
     /// The peer's loss (its typed error), while it is declared lost.
     pub(crate) lost: Option<Error>,
-    /// Whether the (peer, transport) rail is paused at the given time.
-    pub(crate) paused: &'a dyn Fn(TransportKind, Instant) -> bool,
+    /// Whether the (peer, transport) rail is paused now (asked only when the choice
+    /// depends on it; the engine reads the clock only then).
+    pub(crate) paused: &'a dyn Fn(TransportKind) -> bool,
 }
 
 /// The candidates of a request.
@@ -67,8 +67,8 @@ pub(crate) struct Plan {
     pub(crate) pinned: bool,
 }
 
-/// Plans a request with `hint` towards the peer of `view`, at `now`.
-pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Result<Plan> {
+/// Plans a request with `hint` towards the peer of `view`.
+pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>) -> Result<Plan> {
     // Each path asked once at most, and only when needed: a requirement asks only its own
     // (asking may take a transport's lock, and runs for every request).
     let paths: [OnceCell<Path<'_>>; BY_INDEX.len()] = Default::default();
@@ -121,7 +121,7 @@ pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>, now: Instant) -> Re
         }));
     }
     // Healthy rails first, paused ones as a last resort; order kept within each group.
-    candidates.sort_by_key(|k| (view.paused)(*k, now));
+    candidates.sort_by_key(|k| (view.paused)(*k));
     if let TransportHint::Prefer(k) = hint {
         if let Some(i) = candidates.iter().position(|c| *c == k) {
             candidates[..=i].rotate_right(1);
@@ -162,7 +162,7 @@ mod tests {
         }
         fn plan(&self, hint: TransportHint) -> Result<Plan> {
             let path = |k| self.paths[&k].clone();
-            let paused = |k, _| self.paused.contains(&k);
+            let paused = |k| self.paused.contains(&k);
             let view = PeerView {
                 name: "10.0.0.2:7000",
                 buffer: 3,
@@ -174,7 +174,7 @@ mod tests {
                 }),
                 paused: &paused,
             };
-            plan(hint, &view, Instant::now())
+            plan(hint, &view)
         }
     }
 
@@ -185,7 +185,7 @@ mod tests {
             asked.borrow_mut().push(k);
             Path::Usable
         };
-        let paused = |_, _| false;
+        let paused = |_| false;
         let view = PeerView {
             name: "10.0.0.2:7000",
             buffer: 3,
@@ -194,11 +194,11 @@ mod tests {
             lost: None,
             paused: &paused,
         };
-        let pinned = plan(TransportHint::Require(Shm), &view, Instant::now()).expect("plan");
+        let pinned = plan(TransportHint::Require(Shm), &view).expect("plan");
         assert_eq!(pinned.candidates.to_vec(), [Shm]);
         assert_eq!(*asked.borrow(), [Shm]);
         asked.borrow_mut().clear();
-        let auto = plan(TransportHint::Auto, &view, Instant::now()).expect("plan");
+        let auto = plan(TransportHint::Auto, &view).expect("plan");
         assert_eq!(auto.candidates.len(), DEFAULT_ORDER.len());
         let mut seen = asked.borrow().clone();
         seen.sort_by_key(|k| k.index());

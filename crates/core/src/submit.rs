@@ -2,14 +2,15 @@
 //! and planned (`plan.rs`) before any starts, so a bad one leaves no trace; then each task
 //! starts its first attempt.
 
+use smallvec::SmallVec;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crate::engine::Inner;
 use crate::error::{Error, Result};
 use crate::lanes::Lent;
+use crate::lazy_now::LazyNow;
 use crate::memory::Region;
 use crate::plan::{plan, PeerView, Plan};
 use crate::request::{Validate, ValidatedRequest};
@@ -18,13 +19,18 @@ use crate::status::TransferStatus;
 use crate::task::{Group, Observer, Task, TaskSnapshot, Told};
 use crate::wake::Wake;
 
+/// Requests of one call kept inline (no heap allocation) while validated and made tasks.
+const INLINE_REQUESTS: usize = 4;
+
+/// A call's validated and planned requests.
+pub(crate) type Prepared = SmallVec<[(ValidatedRequest, Plan); INLINE_REQUESTS]>;
+/// A call's new tasks.
+pub(crate) type NewTasks = SmallVec<[Arc<Task>; INLINE_REQUESTS]>;
+
 impl Inner {
-    /// Validates and plans every request, as of `now`; the first bad one fails the call.
-    fn prepare<R: Validate>(
-        &self,
-        requests: &[R],
-        now: Instant,
-    ) -> Result<Vec<(ValidatedRequest, Plan)>> {
+    /// Validates and plans every request, as of the call's time `now`; the first bad one
+    /// fails the call.
+    fn prepare<R: Validate>(&self, requests: &[R], now: &LazyNow) -> Result<Prepared> {
         self.check_open()?;
         if requests.is_empty() {
             return Err(Error::InvalidArgument("no requests given".into()));
@@ -67,7 +73,7 @@ impl Inner {
     }
 
     /// The plan of a validated request, from what the engine knows of its peer now.
-    fn plan(&self, v: &ValidatedRequest, now: Instant) -> Result<Plan> {
+    fn plan(&self, v: &ValidatedRequest, now: &LazyNow) -> Result<Plan> {
         let registered = v
             .descriptor
             .buffer(v.remote_buffer)
@@ -75,7 +81,8 @@ impl Inner {
         let path = |k| self.path(k, &v.peer);
         let peer = v.peer.handle();
         let dirty = self.health_dirty.load(Ordering::Relaxed);
-        let paused = |k, at| dirty && self.health.is_paused(&(peer, k), at);
+        // The clock is read only if a failure was ever recorded (`health_dirty`).
+        let paused = |k| dirty && self.health.is_paused(&(peer, k), now.get());
         let view = PeerView {
             name: v.peer.name(),
             buffer: v.remote_buffer,
@@ -84,16 +91,16 @@ impl Inner {
             lost: v.peer.is_lost().then(|| v.peer.lost_error()),
             paused: &paused,
         };
-        plan(v.hint, &view, now)
+        plan(v.hint, &view)
     }
 
     fn make_tasks(
         self: &Arc<Self>,
-        prepared: Vec<(ValidatedRequest, Plan)>,
+        prepared: Prepared,
         group: Option<&Arc<Group>>,
         observer: Observer,
         wake: Option<&Arc<Wake>>,
-    ) -> Vec<Arc<Task>> {
+    ) -> NewTasks {
         let lane = self.stats.counters.lane();
         prepared
             .into_iter()
@@ -113,9 +120,9 @@ impl Inner {
             .collect()
     }
 
-    /// Starts every task's first attempt; `now` is when the call began (attempt deadlines
-    /// count from it: one clock read per call, not per task).
-    fn launch(&self, tasks: &[Arc<Task>], now: Instant) {
+    /// Starts every task's first attempt; `now` is the call's time (attempt deadlines
+    /// count from it: one clock read per call at most, not per task).
+    fn launch(&self, tasks: &[Arc<Task>], now: &LazyNow) {
         self.stats.counters.submitted(tasks.len() as u64);
         for (i, task) in tasks.iter().enumerate() {
             match task.with_state(|st| st.candidates.first().copied()) {
@@ -147,8 +154,8 @@ impl Inner {
         self.check_open()?;
         let b = self.batches.get(batch).map_err(|e| self.or_closed(e))?;
         b.check_room(batch, requests.len())?;
-        let now = Instant::now();
-        let prepared = self.prepare(requests, now)?;
+        let now = LazyNow::new();
+        let prepared = self.prepare(requests, &now)?;
         let count = prepared.len();
         let (holder, group) = match then.map(crate::notify::hook) {
             Some((holder, run)) => (Some(holder), Some(Group::new(count, run))),
@@ -156,10 +163,10 @@ impl Inner {
         };
         let tasks = self.make_tasks(prepared, group.as_ref(), Observer::Poll, Some(b.wake()));
         if let Some(holder) = holder {
-            *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
+            *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.to_vec();
         }
-        let first = b.push(batch, tasks.clone())?;
-        self.launch(&tasks, now);
+        let first = b.push(batch, &tasks)?;
+        self.launch(&tasks, &now);
         Ok(first)
     }
 
@@ -168,8 +175,8 @@ impl Inner {
         R: Validate,
         F: FnOnce(Vec<TaskSnapshot>) + Send + 'static,
     {
-        let now = Instant::now();
-        let prepared = self.prepare(requests, now)?;
+        let now = LazyNow::new();
+        let prepared = self.prepare(requests, &now)?;
         let op = self.next_op.fetch_add(1, Ordering::Relaxed);
         let weak = Arc::downgrade(self);
         let holder: Arc<Mutex<Vec<Arc<Task>>>> = Arc::default();
@@ -190,12 +197,12 @@ impl Inner {
             }),
         );
         let tasks = self.make_tasks(prepared, Some(&group), Observer::Progress, None);
-        *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.clone();
+        *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.to_vec();
         self.ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(op, holder);
-        self.launch(&tasks, now);
+        self.launch(&tasks, &now);
         Ok(op)
     }
 
