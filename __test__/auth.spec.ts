@@ -49,6 +49,13 @@ test('engines with the same secret (string or Buffer) move bytes; another secret
     const err = await t.throwsAsync(stranger.openSegment(target.segmentName), { instanceOf: FerryError })
     t.is(err?.code, 'ERR_FERRY_CONNECT', err?.message)
   }
+  // A refused peer is counted before it is told, so `no_secret` is in already. `aborted`
+  // is the stranger with another secret walking away, which the target learns of only
+  // when its read of the proof meets the close: wait for it (bounded).
+  const deadline = Date.now() + 10_000
+  while (target.metrics().authFailures.aborted < 1 && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 5))
+  }
   const text = target.metricsText()
   t.regex(text, /^ferry_auth_failures_total\{reason="aborted"\} 1$/m)
   t.regex(text, /^ferry_auth_failures_total\{reason="no_secret"\} 1$/m)

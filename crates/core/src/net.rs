@@ -244,17 +244,17 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     secret: Option<&Secret>,
     engine_id: u64,
-) -> std::result::Result<Header, Failure> {
+) -> std::result::Result<Header, Refused> {
     let cut = |e: std::io::Error| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        Refused::silent(if e.kind() == std::io::ErrorKind::UnexpectedEof {
             Failure::Aborted
         } else {
             Failure::Protocol
-        }
+        })
     };
     let mut hello = [0u8; HEADER_LEN];
     stream.read_exact(&mut hello).await.map_err(cut)?;
-    let nonce = auth::nonce().map_err(|_| Failure::Protocol)?;
+    let nonce = auth::nonce().map_err(|_| Refused::silent(Failure::Protocol))?;
     let outcome = auth::on_hello(secret, &hello, engine_id, nonce);
     let checked = match outcome {
         Ok(HelloOutcome::Open) => Ok(()),
@@ -262,15 +262,47 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             stream
                 .write_all(hs.challenge())
                 .await
-                .map_err(|_| Failure::Protocol)?;
+                .map_err(|_| Refused::silent(Failure::Protocol))?;
             let mut proof = [0u8; HEADER_LEN + auth::MAC_LEN];
             stream.read_exact(&mut proof).await.map_err(cut)?;
             hs.verify(&proof)
         }
         Err(f) => Err(f),
     };
-    if let Err(why) = checked {
-        let text: &[u8] = match why {
+    // The peer sent all it had to and waits for the verdict: it is told (`Refused::tell`).
+    checked.map_err(|why| Refused { why, tell: true })?;
+    let mut ack = Header::new(Op::HelloAck);
+    ack.request_id = engine_id;
+    stream
+        .write_all(&ack.encode())
+        .await
+        .map_err(|_| Refused::silent(Failure::Protocol))?;
+    Header::decode(&hello).map_err(|_| Refused::silent(Failure::Protocol))
+}
+
+/// A handshake the serving side failed: why, and whether the peer waits to be told.
+///
+/// The refusal is not written by the handshake itself: the caller counts the failure first
+/// and then tells the peer, so that a peer which has read its refusal finds it counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub(crate) why: Failure,
+    tell: bool,
+}
+
+impl Refused {
+    /// A failure the peer is not told of (it went away, or broke the protocol).
+    pub(crate) fn silent(why: Failure) -> Self {
+        Self { why, tell: false }
+    }
+
+    /// Tells the peer why it was refused, when it waits for the answer. Best effort: the
+    /// connection is dropped next whatever happens.
+    pub(crate) async fn tell<S: AsyncWrite + Unpin>(&self, stream: &mut S) {
+        if !self.tell {
+            return;
+        }
+        let text: &[u8] = match self.why {
             Failure::NoSecret => b"this engine requires the cluster secret (authSecret)",
             _ => b"authentication failed",
         };
@@ -278,13 +310,5 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         e.flags = RejectCode::Auth as u16;
         e.length = text.len() as u64;
         let _ = write_all_pair(stream, &e.encode(), text).await;
-        return Err(why);
     }
-    let mut ack = Header::new(Op::HelloAck);
-    ack.request_id = engine_id;
-    stream
-        .write_all(&ack.encode())
-        .await
-        .map_err(|_| Failure::Protocol)?;
-    Header::decode(&hello).map_err(|_| Failure::Protocol)
 }

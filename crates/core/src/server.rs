@@ -21,7 +21,7 @@ use crate::kind::TransportKind;
 use crate::memory::{check_range, Access, Region, RegionTable, Window};
 use crate::net::{
     read_frame_within, read_header_within, server_handshake, tune_accepted, write_all_pair,
-    write_frame,
+    write_frame, Refused,
 };
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
@@ -166,14 +166,17 @@ async fn serve(mut stream: TcpStream, from: SocketAddr, local: Arc<LocalSegment>
     let handshake = server_handshake(&mut stream, local.secret.as_ref(), local.engine_id);
     let outcome = tokio::time::timeout(local.frame_timeout, handshake)
         .await
-        .unwrap_or(Err(Failure::Timeout));
+        .unwrap_or(Err(Refused::silent(Failure::Timeout)));
     let hello = match outcome {
         Ok(hello) => hello,
-        Err(why) => {
-            local.admission.auth_failed(why, Some(from.ip()));
+        Err(refused) => {
+            // Counted before the peer is told: one that has read its refusal finds it in
+            // the metrics.
+            local.admission.auth_failed(refused.why, Some(from.ip()));
+            let _ = tokio::time::timeout(local.frame_timeout, refused.tell(&mut stream)).await;
             return Err(Error::Protocol(format!(
                 "handshake failed: {}",
-                why.label()
+                refused.why.label()
             )));
         }
     };

@@ -93,9 +93,28 @@ fn no_secret_gets_no_descriptor_and_a_holder_is_served() {
     get.request_id = 1;
     s.write_all(&hello(false).encode()).expect("hello");
     let _ = s.write_all(&get.encode());
-    let got = read_to_close(&mut s);
-    assert_eq!(ops_in(&got), vec![(Op::Error, RejectCode::Auth as u16)]);
-    assert!(!String::from_utf8_lossy(&got).contains("token"));
+    // The refusal alone, not the close after it: a peer that has read its refusal finds
+    // the failure counted already (a client reports the refusal at once; an operator's
+    // metrics read right then must show it).
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut head = [0u8; HEADER_LEN];
+    s.read_exact(&mut head).expect("refusal header");
+    let refusal = Header::decode(&head).expect("header");
+    assert_eq!(
+        (refusal.op, refusal.flags),
+        (Op::Error, RejectCode::Auth as u16)
+    );
+    assert_eq!(
+        auth_failures(&t, "no_secret"),
+        1,
+        "counted before the peer was told"
+    );
+    let mut text = vec![0u8; refusal.length as usize];
+    s.read_exact(&mut text).expect("refusal text");
+    let rest = read_to_close(&mut s);
+    assert!(rest.is_empty(), "nothing after the refusal");
+    assert!(!String::from_utf8_lossy(&text).contains("token"));
     assert_eq!(bytes_of(&buf), before, "memory unchanged");
     assert_eq!(auth_failures(&t, "no_secret"), 1);
     // A write frame straight after Hello, as an outsider would send it: nothing moves.

@@ -41,7 +41,7 @@ use crate::lanes::{Lent, Striped};
 use crate::life_word::{self, PeerLifeWord};
 use crate::linux::{peer_pid, send_fds_async, Pidfd, RemoteMapping};
 use crate::memory::{Region, RegionTable};
-use crate::net::{client_handshake, server_handshake};
+use crate::net::{client_handshake, server_handshake, Refused};
 use crate::request::{Span, ValidatedRequest};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::task::{Observer, Task};
@@ -166,20 +166,20 @@ async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: CancellationToke
 }
 
 /// Checks the peer's uid (unless any uid may connect) and runs the handshake.
-async fn admit_peer(stream: &mut UnixStream, gate: &Gate) -> std::result::Result<(), Failure> {
+async fn admit_peer(stream: &mut UnixStream, gate: &Gate) -> std::result::Result<(), Refused> {
     if !gate.any_uid {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let ours = unsafe { libc::geteuid() };
         if crate::linux::peer_uid(&*stream).ok() != Some(ours) {
-            return Err(Failure::Uid);
+            return Err(Refused::silent(Failure::Uid));
         }
     }
     let handshake = server_handshake(stream, gate.secret.as_ref(), gate.engine_id);
     let hello = tokio::time::timeout(gate.timeout, handshake)
         .await
-        .unwrap_or(Err(Failure::Timeout))?;
+        .unwrap_or(Err(Refused::silent(Failure::Timeout)))?;
     if hello.buffer_id != ConnKind::Shm as u64 {
-        return Err(Failure::Protocol);
+        return Err(Refused::silent(Failure::Protocol));
     }
     Ok(())
 }
@@ -187,11 +187,13 @@ async fn admit_peer(stream: &mut UnixStream, gate: &Gate) -> std::result::Result
 /// One client: the handshake, a 16-byte token, then 8-byte buffer ids, each answered with
 /// 16 bytes (status u32, reserved u32, length u64) and, on success, the buffer's memfd.
 async fn serve_one(mut stream: UnixStream, gate: &Gate) -> Result<()> {
-    if let Err(why) = admit_peer(&mut stream, gate).await {
-        gate.admission.auth_failed(why, None);
+    if let Err(refused) = admit_peer(&mut stream, gate).await {
+        // Counted before the peer is told (see `Refused`).
+        gate.admission.auth_failed(refused.why, None);
+        let _ = tokio::time::timeout(gate.timeout, refused.tell(&mut stream)).await;
         return Err(Error::Protocol(format!(
             "shm peer refused: {}",
-            why.label()
+            refused.why.label()
         )));
     }
     let (regions, token) = (&gate.regions, &gate.token);
