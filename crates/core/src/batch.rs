@@ -272,6 +272,12 @@ impl BatchTable {
 
     /// The live batch with this id.
     pub fn get(&self, id: u64) -> Result<Arc<Batch>> {
+        self.with(id, Arc::clone)
+    }
+
+    /// Runs `f` on the live batch with this id, under its shard's lock: no reference taken
+    /// unless `f` takes one (a poller's status read, in a loop, takes none).
+    pub fn with<R>(&self, id: u64, f: impl FnOnce(&Arc<Batch>) -> R) -> Result<R> {
         // let-else, not `ok_or`: an error made eagerly is dropped on every call, and
         // that drop is a call (3 % of a 4 KiB shm op, measured).
         let Some((lane, index, generation)) = self.locate(id) else {
@@ -281,7 +287,7 @@ impl BatchTable {
             Some(Slot {
                 generation: g,
                 batch: Some(b),
-            }) if *g == generation => Ok(b.clone()),
+            }) if *g == generation => Ok(f(b)),
             _ => Err(Error::InvalidBatch(id)),
         }
     }
@@ -375,15 +381,21 @@ mod tests {
         let table = BatchTable::with_tag(5);
         let a = table.allocate(4).expect("a");
         assert!(table.get(a).is_ok());
+        assert_eq!(table.with(a, |b| b.capacity()), Ok(4));
         table.free(a).expect("free");
         // freed
         assert_eq!(table.get(a).err(), Some(Error::InvalidBatch(a)));
+        assert_eq!(table.with(a, |_| ()).err(), Some(Error::InvalidBatch(a)));
         assert_eq!(table.free(a).err(), Some(Error::InvalidBatch(a)));
         // the slot is reused with a new generation: the stale id stays invalid
         let b = table.allocate(4).expect("b");
         assert_ne!(a, b);
         assert_eq!(a & SLOT_MASK, b & SLOT_MASK);
         assert!(table.get(a).is_err());
+        assert!(
+            table.with(a, |_| ()).is_err(),
+            "a stale id reaches no batch"
+        );
         assert!(table.get(b).is_ok());
     }
 

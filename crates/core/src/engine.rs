@@ -410,7 +410,11 @@ impl Engine {
 
     /// Aggregate status of a batch.
     pub fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
-        let (status, transferred, tasks) = self.with_live(|l| Ok(l.batch(batch)?.status()))?;
+        let (status, transferred, tasks) = self.with_live(|l| {
+            l.batches
+                .with(batch, |b| b.status())
+                .map_err(|e| l.or_closed(e))
+        })?;
         Ok(BatchSnapshot {
             status,
             transferred,
