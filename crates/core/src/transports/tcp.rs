@@ -5,9 +5,11 @@
 //! protocol violation fails every in-flight slice on that connection at once.
 //!
 //! Small frames are written inline by the submitting thread when the connection is idle:
-//! one non-blocking `writev`, no thread hand-off. Everything else (large frames, frames
-//! behind others, the rest of a partial write) goes through the connection's writer task,
-//! which keeps frames in submission order.
+//! one non-blocking `writev`, no thread hand-off. A request of many slices (a gather of
+//! blocks) gives each connection its share as one list, and those frames leave together in
+//! as few `writev` calls as the socket allows. Everything else (large frames, frames behind
+//! others, the rest of a partial write) goes through the connection's writer task, which
+//! keeps frames in submission order and writes what it has queued in batches too.
 //!
 //! The serving side lives in `server.rs`.
 
