@@ -260,10 +260,14 @@ impl BatchTable {
     }
 
     /// The lane, index and generation an id names.
-    fn locate(&self, id: u64) -> Option<(usize, usize, u64)> {
-        let payload = self.handles.decode(HandleKind::Batch, id).ok()?;
+    fn locate(&self, id: u64) -> Result<(usize, usize, u64)> {
+        // let-else, not `ok_or`: an error made eagerly is dropped on every call, and that
+        // drop is a call (3 % of a 4 KiB shm op, measured).
+        let Ok(payload) = self.handles.decode(HandleKind::Batch, id) else {
+            return Err(Error::InvalidBatch(id));
+        };
         let slot = payload & SLOT_MASK;
-        Some((
+        Ok((
             (slot & LANE_MASK) as usize,
             (slot >> LANE_BITS) as usize,
             (payload >> SLOT_BITS) & GEN_MASK,
@@ -278,11 +282,7 @@ impl BatchTable {
     /// Runs `f` on the live batch with this id, under its shard's lock: no reference taken
     /// unless `f` takes one (a poller's status read, in a loop, takes none).
     pub fn with<R>(&self, id: u64, f: impl FnOnce(&Arc<Batch>) -> R) -> Result<R> {
-        // let-else, not `ok_or`: an error made eagerly is dropped on every call, and
-        // that drop is a call (3 % of a 4 KiB shm op, measured).
-        let Some((lane, index, generation)) = self.locate(id) else {
-            return Err(Error::InvalidBatch(id));
-        };
+        let (lane, index, generation) = self.locate(id)?;
         match self.shard(lane).slots.get(index) {
             Some(Slot {
                 generation: g,
@@ -294,11 +294,7 @@ impl BatchTable {
 
     /// Frees a batch; returns it so the caller can cancel what is still pending.
     pub fn free(&self, id: u64) -> Result<Arc<Batch>> {
-        // let-else, not `ok_or`: an error made eagerly is dropped on every call, and
-        // that drop is a call (3 % of a 4 KiB shm op, measured).
-        let Some((lane, index, generation)) = self.locate(id) else {
-            return Err(Error::InvalidBatch(id));
-        };
+        let (lane, index, generation) = self.locate(id)?;
         let mut guard = self.shard(lane);
         let shard = &mut *guard;
         match shard.slots.get_mut(index) {

@@ -1,11 +1,13 @@
 //! Small async helpers over the wire codec: connecting with a hello, reading and writing
 //! whole control frames.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::admission::Admission;
 use crate::auth::{self, ClientHandshake, Failure, HelloOutcome, Secret};
 use crate::error::{Error, Result};
 use crate::wire::{ConnKind, Header, Op, RejectCode, HEADER_LEN};
@@ -282,8 +284,9 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// A handshake the serving side failed: why, and whether the peer waits to be told.
 ///
-/// The refusal is not written by the handshake itself: the caller counts the failure first
-/// and then tells the peer, so that a peer which has read its refusal finds it counted.
+/// The refusal is not written by the handshake itself: [`Refused::settle`] counts the
+/// failure first and then tells the peer, so that a peer which has read its refusal finds
+/// it counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Refused {
     pub(crate) why: Failure,
@@ -296,9 +299,22 @@ impl Refused {
         Self { why, tell: false }
     }
 
+    /// Counts the failure in `admission` (from `addr`), then tells the peer, within
+    /// `deadline`: one that has read its refusal finds it in the metrics.
+    pub(crate) async fn settle<S: AsyncWrite + Unpin>(
+        &self,
+        stream: &mut S,
+        admission: &Admission,
+        addr: Option<IpAddr>,
+        deadline: Duration,
+    ) {
+        admission.auth_failed(self.why, addr);
+        let _ = tokio::time::timeout(deadline, self.tell(stream)).await;
+    }
+
     /// Tells the peer why it was refused, when it waits for the answer. Best effort: the
     /// connection is dropped next whatever happens.
-    pub(crate) async fn tell<S: AsyncWrite + Unpin>(&self, stream: &mut S) {
+    async fn tell<S: AsyncWrite + Unpin>(&self, stream: &mut S) {
         if !self.tell {
             return;
         }

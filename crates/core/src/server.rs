@@ -170,10 +170,10 @@ async fn serve(mut stream: TcpStream, from: SocketAddr, local: Arc<LocalSegment>
     let hello = match outcome {
         Ok(hello) => hello,
         Err(refused) => {
-            // Counted before the peer is told: one that has read its refusal finds it in
-            // the metrics.
-            local.admission.auth_failed(refused.why, Some(from.ip()));
-            let _ = tokio::time::timeout(local.frame_timeout, refused.tell(&mut stream)).await;
+            let (admission, ip) = (&local.admission, Some(from.ip()));
+            refused
+                .settle(&mut stream, admission, ip, local.frame_timeout)
+                .await;
             return Err(Error::Protocol(format!(
                 "handshake failed: {}",
                 refused.why.label()

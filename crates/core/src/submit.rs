@@ -2,10 +2,11 @@
 //! and planned (`plan.rs`) before any starts, so a bad one leaves no trace; then each task
 //! starts its first attempt.
 
-use smallvec::SmallVec;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+
+use smallvec::SmallVec;
 
 use crate::engine::Inner;
 use crate::error::{Error, Result};
@@ -23,9 +24,9 @@ use crate::wake::Wake;
 const INLINE_REQUESTS: usize = 4;
 
 /// A call's validated and planned requests.
-pub(crate) type Prepared = SmallVec<[(ValidatedRequest, Plan); INLINE_REQUESTS]>;
+type Prepared = SmallVec<[(ValidatedRequest, Plan); INLINE_REQUESTS]>;
 /// A call's new tasks.
-pub(crate) type NewTasks = SmallVec<[Arc<Task>; INLINE_REQUESTS]>;
+type NewTasks = SmallVec<[Arc<Task>; INLINE_REQUESTS]>;
 
 impl Inner {
     /// Validates and plans every request, as of the call's time `now`; the first bad one

@@ -188,9 +188,9 @@ async fn admit_peer(stream: &mut UnixStream, gate: &Gate) -> std::result::Result
 /// 16 bytes (status u32, reserved u32, length u64) and, on success, the buffer's memfd.
 async fn serve_one(mut stream: UnixStream, gate: &Gate) -> Result<()> {
     if let Err(refused) = admit_peer(&mut stream, gate).await {
-        // Counted before the peer is told (see `Refused`).
-        gate.admission.auth_failed(refused.why, None);
-        let _ = tokio::time::timeout(gate.timeout, refused.tell(&mut stream)).await;
+        refused
+            .settle(&mut stream, &gate.admission, None, gate.timeout)
+            .await;
         return Err(Error::Protocol(format!(
             "shm peer refused: {}",
             refused.why.label()

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Handle;
@@ -101,6 +102,9 @@ impl Slice {
     }
 }
 
+/// One submission's slices for one connection (most often one slice: inline).
+type Slices = SmallVec<[Slice; 1]>;
+
 /// A request frame being written: its header and the payload it points into.
 struct Frame {
     header: [u8; HEADER_LEN],
@@ -129,18 +133,6 @@ impl Frame {
             ]
         }
     }
-
-    /// Writes as much as the socket takes now. Ok(true) when the frame is complete.
-    fn try_write(&mut self, half: &OwnedWriteHalf) -> std::io::Result<bool> {
-        while self.written < self.total() {
-            let n = half.try_write_vectored(&self.rest())?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            self.written += n;
-        }
-        Ok(true)
-    }
 }
 
 /// Writes as much of `frames` as the socket takes now, in order, one `writev` per round
@@ -150,7 +142,7 @@ impl Frame {
 fn write_frames(half: &OwnedWriteHalf, frames: &mut [Frame]) -> std::io::Result<()> {
     let mut done = complete_prefix(frames);
     while done < frames.len() {
-        let bufs: Vec<IoSlice<'_>> = frames[done..]
+        let bufs: SmallVec<[IoSlice<'_>; 2]> = frames[done..]
             .iter()
             .take(BATCH_IOVECS / 2)
             .flat_map(|f| f.rest())
@@ -256,45 +248,10 @@ impl DataConn {
         self.lock().slices.remove(&id)
     }
 
-    /// Sends a slice: inline when the connection is idle and the frame small, otherwise
-    /// through the writer task.
-    fn send(&self, slice: Slice) {
-        let mut st = self.write_state();
-        let idle = !st.writer_busy && st.queue.is_empty();
-        let half = match &st.half {
-            Some(h) if idle && slice.payload_len() <= INLINE_MAX => h.clone(),
-            _ => {
-                st.queue.push_back(Queued::Fresh(slice));
-                drop(st);
-                self.work.notify_one();
-                return;
-            }
-        };
-        let mut frame = match self.register(slice) {
-            Ok(f) => f,
-            Err(slice) => {
-                // Closing: let the actor decide (reconnect or fail) like any queued slice.
-                st.queue.push_back(Queued::Fresh(slice));
-                drop(st);
-                self.work.notify_one();
-                return;
-            }
-        };
-        match frame.try_write(&half) {
-            Ok(_) => {}
-            // Would block, or failed: the writer task finishes it or meets the error.
-            Err(_) => {
-                st.queue.push_front(Queued::Partial(frame));
-                drop(st);
-                self.work.notify_one();
-            }
-        }
-    }
-
-    /// Sends a submission's slices for this connection, in order: when the connection is
-    /// idle and they are small, registered and written by this thread in as few `writev`
-    /// calls as the socket allows; otherwise queued for the writer task.
-    fn send_all(&self, slices: Vec<Slice>) {
+    /// Sends slices of one submission for this connection, in order: when the connection
+    /// is idle and they are small, registered and written by this thread in as few
+    /// `writev` calls as the socket allows; otherwise queued for the writer task.
+    fn send(&self, slices: Slices) {
         let mut st = self.write_state();
         let idle = !st.writer_busy && st.queue.is_empty();
         let small = slices.iter().all(|s| s.payload_len() <= INLINE_MAX)
@@ -308,34 +265,34 @@ impl DataConn {
                 return;
             }
         };
-        let mut frames = Vec::with_capacity(slices.len());
+        let mut frames: SmallVec<[Frame; 1]> = SmallVec::with_capacity(slices.len());
+        let mut unregistered = VecDeque::new();
         let mut rest = slices.into_iter();
-        for slice in rest.by_ref() {
+        while let Some(slice) = rest.next() {
             match self.register(slice) {
                 Ok(f) => frames.push(f),
                 Err(slice) => {
                     // Closing: the actor decides for this one and the rest (reconnect or
                     // fail); the registered ones are failed with the connection.
-                    st.queue.push_back(Queued::Fresh(slice));
-                    break;
+                    unregistered.push_back(Queued::Fresh(slice));
+                    unregistered.extend(rest.by_ref().map(Queued::Fresh));
                 }
             }
         }
-        let queued_fresh: Vec<Queued> = rest.map(Queued::Fresh).collect();
-        // Would block, or failed: what is left goes to the writer task, which finishes it
-        // or meets the error.
         let _ = write_frames(&half, &mut frames);
         let written = complete_prefix(&frames);
-        // Unfinished frames go first, in order, then anything not registered: the writer
-        // task finishes them or meets the error.
-        let unfinished = frames.into_iter().skip(written).map(Queued::Partial);
-        let mut front: VecDeque<Queued> = unfinished.collect();
-        if front.is_empty() && queued_fresh.is_empty() && st.queue.is_empty() {
+        // What the socket did not take (it would block, or failed), then what could not be
+        // registered, in order, go to the writer task: it finishes them or meets the error.
+        // The queue was empty (idle) and its lock is held throughout.
+        st.queue = frames
+            .into_iter()
+            .skip(written)
+            .map(Queued::Partial)
+            .chain(unregistered)
+            .collect();
+        if st.queue.is_empty() {
             return;
         }
-        front.extend(std::mem::take(&mut st.queue));
-        front.extend(queued_fresh);
-        st.queue = front;
         drop(st);
         self.work.notify_one();
     }
@@ -490,24 +447,16 @@ impl TcpTransport {
             token,
         };
         let conns = pool.conns.len();
-        if count == 1 {
-            for piece in req.slices(slice_size) {
-                let n = pool.next.fetch_add(1, Ordering::Relaxed) % conns;
-                pool.conns[n].send(slice_of(piece));
-            }
-            return Ok(());
-        }
-        // Many slices (a gather, or a large request): each connection gets its share as
-        // one list, written together. Round robin from where the pool stands.
+        // Round robin from where the pool stands; with many slices (a gather, or a large
+        // request) each connection gets its share as one list, written together.
         let first = pool.next.fetch_add(count as usize, Ordering::Relaxed);
-        let mut shares: Vec<Vec<Slice>> = (0..conns).map(|_| Vec::new()).collect();
+        let ways = conns.min(count as usize);
+        let mut shares: SmallVec<[Slices; 2]> = (0..ways).map(|_| Slices::new()).collect();
         for (i, piece) in req.slices(slice_size).enumerate() {
-            shares[(first + i) % conns].push(slice_of(piece));
+            shares[i % ways].push(slice_of(piece));
         }
-        for (conn, share) in pool.conns.iter().zip(shares) {
-            if !share.is_empty() {
-                conn.send_all(share);
-            }
+        for (i, share) in shares.into_iter().enumerate() {
+            pool.conns[(first + i) % conns].send(share);
         }
         Ok(())
     }
