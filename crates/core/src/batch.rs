@@ -312,14 +312,17 @@ impl BatchTable {
     /// Keeps a freed batch, emptied, as a spare of the calling thread's shard, with
     /// `tasks` (the list taken out of it) as its task list again. Dropped instead if
     /// anyone else still holds it, its list is long, or the shard has spares enough.
+    /// The tasks' own slots are kept for this thread's next tasks (`task_slots.rs`).
     pub(crate) fn recycle(&self, mut batch: Arc<Batch>, mut tasks: Vec<Arc<Task>>) {
+        for task in tasks.drain(..) {
+            crate::task_slots::recycle(task);
+        }
         let Some(b) = Arc::get_mut(&mut batch) else {
             return;
         };
         if tasks.capacity() > SPARE_TASKS_MAX {
             return;
         }
-        tasks.clear();
         *b.tasks.get_mut().unwrap_or_else(|p| p.into_inner()) = tasks;
         let mut shard = self.shard(crate::lanes::current());
         if shard.spares.len() < SPARES_PER_SHARD {

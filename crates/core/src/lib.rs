@@ -64,6 +64,7 @@ mod server;
 pub mod status;
 mod submit;
 pub mod task;
+mod task_slots;
 pub mod transport;
 pub mod transports;
 pub mod wake;

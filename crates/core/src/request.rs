@@ -320,7 +320,7 @@ pub(crate) fn validate_gather(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kind::TransportKind;
     use crate::memory::RegionTable;
@@ -384,6 +384,12 @@ mod tests {
                 })
             },
         )
+    }
+
+    /// A valid 4 KiB WRITE, for tests of what holds requests (tasks).
+    pub(crate) fn sample() -> ValidatedRequest {
+        let f = fixture();
+        check(&f, &good(&f)).expect("valid")
     }
 
     fn good(f: &Fixture) -> Request {

@@ -266,7 +266,7 @@ impl Task {
         pinned: bool,
     ) -> Arc<Self> {
         let Told { group, wake } = told;
-        Arc::new(Self {
+        crate::task_slots::place(Self {
             status: AtomicU8::new(TransferStatus::Waiting.raw()),
             progress: AtomicU64::new(0),
             transferred: AtomicU64::new(0),
@@ -520,9 +520,28 @@ impl Task {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::kind::Opcode;
+
+    /// A waiting task of a sample request, and the group it reports to (which it holds).
+    pub(crate) fn waiting_task() -> (Arc<Task>, Arc<Group>) {
+        let group = Group::new(1, Box::new(|| {}));
+        let told = Told {
+            group: Some(group.clone()),
+            wake: None,
+        };
+        let lane = Counters::default().lane();
+        let task = Task::new(
+            crate::request::tests::sample(),
+            told,
+            lane,
+            Observer::Poll,
+            Kinds::default(),
+            false,
+        );
+        (task, group)
+    }
 
     #[test]
     fn counters_kept_in_lanes_add_up_over_every_thread() {

@@ -1,13 +1,13 @@
-//! The poll path allocates nothing per operation but the task itself: a thread that
-//! allocates a batch, submits one same-host request, polls it to its end and frees the
-//! batch, over and over (tebench's loop), makes one heap allocation per operation once
-//! warm. Counted by a global allocator that counts the allocations of the thread under
+//! The poll path allocates nothing per operation: a thread that allocates a batch, submits
+//! one same-host request, polls it to its end and frees the batch, over and over (tebench's
+//! loop), makes no heap allocation once warm (batches and task slots are reused). Counted by a global allocator that counts the allocations of the thread under
 //! test only (the engines' own threads allocate as they please).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use ferry_core::blocks::{Blocks, PerBlock};
 use ferry_core::{
     Engine, EngineConfig, Opcode, Request, TransferStatus, TransportHint, TransportKind,
 };
@@ -69,10 +69,17 @@ fn allocations_of(f: impl FnOnce()) -> u64 {
 const BLOCK: u64 = 4096;
 
 fn one_op(p: &Pair, request: &Request) {
+    poll_one_batch(p, |e, batch| {
+        e.submit_transfer(batch, std::slice::from_ref(request))
+            .expect("submit");
+    });
+}
+
+/// Allocates a batch, has `submit` fill it, polls it to its end and frees it.
+fn poll_one_batch(p: &Pair, submit: impl FnOnce(&Engine, u64)) {
     let e = &p.initiator;
     let batch = e.allocate_batch(1).expect("batch");
-    e.submit_transfer(batch, std::slice::from_ref(request))
-        .expect("submit");
+    submit(e, batch);
     // Bounded: a 4 KiB same-host copy is done within microseconds.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -87,16 +94,21 @@ fn one_op(p: &Pair, request: &Request) {
     e.free_batch(batch).expect("free");
 }
 
+/// Two engines on this host, shm and tcp enabled, `len` bytes a side.
+fn same_host_pair(len: u64) -> Pair {
+    let config = || EngineConfig {
+        transports: vec![TransportKind::Shm, TransportKind::Tcp],
+        ..EngineConfig::default()
+    };
+    let target = Engine::new(config()).expect("target");
+    let initiator = Engine::new(config()).expect("initiator");
+    Pair::new(target, initiator, len)
+}
+
 #[test]
-fn a_polled_same_host_op_allocates_only_its_task_once_warm() {
+fn a_polled_same_host_op_allocates_nothing_once_warm() {
     within(Duration::from_secs(60), "poll-path allocations", || {
-        let config = || EngineConfig {
-            transports: vec![TransportKind::Shm, TransportKind::Tcp],
-            ..EngineConfig::default()
-        };
-        let target = Engine::new(config()).expect("target");
-        let initiator = Engine::new(config()).expect("initiator");
-        let p = Pair::new(target, initiator, 64 * BLOCK);
+        let p = same_host_pair(64 * BLOCK);
         let request = Request {
             opcode: Opcode::Write,
             local: p.local.id(),
@@ -107,7 +119,8 @@ fn a_polled_same_host_op_allocates_only_its_task_once_warm() {
             length: BLOCK,
             hint: TransportHint::Require(TransportKind::Shm),
         };
-        // Warm: the shm mapping of the peer, this thread's lane loans, a spare batch.
+        // Warm: the shm mapping of the peer, this thread's lane loans, a spare batch, a
+        // spare task slot.
         for _ in 0..100 {
             one_op(&p, &request);
         }
@@ -117,9 +130,61 @@ fn a_polled_same_host_op_allocates_only_its_task_once_warm() {
                 one_op(&p, &request);
             }
         });
-        assert!(
-            made <= OPS,
-            "{made} allocations over {OPS} ops: more than the task per op"
+        assert_eq!(made, 0, "{made} allocations over {OPS} ops");
+    });
+}
+
+/// A block list of `n` 4 KiB blocks, every other page on both sides (nothing merges), over
+/// shm.
+fn scattered_blocks(p: &Pair, n: u64) -> Blocks {
+    Blocks {
+        opcode: Opcode::Write,
+        local: PerBlock::One(p.local.id()),
+        segment: PerBlock::One(p.seg),
+        remote_buffer: PerBlock::One(p.remote.id()),
+        local_offsets: (0..n).map(|i| 2 * i * BLOCK).collect(),
+        remote_offsets: (0..n).map(|i| 2 * i * BLOCK).collect(),
+        lengths: PerBlock::One(BLOCK),
+        hint: TransportHint::Require(TransportKind::Shm),
+    }
+}
+
+#[test]
+fn a_polled_block_list_allocates_per_call_not_per_block() {
+    within(Duration::from_secs(60), "block-list allocations", || {
+        const MOST: u64 = 1024;
+        let p = same_host_pair(2 * MOST * BLOCK);
+        let submit = |blocks: &Blocks| {
+            poll_one_batch(&p, |e, batch| {
+                e.submit_blocks(batch, blocks).expect("submit");
+            })
+        };
+        // 16 blocks: one gather copied inline. 256 and 1024: one gather each (1 and 4 MiB),
+        // shared with the copy threads.
+        let lists = [16, 256, MOST].map(|n| scattered_blocks(&p, n));
+        for _ in 0..20 {
+            lists.iter().for_each(submit);
+        }
+        // The fewest of 10 calls: the copy threads' job channel allocates a block of
+        // slots once every 31 messages, in whichever call sends the one that needs it.
+        let per_call = |blocks: &Blocks| {
+            (0..10)
+                .map(|_| allocations_of(|| submit(blocks)))
+                .min()
+                .unwrap_or(0)
+        };
+        let [few, some, many] = [0, 1, 2].map(|i| per_call(&lists[i]));
+        // The list's working vectors (its units, their block map, a gather's spans, the
+        // copy jobs) are sized once from the block count: four times the blocks, the same
+        // allocations.
+        assert_eq!(
+            many, some,
+            "{some} allocations for 256 blocks, {many} for {MOST}"
         );
+        assert!(
+            few <= some,
+            "{few} allocations for 16 blocks, {some} for 256"
+        );
+        assert!(some <= 16, "{some} allocations for one call");
     });
 }

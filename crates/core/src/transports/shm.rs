@@ -307,15 +307,30 @@ impl Work {
     /// A request cut into jobs of about `chunk` bytes: a single span into pieces of at most
     /// `chunk`, a gather into runs of whole spans (its spans are small, `blocks::GATHER`)
     /// of at most `chunk` bytes each, or one span where a span alone is larger.
+    ///
+    /// The list is sized once (no growth as it fills): a single span makes
+    /// `length / chunk` pieces (rounded up); two consecutive runs of a gather hold more
+    /// than `chunk` bytes together (the second's first span did not fit the first), so a
+    /// gather makes at most `2 * length / chunk + 1` runs (rounded up), and never more
+    /// than its spans.
     fn cut(req: &ValidatedRequest, chunk: u64) -> Vec<Self> {
+        let chunk = chunk.max(1);
+        let pieces = usize::try_from(req.length.div_ceil(chunk)).unwrap_or(usize::MAX);
         match req.gathered() {
-            Some(spans) => runs(spans, chunk)
-                .map(|range| Self::Run {
+            Some(spans) => {
+                let mut works =
+                    Vec::with_capacity(pieces.saturating_mul(2).saturating_add(1).min(spans.len()));
+                works.extend(runs(spans, chunk).map(|range| Self::Run {
                     spans: spans.clone(),
                     range,
-                })
-                .collect(),
-            None => req.slices(chunk).map(Self::Span).collect(),
+                }));
+                works
+            }
+            None => {
+                let mut works = Vec::with_capacity(pieces);
+                works.extend(req.slices(chunk).map(Self::Span));
+                works
+            }
         }
     }
 
@@ -1214,5 +1229,34 @@ mod tests {
         assert_eq!(got, vec![0..2, 2..3, 3..4, 4..7]);
         assert_eq!(runs(&spans, u64::MAX).collect::<Vec<_>>(), vec![0..7]);
         assert_eq!(runs(&[], 8).count(), 0);
+    }
+
+    #[test]
+    fn a_gather_makes_no_more_runs_than_cut_sizes_its_list_for() {
+        // Deterministic pseudo-random span lengths (xorshift), many lists and chunks.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..2000 {
+            let chunk = 1 + next() % 64;
+            let spans: Vec<Span> = (0..1 + next() % 40)
+                .map(|_| Span {
+                    local_offset: 0,
+                    remote_offset: 0,
+                    length: 1 + next() % 100,
+                })
+                .collect();
+            let total: u64 = spans.iter().map(|s| s.length).sum();
+            let bound = (2 * total.div_ceil(chunk) + 1).min(spans.len() as u64);
+            let made = runs(&spans, chunk).count() as u64;
+            assert!(
+                made <= bound,
+                "{made} runs > {bound} for {spans:?} by {chunk}"
+            );
+        }
     }
 }
