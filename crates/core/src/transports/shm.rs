@@ -64,13 +64,25 @@ const POLLED_INLINE_COPY_MAX: u64 = 8 << 20;
 /// memcpy on the submitting thread and 40/42.6/35 shared (memcpy: 32.9/33/28.2); 8 and
 /// 16 MiB moved 18 and 12 inline, 22.9 and 12.6 shared (memcpy: 12.3 and 7.5).
 const CHUNK: u64 = 512 << 10;
-/// Plain copies above this size are shared, while a core is free for a copy thread
-/// (`LargeCopiers`): in two halves up to `2 × CHUNK`, in `CHUNK`s beyond. Measured on a
-/// 2-core VM (tebench shm WRITE, 1 thread, fixed addressing, runs alternated with a
-/// 1-thread memcpy of the same block and working set): 256 KiB moved 26-30 GB/s inline
-/// and 27-36 shared, 512 KiB 28-31 and 34-41 (memcpy: 35-37 and 33-34). Halving 128 KiB
-/// copies gained nothing (22-28 GB/s against 25-29).
-const PLAIN_SHARE_MIN: u64 = 128 << 10;
+/// Plain copies above a quarter of a core's L2 (`plain_share_min`) are shared, while a core
+/// is free for a copy thread (`LargeCopiers`): in two halves up to `2 × CHUNK`, in `CHUNK`s
+/// beyond. Below it, source and destination together fit half the L2 and one core copies
+/// at cache speed; a hand-off only adds its cost. Measured with tebench shm WRITE, 1 thread,
+/// fixed addressing, runs alternated with a 1-thread memcpy of the same block and working
+/// set:
+/// - 512 KiB L2 (a Zen 3 VM): 256 KiB moved 26-30 GB/s inline and 27-36 shared, 512 KiB
+///   28-31 and 34-41 (memcpy: 35-37 and 33-34); halving 128 KiB copies gained nothing
+///   (22-28 GB/s against 25-29). Threshold 128 KiB.
+/// - 1 MiB L2 (a Zen 5 VM): 256 KiB moved 67-74 GB/s inline and 54-64 shared (memcpy
+///   88-103), 512 KiB 63-69 inline and 91 shared (memcpy 79-81). Threshold 256 KiB.
+fn plain_share_min(l2: Option<u64>) -> u64 {
+    l2.map_or(PLAIN_SHARE_MIN_UNKNOWN_L2, |l2| {
+        (l2 / 4).clamp(64 << 10, 1 << 20)
+    })
+}
+
+/// The threshold where sysfs does not tell the L2's size.
+const PLAIN_SHARE_MIN_UNKNOWN_L2: u64 = 128 << 10;
 
 /// The size of the jobs a shared plain copy of `len` bytes is cut into.
 fn plain_job(len: u64) -> u64 {
@@ -586,6 +598,8 @@ pub struct ShmTransport {
     large_copiers: LargeCopiers,
     /// The cores this process may run on.
     cores: usize,
+    /// Plain copies above this size are shared with the copy threads ([`plain_share_min`]).
+    plain_share_min: u64,
     /// Set by `shutdown`: what a submit checks (`CancellationToken::is_cancelled` takes a
     /// mutex, which threads submitting side by side queue on).
     closed: AtomicBool,
@@ -636,6 +650,7 @@ impl ShmTransport {
             helpers: copy_threads.min(cores.saturating_sub(1)).max(1),
             large_copiers: LargeCopiers::new(),
             cores,
+            plain_share_min: plain_share_min(crate::cpu_cache::l2_bytes()),
             rt: context.handle,
             shutdown: context.shutdown,
             on_death: context.lost,
@@ -748,7 +763,7 @@ impl ShmTransport {
         };
         let (shared, run) = match req.gathered() {
             Some(_) => (req.length > GATHER_SHARE_MIN, SHARED_RUN),
-            None => (req.length > PLAIN_SHARE_MIN, plain_job(req.length)),
+            None => (req.length > self.plain_share_min, plain_job(req.length)),
         };
         // Copy threads help only while a core is free for them. With as many threads copying
         // large blocks as there are cores, a helper takes turns with them instead: two
@@ -1137,6 +1152,17 @@ mod tests {
         assert_eq!(plain_job((256 << 10) + 1), (128 << 10) + 4096);
         assert_eq!(plain_job(1 << 20), CHUNK);
         assert_eq!(plain_job(8 << 20), CHUNK);
+    }
+
+    #[test]
+    fn copies_are_shared_above_a_quarter_of_the_l2() {
+        assert_eq!(plain_share_min(Some(512 << 10)), 128 << 10);
+        assert_eq!(plain_share_min(Some(1 << 20)), 256 << 10);
+        assert_eq!(plain_share_min(Some(2 << 20)), 512 << 10);
+        // Bounded either way, and a default where the size is unknown.
+        assert_eq!(plain_share_min(Some(32 << 10)), 64 << 10);
+        assert_eq!(plain_share_min(Some(64 << 20)), 1 << 20);
+        assert_eq!(plain_share_min(None), PLAIN_SHARE_MIN_UNKNOWN_L2);
     }
     use std::sync::atomic::AtomicU64;
 
