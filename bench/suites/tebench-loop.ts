@@ -6,6 +6,10 @@
  *
  *   tebench-shm-write-4KiB   shm, 4 KiB WRITEs, GB/s and Avg Tx   vs memcpy of 4 KiB blocks
  *   tebench-shm-write-1MiB   shm, 1 MiB WRITEs, GB/s and Avg Tx   vs memcpy of 1 MiB blocks
+ *   tebench-shm-write-16KiB … -16MiB   the rest of tebench's sweep (16, 64, 256, 512 KiB, 4 and
+ *                            16 MiB), each vs memcpy of its block size: the ratio row by row
+ *                            shows where the per-op cost stops mattering and that it does not
+ *                            dip where copies start to be shared with the copy threads
  *   tebench-tcp-write-1MiB   tcp, 1 MiB WRITEs, GB/s              vs iperf3 -l 1M
  *   tebench-tcp-read-1MiB    tcp, 1 MiB READs, GB/s               vs iperf3 -l 1M
  *
@@ -37,9 +41,21 @@ interface LoopCase {
   targetRatio: number | null
 }
 
+/** tebench's shm sweep, block by block; 4 KiB and 1 MiB are the cases with targets. */
+const SHM_BLOCKS = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 512 * KiB, MiB, 4 * MiB, 16 * MiB]
+
+const sizeName = (block: number) => (block >= MiB ? `${block / MiB}MiB` : `${block / KiB}KiB`)
+
 const CASES: LoopCase[] = [
-  { name: 'tebench-shm-write-4KiB', transport: 'shm', opcode: 'write', block: 4 * KiB, targetRatio: null },
-  { name: 'tebench-shm-write-1MiB', transport: 'shm', opcode: 'write', block: MiB, targetRatio: 0.9 },
+  ...SHM_BLOCKS.map(
+    (block): LoopCase => ({
+      name: `tebench-shm-write-${sizeName(block)}`,
+      transport: 'shm',
+      opcode: 'write',
+      block,
+      targetRatio: block === MiB ? 0.9 : null,
+    }),
+  ),
   { name: 'tebench-tcp-write-1MiB', transport: 'tcp', opcode: 'write', block: MiB, targetRatio: 0.7 },
   { name: 'tebench-tcp-read-1MiB', transport: 'tcp', opcode: 'read', block: MiB, targetRatio: 0.7 },
 ]
@@ -168,7 +184,7 @@ function record(c: LoopCase, rounds: Round[], baselineLabel: string, options: Su
 
 export async function tebenchLoopCases(options: SuiteOptions): Promise<CaseRecord[]> {
   const records: CaseRecord[] = []
-  const target = await startTarget(MiB)
+  const target = await startTarget(Math.max(...CASES.map((c) => c.block)))
   let engine: Engine | undefined
   let bench: Bench | undefined
   let iperf3: Iperf3Session | undefined
