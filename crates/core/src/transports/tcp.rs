@@ -4,12 +4,16 @@
 //! into registered memory. Many slices are in flight per connection. A reset, an EOF or a
 //! protocol violation fails every in-flight slice on that connection at once.
 //!
-//! Small frames are written inline by the submitting thread when the connection is idle:
-//! one non-blocking `writev`, no thread hand-off. A request of many slices (a gather of
-//! blocks) gives each connection its share as one list, and those frames leave together in
-//! as few `writev` calls as the socket allows. Everything else (large frames, frames behind
-//! others, the rest of a partial write) goes through the connection's writer task, which
-//! keeps frames in submission order and writes what it has queued in batches too.
+//! When the connection is idle, the submitting thread writes a submission's frames itself:
+//! non-blocking `writev`s of what the socket takes at once, no thread hand-off. It does so
+//! for every polled submission (the batch API, tebench's workers: one op in flight then
+//! starts moving without waiting for another thread, which a stolen vCPU would delay), and
+//! for small ones of the Promise path (its caller is a JS thread). A request of many slices
+//! (a gather of blocks) gives each connection its share as one list, and those frames leave
+//! together in as few `writev` calls as the socket allows. Everything else (large Promise
+//! frames, frames behind others, the rest of a partial write) goes through the connection's
+//! writer task, which keeps frames in submission order and writes what it has queued in
+//! batches too.
 //!
 //! The serving side lives in `server.rs`.
 
@@ -35,7 +39,7 @@ use crate::lanes::Lent;
 use crate::memory::{Region, Window};
 use crate::net::{connect, read_header};
 use crate::segment::Peer;
-use crate::task::Task;
+use crate::task::{Observer, Task};
 use crate::transport::{Attempt, Transport, TransportContext, TransportFactory};
 use crate::wire::{ConnKind, Header, Op, RejectCode, Token, HEADER_LEN, MAX_DATA_PAYLOAD};
 
@@ -189,8 +193,44 @@ struct WriteState {
     queue: VecDeque<Queued>,
     /// The writer task is writing a frame it took from the queue.
     writer_busy: bool,
+    /// A submitting thread is writing its frames itself (`DataConn::send`), outside this
+    /// lock: everything else waits in the queue, and the writer task takes nothing.
+    inline_busy: bool,
     /// The connected socket's write half; `None` while disconnected.
     half: Option<Arc<OwnedWriteHalf>>,
+}
+
+impl WriteState {
+    /// The next queued item for the writer task; none while a submitting thread writes
+    /// inline (it owns the socket until it hands back).
+    fn take_for_writer(&mut self) -> Option<Queued> {
+        if self.inline_busy {
+            None
+        } else {
+            self.queue.pop_front()
+        }
+    }
+
+    /// Ends a submitting thread's inline write on `half`: `partial` (frames it registered
+    /// but the socket did not take whole) and then `unregistered` go to the writer task,
+    /// in order, ahead of what others queued meanwhile. Partly written frames belong to the
+    /// connection they started on: if it broke meanwhile (`half` is no longer the current
+    /// one), their slices were registered there and are failed with it (`fail_all`), and
+    /// their rest must not reach the next connection, so they are dropped.
+    fn hand_back(
+        &mut self,
+        half: &Arc<OwnedWriteHalf>,
+        partial: impl Iterator<Item = Frame>,
+        unregistered: impl IntoIterator<Item = Queued>,
+    ) {
+        self.inline_busy = false;
+        let same = self.half.as_ref().is_some_and(|h| Arc::ptr_eq(h, half));
+        let partial = partial.filter(|_| same).map(Queued::Partial);
+        let rest: SmallVec<[Queued; 1]> = partial.chain(unregistered).collect();
+        for q in rest.into_iter().rev() {
+            self.queue.push_front(q);
+        }
+    }
 }
 
 struct DataConn {
@@ -248,16 +288,23 @@ impl DataConn {
         self.lock().slices.remove(&id)
     }
 
-    /// Sends slices of one submission for this connection, in order: when the connection
-    /// is idle and they are small, registered and written by this thread in as few
-    /// `writev` calls as the socket allows; otherwise queued for the writer task.
+    /// Sends slices of one submission for this connection, in order. When the connection
+    /// is idle, this thread registers them and writes what the socket takes at once, in
+    /// as few `writev` calls as it allows; the writer task finishes the rest. That is
+    /// every submission of a polled task (its caller waits for it anyway, and one op in
+    /// flight then waits for no other thread to start moving), and small ones of the
+    /// Promise path (whose caller is a JS thread, which a long copy into the socket would
+    /// block). Otherwise they are queued for the writer task.
     fn send(&self, slices: Slices) {
         let mut st = self.write_state();
-        let idle = !st.writer_busy && st.queue.is_empty();
+        let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty();
         let small = slices.iter().all(|s| s.payload_len() <= INLINE_MAX)
             && slices.iter().map(Slice::payload_len).sum::<u64>() <= INLINE_BATCH_MAX;
+        let polled = slices
+            .first()
+            .is_some_and(|s| s.task.observer() == Observer::Poll);
         let half = match &st.half {
-            Some(h) if idle && small => h.clone(),
+            Some(h) if idle && (small || polled) => h.clone(),
             _ => {
                 st.queue.extend(slices.into_iter().map(Queued::Fresh));
                 drop(st);
@@ -265,6 +312,11 @@ impl DataConn {
                 return;
             }
         };
+        // This thread is the connection's writer until it hands the rest back below; the
+        // copy into the socket runs outside the lock, so other submitters queue meanwhile
+        // instead of waiting for it.
+        st.inline_busy = true;
+        drop(st);
         let mut frames: SmallVec<[Frame; 1]> = SmallVec::with_capacity(slices.len());
         let mut unregistered = VecDeque::new();
         let mut rest = slices.into_iter();
@@ -281,15 +333,8 @@ impl DataConn {
         }
         let _ = write_frames(&half, &mut frames);
         let written = complete_prefix(&frames);
-        // What the socket did not take (it would block, or failed), then what could not be
-        // registered, in order, go to the writer task: it finishes them or meets the error.
-        // The queue was empty (idle) and its lock is held throughout.
-        st.queue = frames
-            .into_iter()
-            .skip(written)
-            .map(Queued::Partial)
-            .chain(unregistered)
-            .collect();
+        let mut st = self.write_state();
+        st.hand_back(&half, frames.into_iter().skip(written), unregistered);
         if st.queue.is_empty() {
             return;
         }
@@ -597,7 +642,7 @@ fn next_batch(conn: &DataConn) -> Vec<Frame> {
         let next = {
             let mut st = conn.write_state();
             let full = frames.len() >= WRITER_BATCH || bytes >= WRITER_BATCH_BYTES;
-            let next = if full { None } else { st.queue.pop_front() };
+            let next = if full { None } else { st.take_for_writer() };
             st.writer_busy = next.is_some() || !frames.is_empty();
             next
         };
@@ -723,6 +768,100 @@ mod tests {
                 }
             })
             .collect()
+    }
+
+    /// Two connected sockets' write halves (the other ends are kept open by the caller).
+    async fn write_halves(n: usize) -> (Vec<Arc<OwnedWriteHalf>>, Vec<tokio::net::TcpStream>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (mut halves, mut ends) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            ends.push(listener.accept().await.expect("accept").0);
+            halves.push(Arc::new(client.into_split().1));
+        }
+        (halves, ends)
+    }
+
+    /// The header offsets of the queued frames (fresh slices read as `u64::MAX`).
+    fn queued(st: &WriteState) -> Vec<u64> {
+        st.queue
+            .iter()
+            .map(|q| match q {
+                Queued::Partial(f) => Header::decode(&f.header).expect("header").offset,
+                Queued::Fresh(_) => u64::MAX,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_inline_write_owns_the_socket_then_hands_its_rest_back_first() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (halves, _ends) = write_halves(1).await;
+            let table = RegionTable::default();
+            let region = table.allocate(16 * 4096).expect("region");
+            let mut ours = frames(&region, 2, 4096).into_iter();
+            let theirs = frames(&region, 10, 4096).pop().expect("frame 9");
+            let mut st = WriteState {
+                half: Some(halves[0].clone()),
+                inline_busy: true,
+                ..WriteState::default()
+            };
+            // Another submitter queued behind the inline write: the writer takes nothing.
+            st.queue.push_back(Queued::Partial(theirs));
+            assert!(st.take_for_writer().is_none());
+            // Frame 0 went out whole; frame 1 was cut short.
+            ours.next();
+            st.hand_back(&halves[0], ours, std::iter::empty());
+            assert!(!st.inline_busy);
+            assert_eq!(queued(&st), vec![1, 9], "the inline write's rest first");
+            assert!(matches!(st.take_for_writer(), Some(Queued::Partial(_))));
+        });
+    }
+
+    #[test]
+    fn the_rest_of_an_inline_write_never_reaches_another_connection() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (halves, _ends) = write_halves(2).await;
+            let table = RegionTable::default();
+            let region = table.allocate(16 * 4096).expect("region");
+            let fresh = || {
+                Queued::Fresh(Slice {
+                    task: crate::task::tests::waiting_task().0,
+                    attempt: 1,
+                    opcode: Opcode::Write,
+                    region: Lent::new(region.clone()),
+                    local_offset: 0,
+                    buffer: 0,
+                    remote_offset: 0,
+                    len: 4096,
+                    token: [0; 16],
+                })
+            };
+            // The connection the write started on broke (none now), or broke and another
+            // took its place: its partly written frame is dropped (its slice fails with the
+            // connection it was registered on); what was never registered is kept.
+            for now in [None, Some(halves[1].clone())] {
+                let mut st = WriteState {
+                    half: now,
+                    inline_busy: true,
+                    ..WriteState::default()
+                };
+                st.hand_back(&halves[0], frames(&region, 1, 4096).into_iter(), [fresh()]);
+                assert!(!st.inline_busy);
+                assert_eq!(queued(&st), vec![u64::MAX]);
+            }
+        });
     }
 
     #[test]
