@@ -770,7 +770,16 @@ mod tests {
             .collect()
     }
 
-    /// Two connected sockets' write halves (the other ends are kept open by the caller).
+    /// Runs `f` on a current-thread runtime with I/O and time.
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    /// `n` connected sockets' write halves, and their other ends (kept open by the caller).
     async fn write_halves(n: usize) -> (Vec<Arc<OwnedWriteHalf>>, Vec<tokio::net::TcpStream>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -798,11 +807,7 @@ mod tests {
 
     #[test]
     fn an_inline_write_owns_the_socket_then_hands_its_rest_back_first() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        block_on(async {
             let (halves, _ends) = write_halves(1).await;
             let table = RegionTable::default();
             let region = table.allocate(16 * 4096).expect("region");
@@ -827,11 +832,7 @@ mod tests {
 
     #[test]
     fn the_rest_of_an_inline_write_never_reaches_another_connection() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        block_on(async {
             let (halves, _ends) = write_halves(2).await;
             let table = RegionTable::default();
             let region = table.allocate(16 * 4096).expect("region");
@@ -866,11 +867,7 @@ mod tests {
 
     #[test]
     fn frames_written_together_arrive_whole_and_in_order_through_partial_writes() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        block_on(async {
             let table = RegionTable::default();
             const COUNT: u64 = 700; // more frames than one writev takes
             const LEN: u64 = 4096;
