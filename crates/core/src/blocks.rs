@@ -244,9 +244,10 @@ impl Blocks {
             spans.clear();
             unit
         }
-        // Sized once from the block count, not grown block by block: a call makes the
-        // same allocations for 16 blocks as for thousands. `starts` has at most one entry
-        // per block (and the end); a gather holds at most `spans_max` spans.
+        // The block map and the open gather's spans are sized once from the block count,
+        // not grown block by block: a list that makes as many units makes the same
+        // allocations for 16 blocks as for thousands. `starts` has at most one entry per
+        // block (and the end); a gather holds at most `spans_max` spans.
         let mut units = Vec::new();
         let mut starts = Vec::with_capacity(self.len() + 1);
         let mut spans: Vec<Span> = Vec::with_capacity(self.len().min(limits.spans_max));
