@@ -96,7 +96,7 @@ mod tests {
         std::thread::spawn(|| {
             let (task, held) = waiting_task();
             let first = Arc::as_ptr(&task) as usize;
-            assert_eq!(Arc::strong_count(&held), 2, "the task holds its region");
+            assert_eq!(Arc::strong_count(&held), 2, "the task holds its group");
             recycle(task);
             assert_eq!(spares(), 1);
             assert_eq!(
