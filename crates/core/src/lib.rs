@@ -41,6 +41,7 @@ mod dispatch;
 mod engine;
 mod error;
 mod etcd_access;
+pub mod event_loop;
 mod events;
 pub mod failover;
 pub mod handle;

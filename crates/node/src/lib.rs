@@ -12,6 +12,7 @@ mod convert;
 mod js;
 mod notify;
 mod settle;
+mod uv_loop;
 
 // The exported free functions of the submodules (napi registers them; the re-export keeps
 // them reachable in builds without that registration, such as `cargo test`).
@@ -351,6 +352,8 @@ impl NativeEngine {
         requests_js: Vec<TransferRequest>,
     ) -> napi::Result<Object<'env>, String> {
         let reqs = requests(&requests_js, &self.engine.handles()).map_err(js_error)?;
+        // Replies to small requests can then wake this thread directly (tcp).
+        uv_loop::ensure_installed(env);
         let (early, settle) = Early::<Vec<TaskStatus>>::new();
         let op = self
             .engine

@@ -4,3 +4,4 @@ pub mod fault;
 #[cfg(target_os = "linux")]
 pub mod shm;
 pub mod tcp;
+pub(crate) mod tcp_loop;

@@ -43,6 +43,8 @@ use crate::task::{Observer, Task};
 use crate::transport::{Attempt, Transport, TransportContext, TransportFactory};
 use crate::wire::{ConnKind, Header, Op, RejectCode, Token, HEADER_LEN, MAX_DATA_PAYLOAD};
 
+use super::tcp_loop::{self, Lanes, LOOP_MAX};
+
 const BACKOFF_START: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const IO_BUFFER: usize = 64 << 10;
@@ -84,21 +86,21 @@ impl Default for TcpConfig {
 }
 
 /// One slice of a task, queued or in flight.
-struct Slice {
-    task: Arc<Task>,
-    attempt: u32,
-    opcode: Opcode,
-    region: Lent<Region>,
-    local_offset: u64,
-    buffer: u64,
-    remote_offset: u64,
-    len: u64,
-    token: Token,
+pub(super) struct Slice {
+    pub(super) task: Arc<Task>,
+    pub(super) attempt: u32,
+    pub(super) opcode: Opcode,
+    pub(super) region: Lent<Region>,
+    pub(super) local_offset: u64,
+    pub(super) buffer: u64,
+    pub(super) remote_offset: u64,
+    pub(super) len: u64,
+    pub(super) token: Token,
 }
 
 impl Slice {
     /// Bytes of payload this slice's request frame carries.
-    fn payload_len(&self) -> u64 {
+    pub(super) fn payload_len(&self) -> u64 {
         match self.opcode {
             Opcode::Write => self.len,
             Opcode::Read => 0,
@@ -407,6 +409,8 @@ pub struct TcpTransport {
     /// Set by `shutdown`: what a submit checks (`CancellationToken::is_cancelled` takes a
     /// mutex, which threads submitting side by side queue on).
     closed: AtomicBool,
+    /// Connections watched by submitting threads' event loops (`tcp_loop`).
+    lanes: Lanes,
 }
 
 impl TcpTransport {
@@ -420,6 +424,12 @@ impl TcpTransport {
         let mut config = config;
         config.connections_per_peer = config.connections_per_peer.clamp(1, 64);
         config.slice_size = config.slice_size.clamp(4096, MAX_DATA_PAYLOAD);
+        let lanes = Lanes {
+            rt: rt.clone(),
+            engine_id: local_engine_id,
+            connect_timeout: config.connect_timeout,
+            registry: Arc::default(),
+        };
         Self {
             rt,
             local_engine_id,
@@ -427,6 +437,7 @@ impl TcpTransport {
             pools: Mutex::new(FxHashMap::default()),
             shutdown,
             closed: AtomicBool::new(false),
+            lanes,
         }
     }
 
@@ -492,6 +503,18 @@ impl TcpTransport {
             token,
         };
         let conns = pool.conns.len();
+        if count == 1 && task.observer() == Observer::Progress && req.length <= LOOP_MAX {
+            // A small awaited request from a thread with an event loop: that loop watches
+            // the reply (`tcp_loop`), when its connection is ready.
+            let piece = req.slices(slice_size).next();
+            if let Some(piece) = piece {
+                if let Err(slice) = tcp_loop::try_send(&self.lanes, &req.peer, slice_of(piece)) {
+                    let first = pool.next.fetch_add(1, Ordering::Relaxed);
+                    pool.conns[first % conns].send(smallvec::smallvec![slice]);
+                }
+                return Ok(());
+            }
+        }
         // Round robin from where the pool stands; with many slices (a gather, or a large
         // request) each connection gets its share as one list, written together.
         let first = pool.next.fetch_add(count as usize, Ordering::Relaxed);
@@ -530,6 +553,7 @@ impl Transport for TcpTransport {
             let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
             pools.get(&peer.handle()).cloned()
         };
+        self.lanes.registry.break_all(Some(peer.handle()), &error);
         if let Some(pool) = pool {
             for conn in &pool.conns {
                 conn.fail_all(&error);
@@ -553,6 +577,7 @@ impl Transport for TcpTransport {
     fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
         self.shutdown.cancel();
+        self.lanes.registry.break_all(None, &Error::Closed);
         for pool in self.pools() {
             for conn in &pool.conns {
                 conn.fail_all(&Error::Closed);
