@@ -61,8 +61,9 @@ pub fn installed() -> bool {
 /// Forgets this thread's loop, first breaking every connection it watches (their requests
 /// in flight fail): the binding calls it when the loop's environment is torn down.
 pub fn uninstall() {
-    crate::transports::tcp_loop::break_this_thread();
+    // Forgotten first: what breaking settles may submit again, and must not find the loop.
     CURRENT.with(|c| c.borrow_mut().take());
+    crate::transports::tcp_loop::break_this_thread();
 }
 
 /// This thread's loop, if any.

@@ -117,8 +117,24 @@ struct Entry {
     retry_at: Option<Instant>,
 }
 
+/// A thread's entries. When the thread ends with entries left (its loop was never
+/// uninstalled, as at process exit), their watches are leaked, not dropped: the loop they
+/// belong to may be gone, and dropping one calls into it.
+#[derive(Default)]
+struct Table(FxHashMap<Key, Entry>);
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        for (_, entry) in self.0.drain() {
+            if let Some((_, watch)) = entry.conn {
+                std::mem::forget(watch);
+            }
+        }
+    }
+}
+
 thread_local! {
-    static ENTRIES: RefCell<FxHashMap<Key, Entry>> = RefCell::new(FxHashMap::default());
+    static ENTRIES: RefCell<Table> = RefCell::new(Table::default());
 }
 
 /// Sends `slice` on this thread's loop connection to its peer, when the thread has a loop
@@ -134,13 +150,17 @@ pub(super) fn try_send(
     let key = (lanes.engine_id, peer.handle());
     let conn = ENTRIES.with(|entries| {
         let mut entries = entries.borrow_mut();
-        let entry = entries.entry(key).or_default();
+        let entry = entries.0.entry(key).or_default();
         if let Some((conn, _)) = &entry.conn {
-            if conn.is_open() {
-                return Some(conn.clone());
+            match conn.readiness() {
+                Readiness::Ready => return Some(conn.clone()),
+                // The rest of a write is still going out: the pool takes this one.
+                Readiness::Busy => return None,
+                Readiness::Broken => {
+                    entry.conn = None;
+                    entry.retry_at = Some(Instant::now() + RETRY_AFTER);
+                }
             }
-            entry.conn = None;
-            entry.retry_at = Some(Instant::now() + RETRY_AFTER);
         }
         if let Some(slot) = &entry.connecting {
             let landed = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -183,7 +203,7 @@ pub(super) fn try_send(
     let sent = conn.send(slice)?;
     if sent.interest == Interest::ReadWrite {
         ENTRIES.with(|entries| {
-            if let Some((c, watch)) = entries.borrow().get(&key).and_then(|e| e.conn.as_ref()) {
+            if let Some((c, watch)) = entries.borrow().0.get(&key).and_then(|e| e.conn.as_ref()) {
                 if Arc::ptr_eq(c, &conn) {
                     watch.set_interest(Interest::ReadWrite);
                 }
@@ -226,7 +246,7 @@ fn start_connect(lanes: &Lanes, peer: &Arc<Peer>) -> Arc<Landing> {
 
 /// Breaks every loop connection of this thread and forgets them (its loop is going away).
 pub(crate) fn break_this_thread() {
-    let entries: Vec<Entry> = ENTRIES.with(|e| e.borrow_mut().drain().map(|(_, v)| v).collect());
+    let entries: Vec<Entry> = ENTRIES.with(|e| e.borrow_mut().0.drain().map(|(_, v)| v).collect());
     for entry in entries {
         if let Some((conn, watch)) = entry.conn {
             conn.break_with(Error::Closed);
@@ -240,7 +260,7 @@ fn forget(conn: &LoopConn) {
     // `try_with`: at thread exit the table may already be gone.
     let _ = ENTRIES.try_with(|entries| {
         let mut entries = entries.borrow_mut();
-        if let Some(entry) = entries.get_mut(&conn.key) {
+        if let Some(entry) = entries.0.get_mut(&conn.key) {
             if entry
                 .conn
                 .as_ref()
@@ -251,6 +271,14 @@ fn forget(conn: &LoopConn) {
             }
         }
     });
+}
+
+/// Whether a connection takes a request now.
+enum Readiness {
+    Ready,
+    /// The rest of a write is waiting for the socket.
+    Busy,
+    Broken,
 }
 
 /// A READ reply's payload or an error text, arriving.
@@ -340,9 +368,13 @@ impl LoopConn {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn is_open(&self) -> bool {
+    fn readiness(&self) -> Readiness {
         let st = self.lock();
-        st.open && st.out.is_empty()
+        match (st.open, st.out.is_empty()) {
+            (false, _) => Readiness::Broken,
+            (true, false) => Readiness::Busy,
+            (true, true) => Readiness::Ready,
+        }
     }
 
     /// Fails everything in flight with `error` and shuts the socket down (from any
