@@ -140,6 +140,14 @@ export declare class NativeEngine {
    * returned (same-host copies done inline: no Promise, no wake of the event loop).
    */
   transfer(requestsJs: Array<TransferRequest>): { op: number, promise: Promise<Array<TaskStatus>> | Array<TaskStatus> }
+  /**
+   * One request, every field a number (`engine.read`/`write` without a signal or a
+   * notification): opcode 0 READ, 1 WRITE; transport and requireTransport 0 (none), 1
+   * tcp, 2 shm, 3 rdma. Returns the outcome — `transport + 256 * attempts` when it
+   * completed, its status otherwise — or, when it did not end before the call returned,
+   * a Promise of it.
+   */
+  transferOne(opcode: number, local: number, localOffset: number, segment: number, remoteBuffer: number, remoteOffset: number, length: number, transport: number, requireTransport: number): number | TaskStatus | Promise<number | TaskStatus>
   /** Cancels a pending transfer; returns whether it was pending. */
   cancel(op: number): boolean
   /** Sets the function that receives engine events. It does not keep Node alive. */

@@ -184,6 +184,27 @@ function call<T>(fn: () => T): T {
   }
 }
 
+/** A transport's number for the binding's all-numbers call: 0 none, 1 tcp, 2 shm, 3 rdma. */
+function transportCode(t: string | undefined | null): number {
+  return t === 'tcp' ? 1 : t === 'shm' ? 2 : t === 'rdma' ? 3 : 0
+}
+
+const TRANSPORT_BY_CODE: ReadonlyArray<TransportName | undefined> = [undefined, 'tcp', 'shm', 'rdma']
+
+/** The status of a task the binding reported completed as `transport + 256 * attempts`. */
+function completedTask(done: number, length: number): TaskStatus {
+  return {
+    status: TransferStatus.COMPLETED,
+    name: 'COMPLETED',
+    transferredBytes: length,
+    length,
+    transport: TRANSPORT_BY_CODE[done & 0xff],
+    attempts: Math.floor(done / 256),
+    code: undefined,
+    message: undefined,
+  }
+}
+
 function toTaskStatus(s: Native.TaskStatus): TaskStatus {
   return {
     status: s.status,
@@ -1100,7 +1121,35 @@ export class Engine extends EventEmitter {
 
   private async io(opcode: 'read' | 'write', request: IoRequest): Promise<TransferResult> {
     const native = call(() => toNativeRequest(this, request, 0, opcode))
+    if (request.signal === undefined && request.notify === undefined) return this.one(native)
     return this.run([native], request.signal, request.notify === undefined ? undefined : notifyBytes('notify', request.notify))
+  }
+
+  /**
+   * One checked request through the binding's all-numbers call: no object to read by
+   * property name on the way in and, when it completed, a number on the way out (the
+   * task's status object is built here).
+   */
+  private async one(q: Native.TransferRequest): Promise<TransferResult> {
+    const started = this.native((n) =>
+      n.transferOne(
+        q.opcode === 'read' ? 0 : 1,
+        q.local,
+        q.localOffset ?? 0,
+        q.segment,
+        q.remoteBuffer ?? 0,
+        q.remoteOffset ?? 0,
+        q.length,
+        transportCode(q.transport),
+        transportCode(q.requireTransport),
+      ),
+    )
+    const done = await settled(started)
+    if (typeof done === 'number') {
+      const task = completedTask(done, q.length)
+      return { bytes: q.length, tasks: [task] }
+    }
+    return this.#outcome([toTaskStatus(done)], undefined, undefined)
   }
 
   /**
@@ -1138,7 +1187,11 @@ export class Engine extends EventEmitter {
     } finally {
       signal?.removeEventListener('abort', onAbort)
     }
-    const tasks = raw.map(toTaskStatus)
+    return this.#outcome(raw.map(toTaskStatus), signal, notifyError)
+  }
+
+  /** A call's result from its tasks' statuses, or the error of the first that failed. */
+  #outcome(tasks: TaskStatus[], signal: AbortSignal | undefined, notifyError: Native.NotifyResult | undefined): TransferResult {
     this.#explainLosses(tasks)
     const failed = tasks.find((t) => t.status !== TransferStatus.COMPLETED)
     if (!failed && notifyError) {

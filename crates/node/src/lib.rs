@@ -11,6 +11,7 @@ mod callback;
 mod convert;
 mod js;
 mod notify;
+mod one;
 mod settle;
 mod uv_loop;
 
@@ -367,6 +368,53 @@ impl NativeEngine {
         out.set("promise", early.hand(env).map_err(internal)?)
             .map_err(internal)?;
         Ok(out)
+    }
+
+    /// One request, every field a number (`engine.read`/`write` without a signal or a
+    /// notification): opcode 0 READ, 1 WRITE; transport and requireTransport 0 (none), 1
+    /// tcp, 2 shm, 3 rdma. Returns the outcome — `transport + 256 * attempts` when it
+    /// completed, its status otherwise — or, when it did not end before the call returned,
+    /// a Promise of it.
+    #[napi(
+        catch_unwind,
+        ts_return_type = "number | TaskStatus | Promise<number | TaskStatus>"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    pub fn transfer_one<'env>(
+        &self,
+        env: &'env Env,
+        opcode: u32,
+        local: f64,
+        local_offset: f64,
+        segment: f64,
+        remote_buffer: f64,
+        remote_offset: f64,
+        length: f64,
+        transport: u32,
+        require_transport: u32,
+    ) -> napi::Result<settle::Handed<'env, one::OneOutcome>, String> {
+        let one = one::request(
+            opcode,
+            local,
+            local_offset,
+            segment,
+            remote_buffer,
+            remote_offset,
+            length,
+            transport,
+            require_transport,
+        )
+        .map_err(js_error)?;
+        let reqs =
+            requests(std::slice::from_ref(&one), &self.engine.handles()).map_err(js_error)?;
+        uv_loop::ensure_installed(env);
+        let (early, settle) = Early::<one::OneOutcome>::new();
+        self.engine
+            .transfer(&reqs, move |snaps| {
+                settle.resolve(snaps.into_iter().next().map(Into::into).unwrap_or_default());
+            })
+            .map_err(js_error)?;
+        early.hand(env).map_err(internal)
     }
 
     /// Cancels a pending transfer; returns whether it was pending.
