@@ -125,10 +125,12 @@ unsafe extern "C" fn on_poll(handle: *mut c_void, _status: c_int, _events: c_int
     // SAFETY: `data` is the `Rc<Poll>` that `watch` put there, alive until `on_close`, which
     // libuv calls only after the last `on_poll`.
     let poll = unsafe { &*((*handle.cast::<HandleHead>()).data as *const Poll) };
-    // No panic may unwind into libuv: one that escapes the engine stops the watch.
-    let interest =
+    // No panic may unwind into libuv: one that escapes the engine stops the watch. What
+    // the callback completes settles as it ends (`settle::in_loop_callback`).
+    let interest = crate::settle::in_loop_callback(|| {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| poll.watcher.on_ready()))
-            .unwrap_or(Interest::Stop);
+            .unwrap_or(Interest::Stop)
+    });
     poll.set(interest);
 }
 
