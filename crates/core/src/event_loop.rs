@@ -44,6 +44,8 @@ pub trait EventLoop {
     fn watch(&self, fd: RawFd, watcher: Arc<dyn Watcher>) -> std::io::Result<Box<dyn Watch>>;
 }
 
+pub use crate::transports::tcp_loop::cap_writes_for_tests;
+
 thread_local! {
     static CURRENT: RefCell<Option<Rc<dyn EventLoop>>> = const { RefCell::new(None) };
 }

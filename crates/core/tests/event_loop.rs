@@ -365,3 +365,74 @@ fn uninstalling_the_loop_fails_what_it_waited_for() {
     initiator.close();
     target.close();
 }
+
+#[test]
+fn a_write_the_socket_takes_in_pieces_goes_out_whole_while_others_take_the_pool() {
+    let (target, initiator) = pair();
+    let remote = target.allocate(4 << 20).expect("remote");
+    let local = initiator.allocate(4 << 20).expect("local");
+    fill(&local, 3);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open")
+        .handle;
+    let lp = Rc::new(PollLoop::default());
+    event_loop::install(lp.clone());
+    warm_up(&lp, &initiator, &local, seg, &remote);
+    let me = std::thread::current().id();
+    // The socket takes 1000 bytes per write: a 64 KiB WRITE leaves its rest, which goes
+    // out a piece each time the loop finds the socket writable.
+    event_loop::cap_writes_for_tests(Some(1000));
+    let calls = lp.callbacks.get();
+    let big = start(
+        &initiator,
+        &[request(Opcode::Write, &local, seg, &remote, 0, 65_536)],
+    );
+    // Meanwhile the loop's connection is busy: another request takes the I/O threads.
+    let small = start(
+        &initiator,
+        &[request(Opcode::Write, &local, seg, &remote, 1 << 20, 4096)],
+    );
+    let (snaps, on) = wait(&lp, &small);
+    assert_eq!(
+        snaps[0].status,
+        TransferStatus::Completed,
+        "{:?}",
+        snaps[0].error
+    );
+    assert_ne!(
+        on, me,
+        "a request went on a connection with a write half out"
+    );
+    let (snaps, on) = wait(&lp, &big);
+    assert_eq!(
+        snaps[0].status,
+        TransferStatus::Completed,
+        "{:?}",
+        snaps[0].error
+    );
+    assert_eq!(on, me);
+    assert!(
+        lp.callbacks.get() - calls >= 60,
+        "the rest went out in {} callbacks, not piece by piece",
+        lp.callbacks.get() - calls
+    );
+    event_loop::cap_writes_for_tests(None);
+    let (sent, there) = (bytes_of(&local), bytes_of(&remote));
+    assert!(
+        there[..65_536] == sent[..65_536],
+        "the pieced WRITE differs"
+    );
+    assert!(there[1 << 20..(1 << 20) + 4096] == sent[1 << 20..(1 << 20) + 4096]);
+    // Whole again, the connection serves the next request.
+    let next = start(
+        &initiator,
+        &[request(Opcode::Read, &local, seg, &remote, 0, 4096)],
+    );
+    let (snaps, on) = wait(&lp, &next);
+    assert_eq!(snaps[0].status, TransferStatus::Completed);
+    assert_eq!(on, me);
+    initiator.close();
+    event_loop::uninstall();
+    target.close();
+}

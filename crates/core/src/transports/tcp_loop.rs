@@ -15,7 +15,7 @@
 //! connection (`fail_peer`, `shutdown`): it fails what is in flight and shuts the socket
 //! down, and the loop, woken by the end of the stream, lets go of it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -134,6 +134,8 @@ impl Drop for Table {
 }
 
 thread_local! {
+    /// Bytes a write of this thread may hand the socket at once (test hook).
+    static WRITE_CAP: Cell<usize> = const { Cell::new(usize::MAX) };
     static ENTRIES: RefCell<Table> = RefCell::new(Table::default());
 }
 
@@ -212,6 +214,14 @@ pub(super) fn try_send(
     }
     sent.settle();
     Ok(())
+}
+
+/// Test hook: this thread's loop connections hand the socket at most `cap` bytes per
+/// write, and one piece per readiness when flushing, as a socket whose buffer is full
+/// would; `None` lifts it. What a write leaves is then sent when the loop finds the
+/// socket writable.
+pub fn cap_writes_for_tests(cap: Option<usize>) {
+    WRITE_CAP.with(|c| c.set(cap.unwrap_or(usize::MAX)));
 }
 
 /// Connects and authenticates on an I/O thread; the stream lands in the returned slot.
@@ -446,21 +456,27 @@ impl LoopConn {
         st.inflight.insert(h.request_id, slice);
         let body = payload.as_slice();
         let total = HEADER_LEN + body.len();
-        let written =
-            match (&self.sock).write_vectored(&[IoSlice::new(&header), IoSlice::new(body)]) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
-                Err(e) => {
-                    let error = self.error_for_break(Error::io("send", &e));
-                    settle = Self::close(&mut st, &error);
-                    drop(st);
-                    let _ = self.sock.shutdown(std::net::Shutdown::Both);
-                    return Ok(Sent {
-                        interest: Interest::Read,
-                        settle,
-                    });
-                }
-            };
+        let cap = WRITE_CAP.with(Cell::get);
+        let (head_part, body_part) = (
+            &header[..HEADER_LEN.min(cap)],
+            &body[..body.len().min(cap.saturating_sub(HEADER_LEN))],
+        );
+        let written = match (&self.sock)
+            .write_vectored(&[IoSlice::new(head_part), IoSlice::new(body_part)])
+        {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(e) => {
+                let error = self.error_for_break(Error::io("send", &e));
+                settle = Self::close(&mut st, &error);
+                drop(st);
+                let _ = self.sock.shutdown(std::net::Shutdown::Both);
+                return Ok(Sent {
+                    interest: Interest::Read,
+                    settle,
+                });
+            }
+        };
         let interest = if written < total {
             // The socket took part of it: the rest is kept, and goes out before anything
             // else, when the loop finds the socket writable.
@@ -476,11 +492,17 @@ impl LoopConn {
 
     /// Writes what `out` holds; `Err` when the connection broke.
     fn flush(&self, st: &mut State) -> Result<()> {
+        let cap = WRITE_CAP.with(Cell::get);
         while !st.out.is_empty() {
-            match (&self.sock).write(&st.out) {
+            let take = st.out.len().min(cap);
+            match (&self.sock).write(&st.out[..take]) {
                 Ok(0) => return Err(Error::Io("send: socket took nothing".into())),
                 Ok(n) => {
                     st.out.drain(..n);
+                    if cap != usize::MAX {
+                        // A capped socket (test hook) takes one piece per readiness.
+                        return Ok(());
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) => return Err(Error::io("send", &e)),
