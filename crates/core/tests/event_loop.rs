@@ -187,13 +187,23 @@ fn warm_up(
     unreachable!()
 }
 
-#[test]
-fn small_awaited_requests_are_read_by_the_loop_and_land_in_place() {
+/// Two engines over tcp, a region on each side (the initiator's filled from `seed`), the
+/// target's segment opened, and a poll loop installed on this thread and warmed up (its
+/// connection serves requests).
+struct Rig {
+    target: Engine,
+    initiator: Engine,
+    local: Arc<Region>,
+    remote: Arc<Region>,
+    seg: u64,
+    lp: Rc<PollLoop>,
+}
+
+fn rig(bytes: u64, seed: u64) -> Rig {
     let (target, initiator) = pair();
-    let remote = target.allocate(8 << 20).expect("remote");
-    let local = initiator.allocate(8 << 20).expect("local");
-    let back = initiator.allocate(8 << 20).expect("back");
-    fill(&local, 7);
+    let remote = target.allocate(bytes).expect("remote");
+    let local = initiator.allocate(bytes).expect("local");
+    fill(&local, seed);
     let seg = initiator
         .open_segment_blocking(target.segment_name())
         .expect("open")
@@ -201,6 +211,38 @@ fn small_awaited_requests_are_read_by_the_loop_and_land_in_place() {
     let lp = Rc::new(PollLoop::default());
     event_loop::install(lp.clone());
     warm_up(&lp, &initiator, &local, seg, &remote);
+    Rig {
+        target,
+        initiator,
+        local,
+        remote,
+        seg,
+        lp,
+    }
+}
+
+/// Turns the loop until it watches nothing (100 turns at most); whether it does.
+fn let_go(lp: &PollLoop) -> bool {
+    for _ in 0..100 {
+        if lp.live() == 0 {
+            return true;
+        }
+        lp.turn();
+    }
+    lp.live() == 0
+}
+
+#[test]
+fn small_awaited_requests_are_read_by_the_loop_and_land_in_place() {
+    let Rig {
+        target,
+        initiator,
+        local,
+        remote,
+        seg,
+        lp,
+    } = rig(8 << 20, 7);
+    let back = initiator.allocate(8 << 20).expect("back");
     assert_eq!(lp.live(), 1, "one connection watched for the peer");
 
     // Sizes up to the limit, WRITE then READ back, each delivered on this thread.
@@ -268,29 +310,21 @@ fn small_awaited_requests_are_read_by_the_loop_and_land_in_place() {
     assert_ne!(on, me, "a 1 MiB READ was copied by the loop's thread");
 
     initiator.close();
-    for _ in 0..100 {
-        if lp.live() == 0 {
-            break;
-        }
-        lp.turn();
-    }
-    assert_eq!(lp.live(), 0, "the loop still watches after close");
+    assert!(let_go(&lp), "the loop still watches after close");
     event_loop::uninstall();
     target.close();
 }
 
 #[test]
 fn a_dead_peer_fails_what_the_loop_waits_for_in_bounded_time() {
-    let (target, initiator) = pair();
-    let remote = target.allocate(1 << 20).expect("remote");
-    let local = initiator.allocate(1 << 20).expect("local");
-    let seg = initiator
-        .open_segment_blocking(target.segment_name())
-        .expect("open")
-        .handle;
-    let lp = Rc::new(PollLoop::default());
-    event_loop::install(lp.clone());
-    warm_up(&lp, &initiator, &local, seg, &remote);
+    let Rig {
+        target,
+        initiator,
+        local,
+        remote,
+        seg,
+        lp,
+    } = rig(1 << 20, 1);
     // Requests go out; the target closes before the loop reads any reply.
     let slots: Vec<Outcome> = (0..8u64)
         .map(|i| {
@@ -313,29 +347,21 @@ fn a_dead_peer_fails_what_the_loop_waits_for_in_bounded_time() {
     );
     // Whatever got a reply before the close completed; nothing is left pending, and the
     // loop let go of the socket.
-    for _ in 0..100 {
-        if lp.live() == 0 {
-            break;
-        }
-        lp.turn();
-    }
-    assert_eq!(lp.live(), 0, "the loop still watches a dead connection");
+    assert!(let_go(&lp), "the loop still watches a dead connection");
     event_loop::uninstall();
     initiator.close();
 }
 
 #[test]
 fn uninstalling_the_loop_fails_what_it_waited_for() {
-    let (target, initiator) = pair();
-    let remote = target.allocate(1 << 20).expect("remote");
-    let local = initiator.allocate(1 << 20).expect("local");
-    let seg = initiator
-        .open_segment_blocking(target.segment_name())
-        .expect("open")
-        .handle;
-    let lp = Rc::new(PollLoop::default());
-    event_loop::install(lp.clone());
-    warm_up(&lp, &initiator, &local, seg, &remote);
+    let Rig {
+        target,
+        initiator,
+        local,
+        remote,
+        seg,
+        lp,
+    } = rig(1 << 20, 1);
     let slot = start(
         &initiator,
         &[request(Opcode::Read, &local, seg, &remote, 0, 4096)],
@@ -368,17 +394,14 @@ fn uninstalling_the_loop_fails_what_it_waited_for() {
 
 #[test]
 fn a_write_the_socket_takes_in_pieces_goes_out_whole_while_others_take_the_pool() {
-    let (target, initiator) = pair();
-    let remote = target.allocate(4 << 20).expect("remote");
-    let local = initiator.allocate(4 << 20).expect("local");
-    fill(&local, 3);
-    let seg = initiator
-        .open_segment_blocking(target.segment_name())
-        .expect("open")
-        .handle;
-    let lp = Rc::new(PollLoop::default());
-    event_loop::install(lp.clone());
-    warm_up(&lp, &initiator, &local, seg, &remote);
+    let Rig {
+        target,
+        initiator,
+        local,
+        remote,
+        seg,
+        lp,
+    } = rig(4 << 20, 3);
     let me = std::thread::current().id();
     // The socket takes 1000 bytes per write: a 64 KiB WRITE leaves its rest, which goes
     // out a piece each time the loop finds the socket writable.
