@@ -212,7 +212,7 @@ pub(super) fn try_send(
             }
         });
     }
-    sent.settle();
+    sent.settle.settle();
     Ok(())
 }
 
@@ -349,12 +349,6 @@ struct Sent {
     settle: Settle,
 }
 
-impl Sent {
-    fn settle(self) {
-        self.settle.settle();
-    }
-}
-
 impl LoopConn {
     fn new(key: Key, peer: Arc<Peer>, sock: std::net::TcpStream) -> Self {
         Self {
@@ -434,8 +428,7 @@ impl LoopConn {
         let payload = match Window::new(&slice.region, slice.local_offset, slice.payload_len()) {
             Ok(w) => w,
             Err(e) => {
-                drop(st);
-                slice.task.attempt_failed(slice.attempt, e);
+                settle.failed.push((slice, e));
                 return Ok(Sent {
                     interest: Interest::Read,
                     settle,
