@@ -357,7 +357,7 @@ impl SegmentTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -369,7 +369,8 @@ mod tests {
         assert!(parse_token(&"é".repeat(16)).is_err());
     }
 
-    fn sample_descriptor() -> SegmentDescriptor {
+    /// A descriptor of a peer with no buffers and no transports.
+    pub(crate) fn sample_descriptor() -> SegmentDescriptor {
         SegmentDescriptor {
             engine_id: 1,
             name: "127.0.0.1:1".into(),

@@ -645,3 +645,194 @@ impl Watcher for LoopConn {
         interest
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Replies a peer should never send, put straight into a connection's receive buffer:
+    //! each breaks the connection with a protocol error, fails what it answered, and
+    //! writes no byte of the region the request would have landed in.
+    use super::*;
+    use crate::memory::RegionTable;
+    use crate::task::tests::waiting_task;
+
+    const LEN: u64 = 4096;
+    /// What the region holds before any reply: a byte no test reply carries.
+    const UNTOUCHED: u8 = 0x5a;
+
+    struct Rig {
+        conn: LoopConn,
+        region: Arc<crate::memory::Region>,
+        /// The other end of the connection's socket, kept open.
+        _far: std::net::TcpStream,
+    }
+
+    fn rig() -> Rig {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let near =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (far, _) = listener.accept().expect("accept");
+        let peer = Arc::new(Peer::new(
+            1,
+            "127.0.0.1:1".into(),
+            crate::segment::tests::sample_descriptor(),
+            Default::default(),
+        ));
+        let region = RegionTable::default().allocate(2 * LEN).expect("region");
+        region
+            .range_ptr(0, 2 * LEN)
+            .map(|p| {
+                // SAFETY: the range was bounds-checked by `range_ptr`; nothing else uses the
+                // region yet.
+                unsafe { std::ptr::write_bytes(p, UNTOUCHED, 2 * LEN as usize) }
+            })
+            .expect("range");
+        Rig {
+            conn: LoopConn::new((1, 1), peer, near),
+            region,
+            _far: far,
+        }
+    }
+
+    impl Rig {
+        /// A request of `opcode` in flight as id `id`, landing at offset LEN of the region.
+        fn in_flight(&self, id: u64, opcode: Opcode) {
+            let (task, _) = waiting_task();
+            let slice = Slice {
+                task,
+                attempt: 0,
+                opcode,
+                region: crate::lanes::Lent::new(self.region.clone()),
+                local_offset: LEN,
+                buffer: 0,
+                remote_offset: 0,
+                len: LEN,
+                token: [0; 16],
+            };
+            self.conn.lock().inflight.insert(id, slice);
+        }
+
+        /// Parses `bytes` as if the socket had just delivered them.
+        fn deliver(&self, bytes: &[u8]) -> (Result<()>, Settle) {
+            let mut st = self.conn.lock();
+            let end = st.rx_end;
+            st.rx[end..end + bytes.len()].copy_from_slice(bytes);
+            st.rx_end += bytes.len();
+            let mut settle = Settle::default();
+            let result = self.conn.parse(&mut st, &mut settle);
+            if let Err(cause) = &result {
+                // What `on_ready` does next: the connection closes, failing what it still
+                // had in flight.
+                let closed = LoopConn::close(&mut st, &self.conn.error_for_break(cause.clone()));
+                settle.failed.extend(closed.failed);
+            }
+            assert!(st.inflight.is_empty() || result.is_ok());
+            (result, settle)
+        }
+
+        fn region_untouched(&self) -> bool {
+            let p = self.region.range_ptr(0, 2 * LEN).expect("range");
+            // SAFETY: in bounds (`range_ptr`); the region lives as long as `self`.
+            let bytes = unsafe { std::slice::from_raw_parts(p, 2 * LEN as usize) };
+            bytes.iter().all(|&b| b == UNTOUCHED)
+        }
+    }
+
+    fn reply(op: Op, request_id: u64, length: u64) -> Vec<u8> {
+        let h = Header {
+            op,
+            flags: 0,
+            request_id,
+            buffer_id: 0,
+            offset: 0,
+            length,
+            token: [0; 16],
+        };
+        h.encode().to_vec()
+    }
+
+    fn is_protocol(r: &Result<()>) -> bool {
+        matches!(r, Err(Error::Protocol(_)))
+    }
+
+    #[test]
+    fn a_read_reply_of_the_wrong_length_fails_its_request_and_lands_nothing() {
+        for length in [LEN - 1, LEN + 1, 0, u64::MAX] {
+            let rig = rig();
+            rig.in_flight(7, Opcode::Read);
+            let mut bytes = reply(Op::ReadResp, 7, length);
+            bytes.extend(std::iter::repeat_n(0xee, 2 * LEN as usize));
+            let (result, settle) = rig.deliver(&bytes);
+            assert!(is_protocol(&result), "length {length}: {result:?}");
+            assert_eq!(settle.failed.len(), 1, "length {length}");
+            assert!(settle.done.is_empty());
+            assert!(rig.region_untouched(), "length {length}");
+        }
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_kind_or_to_no_request_breaks_the_connection() {
+        // A READ's bytes answering a WRITE, a WRITE's ack answering a READ, an ack with
+        // a payload, and a request sent back as if it were a reply.
+        for (op, asked, length) in [
+            (Op::ReadResp, Opcode::Write, LEN),
+            (Op::WriteAck, Opcode::Read, 0),
+            (Op::WriteAck, Opcode::Write, 1),
+            (Op::WriteReq, Opcode::Write, 0),
+            (Op::Error, Opcode::Read, MAX_ERROR_TEXT + 1),
+        ] {
+            let rig = rig();
+            rig.in_flight(3, asked);
+            let mut bytes = reply(op, 3, length);
+            bytes.extend(std::iter::repeat_n(0xee, LEN as usize));
+            let (result, settle) = rig.deliver(&bytes);
+            assert!(is_protocol(&result), "{op:?} to {asked:?}: {result:?}");
+            assert_eq!(settle.failed.len(), 1, "{op:?} to {asked:?}");
+            assert!(settle.done.is_empty());
+            assert!(rig.region_untouched(), "{op:?} to {asked:?}");
+        }
+        // A reply to an id never sent: what is in flight fails with the connection.
+        let rig = rig();
+        rig.in_flight(3, Opcode::Read);
+        let (result, settle) = rig.deliver(&reply(Op::ReadResp, 4, LEN));
+        assert!(is_protocol(&result), "{result:?}");
+        assert_eq!(settle.failed.len(), 1);
+        assert!(settle.done.is_empty());
+        assert!(rig.region_untouched());
+    }
+
+    #[test]
+    fn a_header_that_is_not_ours_breaks_the_connection() {
+        let rig = rig();
+        rig.in_flight(0, Opcode::Read);
+        let mut bytes = reply(Op::ReadResp, 0, LEN);
+        bytes[0] ^= 0xff; // the magic
+        let (result, settle) = rig.deliver(&bytes);
+        assert!(is_protocol(&result), "{result:?}");
+        assert_eq!(settle.failed.len(), 1);
+        assert!(settle.done.is_empty());
+        assert!(rig.region_untouched());
+    }
+
+    #[test]
+    fn well_formed_replies_complete_and_land_in_place() {
+        // The same rig answered properly: the READ's bytes land at its offset only, and an
+        // error reply fails its request without breaking the connection.
+        let rig = rig();
+        rig.in_flight(1, Opcode::Read);
+        rig.in_flight(2, Opcode::Write);
+        let mut bytes = reply(Op::ReadResp, 1, LEN);
+        bytes.extend(std::iter::repeat_n(0xee, LEN as usize));
+        bytes.extend(reply(Op::Error, 2, 5));
+        bytes.extend(b"nope!");
+        let (result, settle) = rig.deliver(&bytes);
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(settle.done.len(), 1);
+        assert_eq!(settle.failed.len(), 1);
+        assert!(matches!(&settle.failed[0].1, Error::RemoteRejected(m) if m.ends_with("nope!")));
+        let p = rig.region.range_ptr(0, 2 * LEN).expect("range");
+        // SAFETY: in bounds (`range_ptr`); the region lives as long as `rig`.
+        let bytes = unsafe { std::slice::from_raw_parts(p, 2 * LEN as usize) };
+        assert!(bytes[..LEN as usize].iter().all(|&b| b == UNTOUCHED));
+        assert!(bytes[LEN as usize..].iter().all(|&b| b == 0xee));
+    }
+}
