@@ -36,6 +36,7 @@ mod block_submit;
 pub mod blocks;
 mod config;
 pub mod control;
+mod copy_speed;
 mod cpu_cache;
 mod dispatch;
 mod engine;

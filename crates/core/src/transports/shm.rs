@@ -64,22 +64,51 @@ const POLLED_INLINE_COPY_MAX: u64 = 8 << 20;
 /// memcpy on the submitting thread and 40/42.6/35 shared (memcpy: 32.9/33/28.2); 8 and
 /// 16 MiB moved 18 and 12 inline, 22.9 and 12.6 shared (memcpy: 12.3 and 7.5).
 const CHUNK: u64 = 512 << 10;
-/// Plain copies above a quarter of a core's L2 (`plain_share_min`) are shared, while a core
-/// is free for a copy thread (`LargeCopiers`): in two halves up to `2 × CHUNK`, in `CHUNK`s
-/// beyond. Below it, source and destination together fit half the L2 and one core copies
-/// at cache speed; a hand-off only adds its cost. Measured with tebench shm WRITE, 1 thread,
-/// fixed addressing, runs alternated with a 1-thread memcpy of the same block and working
-/// set:
+/// Plain copies above `plain_share_min` are shared, while a core is free for a copy thread
+/// (`LargeCopiers`): in two halves up to `2 × CHUNK`, in `CHUNK`s beyond. A copy is shared
+/// once it is too large for one core's cache or too long for one core's cache bandwidth,
+/// whichever comes first:
+/// - above a quarter of a core's L2: below it, source and destination together fit half
+///   the L2 and one core copies at cache speed; beyond it, two cores each keep their half
+///   in their own L2 (a Xeon with 2 MiB L2s: 1 MiB moved 25 GB/s as one memcpy and 49-52
+///   shared);
+/// - above what one core copies in [`SHARE_COPY_TIME`] at its cache speed
+///   (`copy_speed`): a shorter copy gains less from a second core than the hand-off costs.
+///
+/// Measured with tebench shm WRITE, 1 thread, fixed addressing, runs alternated with a
+/// 1-thread memcpy of the same block and working set:
 /// - 512 KiB L2 (a Zen 3 VM): 256 KiB moved 26-30 GB/s inline and 27-36 shared, 512 KiB
 ///   28-31 and 34-41 (memcpy: 35-37 and 33-34); halving 128 KiB copies gained nothing
 ///   (22-28 GB/s against 25-29). Threshold 128 KiB.
 /// - 1 MiB L2 (a Zen 5 VM): 256 KiB moved 67-74 GB/s inline and 54-64 shared (memcpy
 ///   88-103), 512 KiB 63-69 inline and 91 shared (memcpy 79-81). Threshold 256 KiB.
-fn plain_share_min(l2: Option<u64>) -> u64 {
-    l2.map_or(PLAIN_SHARE_MIN_UNKNOWN_L2, |l2| {
-        (l2 / 4).clamp(64 << 10, 1 << 20)
-    })
+/// - 2 MiB L2 (a Xeon VM whose L2 moves 35-39 GB/s): 512 KiB moved 32-33 GB/s inline and
+///   35-43 shared (memcpy: 35-37); 256 KiB 25-30 inline and 26-32 shared (memcpy: 27-36),
+///   with a P99 of 40 µs instead of 11-31. Threshold 256 KiB, where a quarter of the L2
+///   alone gave 512 KiB.
+fn plain_share_min(l2: Option<u64>, copy_rate: Option<f64>) -> u64 {
+    let by_size = l2.map_or(PLAIN_SHARE_MIN_UNKNOWN_L2, |l2| {
+        (l2 / 4).clamp(MIN_SHARE_MIN, 1 << 20)
+    });
+    // A rate that is not a positive number tells nothing: the L2's size decides alone.
+    let by_time =
+        copy_rate
+            .filter(|r| r.is_finite() && *r > 0.0)
+            .map_or(u64::MAX, |bytes_per_ns| {
+                // The largest power of two copied within the time (`as` saturates).
+                let bytes = (bytes_per_ns * SHARE_COPY_TIME.as_nanos() as f64) as u64;
+                bytes.checked_ilog2().map_or(0, |log| 1 << log)
+            });
+    by_size.min(by_time).max(MIN_SHARE_MIN)
 }
+
+/// Copies up to this size are never shared: a hand-off costs a good part of their time.
+const MIN_SHARE_MIN: u64 = 64 << 10;
+/// A copy that one core takes longer than this for is worth sharing with another (see
+/// [`plain_share_min`]: 512 KiB at 35-39 GB/s, 13-15 µs, gained 15-30 %; 256 KiB at the same
+/// rate, 6.7-7.5 µs, gained a few per cent for a tail four times as long; 256 KiB at 95 GB/s,
+/// 2.8 µs, lost).
+const SHARE_COPY_TIME: Duration = Duration::from_micros(8);
 
 /// The threshold where sysfs does not tell the L2's size.
 const PLAIN_SHARE_MIN_UNKNOWN_L2: u64 = 128 << 10;
@@ -381,31 +410,6 @@ fn runs(spans: &[Span], chunk: u64) -> impl Iterator<Item = std::ops::Range<usiz
     })
 }
 
-struct CopyJob {
-    task: Arc<Task>,
-    attempt: u32,
-    peer: Arc<ShmPeer>,
-    mapping: Arc<RemoteMapping>,
-    opcode: Opcode,
-    region: Lent<Region>,
-    work: Work,
-}
-
-impl CopyJob {
-    fn run(&self) {
-        Copy {
-            task: &self.task,
-            attempt: self.attempt,
-            peer: &self.peer,
-            mapping: &self.mapping,
-            opcode: self.opcode,
-            region: &self.region,
-            spans: self.work.spans(),
-        }
-        .run();
-    }
-}
-
 /// Which threads copied a block large enough to share lately: one time per lane, each
 /// written by its own lane's threads only (`lanes.rs`).
 struct LargeCopiers {
@@ -450,8 +454,8 @@ impl LargeCopiers {
     }
 }
 
-/// One copy's parts, borrowed: from the job that owns them, or, for a copy this thread does
-/// at once, from the tables it looked them up in. Borrowing them takes no reference: the
+/// The parts of a copy this thread does at once, borrowed from the tables it looked them up
+/// in (a shared copy holds its own, [`Shared`]). Borrowing them takes no reference: the
 /// peer, its mapping and the region are shared by every thread that copies to that peer,
 /// and each reference taken and dropped would write their count's cache line.
 struct Copy<'a> {
@@ -465,85 +469,206 @@ struct Copy<'a> {
 }
 
 impl Copy<'_> {
-    /// Copies every span, then checks the target is still alive (once, for all of them)
-    /// before reporting success.
+    /// Copies every span, then reports the outcome to the task.
     fn run(&self) {
-        if !self.peer.known_alive() {
-            self.task.attempt_failed(
-                self.attempt,
-                self.peer.peer.lost_error_or("target process exited"),
-            );
-            return;
+        match self.copy() {
+            Ok(bytes) => self.task.slice_done(self.attempt, bytes),
+            Err(e) => self.task.attempt_failed(self.attempt, e),
         }
-        let mut bytes = 0;
-        for span in self.spans {
-            let (Some(remote), Ok(local)) = (
-                self.mapping.range_ptr(span.remote_offset, span.length),
-                self.region.range_ptr(span.local_offset, span.length),
-            ) else {
-                self.task.attempt_failed(
-                    self.attempt,
-                    Error::OutOfRange(format!(
-                        "shm copy [{}+{}) outside the mapping",
-                        span.remote_offset, span.length
-                    )),
-                );
-                return;
-            };
-            let (src, dst) = match self.opcode {
-                Opcode::Write => (local.cast_const(), remote),
-                Opcode::Read => (remote.cast_const(), local),
-            };
-            // SAFETY: both ranges were bounds-checked just above against mappings that are
-            // alive while borrowed (`mapping`, `region`); they belong to different mappings, so
-            // they do not overlap. Concurrent access by the peers is the transfer contract,
-            // as with RDMA.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, span.length as usize) };
-            bytes += span.length;
-        }
-        if self.peer.confirm_alive() {
-            self.task.slice_done(self.attempt, bytes);
-        } else {
-            self.task.attempt_failed(
-                self.attempt,
-                self.peer.peer.lost_error_or("target process exited"),
-            );
-        }
+    }
+
+    /// Copies every span, then checks the target is still alive (once, for all of them):
+    /// the bytes copied, or why the copy does not count.
+    fn copy(&self) -> Result<u64> {
+        copy_spans(
+            self.peer,
+            self.mapping,
+            self.region,
+            self.opcode,
+            self.spans,
+        )
+    }
+}
+
+/// Copies `spans` between `region` and `mapping` (direction by `opcode`), checking that
+/// the target is alive before and after: the bytes copied, or why the copy does not count.
+fn copy_spans(
+    peer: &ShmPeer,
+    mapping: &RemoteMapping,
+    region: &Region,
+    opcode: Opcode,
+    spans: &[Span],
+) -> Result<u64> {
+    if !peer.known_alive() {
+        return Err(peer.peer.lost_error_or("target process exited"));
+    }
+    let mut bytes = 0;
+    for span in spans {
+        let (Some(remote), Ok(local)) = (
+            mapping.range_ptr(span.remote_offset, span.length),
+            region.range_ptr(span.local_offset, span.length),
+        ) else {
+            return Err(Error::OutOfRange(format!(
+                "shm copy [{}+{}) outside the mapping",
+                span.remote_offset, span.length
+            )));
+        };
+        let (src, dst) = match opcode {
+            Opcode::Write => (local.cast_const(), remote),
+            Opcode::Read => (remote.cast_const(), local),
+        };
+        // SAFETY: both ranges were bounds-checked just above against mappings that are
+        // alive while borrowed (`mapping`, `region`); they belong to different mappings, so
+        // they do not overlap. Concurrent access by the peers is the transfer contract,
+        // as with RDMA.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, span.length as usize) };
+        bytes += span.length;
+    }
+    if peer.confirm_alive() {
+        Ok(bytes)
+    } else {
+        Err(peer.peer.lost_error_or("target process exited"))
     }
 }
 
 /// A copy cut into jobs that the submitting thread and the copy threads take in turn: each
-/// job is taken once (`next`), whoever is free takes the next. A copy thread that wakes
-/// late only finds fewer jobs left: the copy is never slower than the submitting thread
-/// alone, whatever a wake-up costs (on a VM, tens of microseconds).
+/// job is taken once, whoever is free takes the next. A copy thread that wakes late only
+/// finds fewer jobs left: the copy is never slower than the submitting thread alone,
+/// whatever a wake-up costs (on a VM, tens of microseconds).
+///
+/// Only the copying is shared. The parts of the copy are held here once, not by each job;
+/// a job's outcome is folded into `copied` or `error`; the task hears once, from whoever
+/// ends last, which is the submitting thread whenever the copy threads finished within its
+/// wait ([`Shared::join`]): the task's state, its lane's counters and its batch's wake stay
+/// in that thread's cache instead of crossing to a copy thread's core and back.
+///
+/// The submitting thread takes jobs from the front, copy threads from the back: a block
+/// copied again and again (a page rewritten in place, tebench's fixed addressing) is split
+/// the same way each time, so each core finds its part still in its own L2.
+///
+/// Measured on a 2-vCPU Xeon VM (tebench shm WRITE, 1 thread, fixed addressing), 512 KiB
+/// blocks in two halves: 35-43 GB/s this way, 35 when each job held its own references,
+/// told the task itself and went to whichever thread came first (inline: 32-33; memcpy of
+/// the same blocks: 35-37). A C loop handing half to one spinning thread moved 67: the rest
+/// is the queue, the copy thread being preempted on a machine this small, and the
+/// submitting thread's own per-operation work.
 struct Shared {
-    jobs: Box<[CopyJob]>,
-    next: AtomicUsize,
-    /// Jobs not yet finished.
+    task: Arc<Task>,
+    attempt: u32,
+    peer: Arc<ShmPeer>,
+    mapping: Arc<RemoteMapping>,
+    opcode: Opcode,
+    region: Lent<Region>,
+    works: Box<[Work]>,
+    /// Jobs taken: from the front (low 32 bits) and from the back (high 32 bits); the two
+    /// never add up to more than `works.len()`, which `share` bounds by `u32::MAX`.
+    taken: AtomicU64,
+    /// Jobs not yet finished, plus one held by the submitting thread until it stops
+    /// waiting for them: whoever brings it to zero tells the task.
     left: AtomicUsize,
+    /// Bytes the finished jobs copied.
+    copied: AtomicU64,
+    /// The first job's failure, if one failed.
+    error: Mutex<Option<Error>>,
 }
 
+/// Which end of a [`Shared`] copy's jobs a thread takes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum End {
+    /// The submitting thread.
+    Front,
+    /// The copy threads.
+    Back,
+}
+
+const BACK_ONE: u64 = 1 << 32;
+
 impl Shared {
-    /// Takes and runs jobs until none is left to take, or until it copied `budget` bytes;
-    /// whether none is left.
-    fn work(&self, budget: u64) -> bool {
-        let mut copied = 0u64;
-        while copied < budget {
-            let Some(job) = self.jobs.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
-                return true;
-            };
-            job.run();
-            copied = copied.saturating_add(job.work.bytes());
-            self.left.fetch_sub(1, Ordering::Release);
-        }
-        self.next.load(Ordering::Relaxed) >= self.jobs.len()
+    /// Index of the job taken at `end`, or `None` once all are taken.
+    fn take(&self, end: End) -> Option<usize> {
+        take_from(&self.taken, self.works.len(), end)
     }
 
-    /// Waits up to `bound` for the jobs others still run.
+    /// Whether every job was taken.
+    fn all_taken(&self) -> bool {
+        let taken = self.taken.load(Ordering::Relaxed);
+        (taken & (BACK_ONE - 1)) + (taken >> 32) >= self.works.len() as u64
+    }
+
+    /// Takes and runs jobs at `end` until none is left to take, or until it copied
+    /// `budget` bytes.
+    fn work(&self, budget: u64, end: End) {
+        let mut copied = 0u64;
+        while copied < budget {
+            let Some(work) = self.take(end).and_then(|i| self.works.get(i)) else {
+                return;
+            };
+            let outcome = copy_spans(
+                &self.peer,
+                &self.mapping,
+                &self.region,
+                self.opcode,
+                work.spans(),
+            );
+            copied = copied.saturating_add(work.bytes());
+            match outcome {
+                Ok(bytes) => {
+                    self.copied.fetch_add(bytes, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                }
+            }
+            self.one_done();
+        }
+    }
+
+    /// Counts one job (or the submitting thread's wait) as ended; the last tells the task.
+    fn one_done(&self) {
+        // AcqRel: the last one sees every other job's `copied` and `error`.
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let error = self.error.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match error {
+            Some(e) => self.task.attempt_failed(self.attempt, e),
+            None => self
+                .task
+                .slice_done(self.attempt, self.copied.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Waits up to `bound` for the jobs others still run, then stops waiting (whoever ends
+    /// last tells the task).
     fn join(&self, bound: Duration) {
         let until = std::time::Instant::now() + bound;
-        while self.left.load(Ordering::Acquire) > 0 && std::time::Instant::now() < until {
+        while self.left.load(Ordering::Acquire) > 1 && std::time::Instant::now() < until {
             std::hint::spin_loop();
+        }
+        self.one_done();
+    }
+}
+
+/// Takes one of `len` jobs at `end` of the count `taken` ([`Shared::taken`]): its index,
+/// or `None` once the two ends met.
+fn take_from(taken: &AtomicU64, len: usize, end: End) -> Option<usize> {
+    let len = len as u64;
+    let mut cur = taken.load(Ordering::Relaxed);
+    loop {
+        let (front, back) = (cur & (BACK_ONE - 1), cur >> 32);
+        if front + back >= len {
+            return None;
+        }
+        let (next, index) = match end {
+            End::Front => (cur + 1, front),
+            End::Back => (cur + BACK_ONE, len - 1 - back),
+        };
+        match taken.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return usize::try_from(index).ok(),
+            Err(seen) => cur = seen,
         }
     }
 }
@@ -560,14 +685,21 @@ fn next_shared(
     rx: &mpsc::Receiver<Arc<Shared>>,
 ) -> std::result::Result<Arc<Shared>, mpsc::RecvError> {
     let until = std::time::Instant::now() + COPY_THREAD_SPIN;
+    // The clock is read every few tries only: a look at the queue costs a few
+    // nanoseconds, a clock read several times that, and the sooner a copy is seen the
+    // more of it this thread takes.
+    let mut tries = 0u32;
     loop {
         match rx.try_recv() {
             Ok(m) => return Ok(m),
             Err(mpsc::TryRecvError::Disconnected) => return Err(mpsc::RecvError),
-            Err(mpsc::TryRecvError::Empty) if std::time::Instant::now() < until => {
+            Err(mpsc::TryRecvError::Empty) => {
+                tries = tries.wrapping_add(1);
+                if tries % 64 == 0 && std::time::Instant::now() >= until {
+                    return rx.recv();
+                }
                 std::hint::spin_loop();
             }
-            Err(mpsc::TryRecvError::Empty) => return rx.recv(),
         }
     }
 }
@@ -621,7 +753,7 @@ impl ShmTransport {
                 .spawn(move || loop {
                     match next_shared(&rx.lock().unwrap_or_else(|p| p.into_inner())) {
                         Ok(shared) => {
-                            shared.work(u64::MAX);
+                            shared.work(u64::MAX, End::Back);
                         }
                         Err(_) => return, // the transport shut down
                     }
@@ -629,6 +761,17 @@ impl ShmTransport {
                 .map_err(|e| Error::io("start shm copy thread", &e))?;
             threads.push(handle);
         }
+        let (l2, copy_rate) = (
+            crate::cpu_cache::l2_bytes(),
+            crate::copy_speed::cached_copy_rate(),
+        );
+        let share_min = plain_share_min(l2, copy_rate);
+        tracing::debug!(
+            l2,
+            copy_rate_bytes_per_ns = copy_rate,
+            share_min,
+            "shm: plain copies above share_min bytes are shared with the copy threads"
+        );
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
             machine_id: context.machine_id,
@@ -650,7 +793,7 @@ impl ShmTransport {
             helpers: copy_threads.min(cores.saturating_sub(1)).max(1),
             large_copiers: LargeCopiers::new(),
             cores,
-            plain_share_min: plain_share_min(crate::cpu_cache::l2_bytes()),
+            plain_share_min: share_min,
             rt: context.handle,
             shutdown: context.shutdown,
             on_death: context.lost,
@@ -744,15 +887,6 @@ impl ShmTransport {
                 req.remote_buffer
             )));
         }
-        let job = |work: Work| CopyJob {
-            task: a.task.clone(),
-            attempt: a.attempt,
-            peer: peer.clone(),
-            mapping: mapping.clone(),
-            opcode: req.opcode,
-            region: req.local.clone(),
-            work,
-        };
         let hand_off = a.more_follow && req.length > SHARE_MIN;
         // What this thread may copy itself: a Promise's caller is a JS thread, which a
         // long copy would block.
@@ -785,39 +919,56 @@ impl ShmTransport {
             .run();
             return Ok(());
         }
-        let jobs = Work::cut(req, run).into_iter().map(job).collect();
-        self.share(a, jobs, budget)
+        let shared = Shared {
+            task: a.task.clone(),
+            attempt: a.attempt,
+            peer: peer.clone(),
+            mapping: mapping.clone(),
+            opcode: req.opcode,
+            region: req.local.clone(),
+            works: Work::cut(req, run).into_boxed_slice(),
+            taken: AtomicU64::new(0),
+            left: AtomicUsize::new(0),
+            copied: AtomicU64::new(0),
+            error: Mutex::new(None),
+        };
+        self.share(shared, budget)
     }
 
-    /// Runs `jobs` on the copy threads that come to help and on this thread, which takes
-    /// jobs until it copied `budget` bytes ([`Shared`]); when it took the last, it waits a
-    /// little for the ones still being copied, so that the outcome is usually there when
-    /// the call returns.
-    fn share(&self, a: &Attempt, jobs: Vec<CopyJob>, budget: u64) -> Result<()> {
-        let count = u32::try_from(jobs.len())
-            .map_err(|_| Error::InvalidArgument("request too large".into()))?;
+    /// Runs `shared`'s jobs on the copy threads that come to help and on this thread,
+    /// which takes jobs until it copied `budget` bytes; when none is left to take, it waits
+    /// a little for the ones still being copied, so that the outcome is usually there (and
+    /// told by this thread) when the call returns.
+    fn share(&self, mut shared: Shared, budget: u64) -> Result<()> {
+        let jobs = shared.works.len();
+        if u32::try_from(jobs).is_err() {
+            return Err(Error::InvalidArgument("request too large".into()));
+        }
+        // Every job, and this thread's wait.
+        *shared.left.get_mut() = jobs + 1;
         // At least one (there is a job, and this thread may leave jobs to them, `budget`);
         // a helper that finds none left returns at once.
-        let helpers = self.helpers.min(jobs.len()).max(1);
-        let shared = Arc::new(Shared {
-            left: AtomicUsize::new(jobs.len()),
-            jobs: jobs.into_boxed_slice(),
-            next: AtomicUsize::new(0),
-        });
+        let helpers = self.helpers.min(jobs).max(1);
+        let shared = Arc::new(shared);
         {
             let queue = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
             let Some(tx) = queue.as_ref() else {
                 return Err(Error::Closed);
             };
-            a.task.expect_slices(a.attempt, count);
+            shared.task.expect_slices(shared.attempt, 1);
             for _ in 0..helpers {
                 if tx.send(shared.clone()).is_err() {
                     break;
                 }
             }
         }
-        if shared.work(budget) {
+        shared.work(budget, End::Front);
+        if shared.all_taken() {
             shared.join(SHARED_JOIN_WAIT);
+        } else {
+            // Left to the copy threads (this thread copied its budget): the last of
+            // them tells the task.
+            shared.one_done();
         }
         Ok(())
     }
@@ -1156,21 +1307,78 @@ mod tests {
 
     #[test]
     fn copies_are_shared_above_a_quarter_of_the_l2() {
-        assert_eq!(plain_share_min(Some(512 << 10)), 128 << 10);
-        assert_eq!(plain_share_min(Some(1 << 20)), 256 << 10);
-        assert_eq!(plain_share_min(Some(2 << 20)), 512 << 10);
+        assert_eq!(plain_share_min(Some(512 << 10), None), 128 << 10);
+        assert_eq!(plain_share_min(Some(1 << 20), None), 256 << 10);
+        assert_eq!(plain_share_min(Some(2 << 20), None), 512 << 10);
         // Bounded either way, and a default where the size is unknown.
-        assert_eq!(plain_share_min(Some(32 << 10)), 64 << 10);
-        assert_eq!(plain_share_min(Some(64 << 20)), 1 << 20);
-        assert_eq!(plain_share_min(None), PLAIN_SHARE_MIN_UNKNOWN_L2);
+        assert_eq!(plain_share_min(Some(32 << 10), None), 64 << 10);
+        assert_eq!(plain_share_min(Some(64 << 20), None), 1 << 20);
+        assert_eq!(plain_share_min(None, None), PLAIN_SHARE_MIN_UNKNOWN_L2);
     }
-    use std::sync::atomic::AtomicU64;
 
-    /// An attach waiting on a slow peer (here: one that holds back its token reply) must
-    /// leave the runtime running, its other tasks (every peer's heartbeat) among them. The
-    /// initiator has a single runtime thread, so a blocking read on it would stop the
-    /// ticker outright; the fake peer answers only once it saw the ticker tick while it
-    /// held the reply back (or after 5 s, which fails the test).
+    #[test]
+    fn copies_are_shared_above_what_a_core_copies_in_eight_microseconds() {
+        // The machines measured (bytes per ns within the L2): a Xeon with 2 MiB L2s shares
+        // above 256 KiB where the L2's size alone said 512 KiB; a Zen 5 core, fast enough
+        // to copy 512 KiB alone, keeps the L2's threshold; so does a Zen 3.
+        assert_eq!(plain_share_min(Some(2 << 20), Some(39.0)), 256 << 10);
+        assert_eq!(plain_share_min(Some(1 << 20), Some(95.0)), 256 << 10);
+        assert_eq!(plain_share_min(Some(512 << 10), Some(35.0)), 128 << 10);
+        // Whatever the rate, never below 64 KiB; a rate that is no positive number counts
+        // as none; unknown L2 and a fast core: the default.
+        assert_eq!(plain_share_min(Some(2 << 20), Some(1.0)), 64 << 10);
+        for nonsense in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(plain_share_min(Some(2 << 20), Some(nonsense)), 512 << 10);
+        }
+        assert_eq!(plain_share_min(None, Some(1e6)), PLAIN_SHARE_MIN_UNKNOWN_L2);
+    }
+
+    #[test]
+    fn the_submitting_thread_takes_jobs_from_the_front_copy_threads_from_the_back() {
+        let taken = AtomicU64::new(0);
+        assert_eq!(take_from(&taken, 4, End::Front), Some(0));
+        assert_eq!(take_from(&taken, 4, End::Back), Some(3));
+        assert_eq!(take_from(&taken, 4, End::Back), Some(2));
+        assert_eq!(take_from(&taken, 4, End::Front), Some(1));
+        assert_eq!(take_from(&taken, 4, End::Front), None);
+        assert_eq!(take_from(&taken, 4, End::Back), None);
+        // Two halves: each end always gets the same one, whoever comes first.
+        for first in [End::Front, End::Back] {
+            let taken = AtomicU64::new(0);
+            let a = take_from(&taken, 2, first);
+            let b = take_from(
+                &taken,
+                2,
+                if first == End::Front {
+                    End::Back
+                } else {
+                    End::Front
+                },
+            );
+            let (front, back) = if first == End::Front { (a, b) } else { (b, a) };
+            assert_eq!((front, back), (Some(0), Some(1)));
+        }
+        assert_eq!(take_from(&AtomicU64::new(0), 0, End::Front), None);
+    }
+
+    #[test]
+    fn threads_taking_at_both_ends_take_every_job_exactly_once() {
+        const JOBS: usize = 10_000;
+        let taken = AtomicU64::new(0);
+        let seen: Vec<AtomicUsize> = (0..JOBS).map(|_| AtomicUsize::new(0)).collect();
+        std::thread::scope(|s| {
+            for end in [End::Front, End::Back, End::Back] {
+                let (taken, seen) = (&taken, &seen);
+                s.spawn(move || {
+                    while let Some(i) = take_from(taken, JOBS, end) {
+                        seen[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        assert!(seen.iter().all(|n| n.load(Ordering::Relaxed) == 1));
+    }
+
     #[test]
     fn an_attach_waiting_on_its_peer_leaves_the_runtime_running() {
         let rt = tokio::runtime::Builder::new_current_thread()
