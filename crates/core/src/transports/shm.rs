@@ -471,22 +471,16 @@ struct Copy<'a> {
 impl Copy<'_> {
     /// Copies every span, then reports the outcome to the task.
     fn run(&self) {
-        match self.copy() {
-            Ok(bytes) => self.task.slice_done(self.attempt, bytes),
-            Err(e) => self.task.attempt_failed(self.attempt, e),
-        }
-    }
-
-    /// Copies every span, then checks the target is still alive (once, for all of them):
-    /// the bytes copied, or why the copy does not count.
-    fn copy(&self) -> Result<u64> {
-        copy_spans(
+        match copy_spans(
             self.peer,
             self.mapping,
             self.region,
             self.opcode,
             self.spans,
-        )
+        ) {
+            Ok(bytes) => self.task.slice_done(self.attempt, bytes),
+            Err(e) => self.task.attempt_failed(self.attempt, e),
+        }
     }
 }
 
@@ -591,8 +585,7 @@ impl Shared {
 
     /// Whether every job was taken.
     fn all_taken(&self) -> bool {
-        let taken = self.taken.load(Ordering::Relaxed);
-        (taken & (BACK_ONE - 1)) + (taken >> 32) >= self.works.len() as u64
+        ends_met(self.taken.load(Ordering::Relaxed), self.works.len())
     }
 
     /// Takes and runs jobs at `end` until none is left to take, or until it copied
@@ -652,19 +645,23 @@ impl Shared {
     }
 }
 
+/// Whether the two ends of a count of jobs taken ([`Shared::taken`]) met: all `len` taken.
+fn ends_met(taken: u64, len: usize) -> bool {
+    (taken & (BACK_ONE - 1)) + (taken >> 32) >= len as u64
+}
+
 /// Takes one of `len` jobs at `end` of the count `taken` ([`Shared::taken`]): its index,
 /// or `None` once the two ends met.
 fn take_from(taken: &AtomicU64, len: usize, end: End) -> Option<usize> {
-    let len = len as u64;
     let mut cur = taken.load(Ordering::Relaxed);
     loop {
-        let (front, back) = (cur & (BACK_ONE - 1), cur >> 32);
-        if front + back >= len {
+        if ends_met(cur, len) {
             return None;
         }
+        let (front, back) = (cur & (BACK_ONE - 1), cur >> 32);
         let (next, index) = match end {
             End::Front => (cur + 1, front),
-            End::Back => (cur + BACK_ONE, len - 1 - back),
+            End::Back => (cur + BACK_ONE, len as u64 - 1 - back),
         };
         match taken.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return usize::try_from(index).ok(),
