@@ -729,11 +729,29 @@ mod tests {
             (result, settle)
         }
 
-        fn region_untouched(&self) -> bool {
+        /// The region's bytes.
+        fn bytes(&self) -> &[u8] {
             let p = self.region.range_ptr(0, 2 * LEN).expect("range");
-            // SAFETY: in bounds (`range_ptr`); the region lives as long as `self`.
-            let bytes = unsafe { std::slice::from_raw_parts(p, 2 * LEN as usize) };
-            bytes.iter().all(|&b| b == UNTOUCHED)
+            // SAFETY: in bounds (`range_ptr`); the region lives as long as `self`; only
+            // `deliver` writes it, and the tests read it after a delivery, never during one.
+            unsafe { std::slice::from_raw_parts(p, 2 * LEN as usize) }
+        }
+
+        fn region_untouched(&self) -> bool {
+            self.bytes().iter().all(|&b| b == UNTOUCHED)
+        }
+
+        /// Delivers `bytes` and checks that they broke the connection: a protocol error,
+        /// the one request in flight failed, none completed, the region untouched.
+        fn assert_breaks(&self, bytes: &[u8], what: &str) {
+            let (result, settle) = self.deliver(bytes);
+            assert!(
+                matches!(result, Err(Error::Protocol(_))),
+                "{what}: {result:?}"
+            );
+            assert_eq!(settle.failed.len(), 1, "{what}");
+            assert!(settle.done.is_empty(), "{what}");
+            assert!(self.region_untouched(), "{what}");
         }
     }
 
@@ -750,10 +768,6 @@ mod tests {
         h.encode().to_vec()
     }
 
-    fn is_protocol(r: &Result<()>) -> bool {
-        matches!(r, Err(Error::Protocol(_)))
-    }
-
     #[test]
     fn a_read_reply_of_the_wrong_length_fails_its_request_and_lands_nothing() {
         for length in [LEN - 1, LEN + 1, 0, u64::MAX] {
@@ -761,11 +775,7 @@ mod tests {
             rig.in_flight(7, Opcode::Read);
             let mut bytes = reply(Op::ReadResp, 7, length);
             bytes.extend(std::iter::repeat_n(0xee, 2 * LEN as usize));
-            let (result, settle) = rig.deliver(&bytes);
-            assert!(is_protocol(&result), "length {length}: {result:?}");
-            assert_eq!(settle.failed.len(), 1, "length {length}");
-            assert!(settle.done.is_empty());
-            assert!(rig.region_untouched(), "length {length}");
+            rig.assert_breaks(&bytes, &format!("length {length}"));
         }
     }
 
@@ -784,20 +794,12 @@ mod tests {
             rig.in_flight(3, asked);
             let mut bytes = reply(op, 3, length);
             bytes.extend(std::iter::repeat_n(0xee, LEN as usize));
-            let (result, settle) = rig.deliver(&bytes);
-            assert!(is_protocol(&result), "{op:?} to {asked:?}: {result:?}");
-            assert_eq!(settle.failed.len(), 1, "{op:?} to {asked:?}");
-            assert!(settle.done.is_empty());
-            assert!(rig.region_untouched(), "{op:?} to {asked:?}");
+            rig.assert_breaks(&bytes, &format!("{op:?} to {asked:?}"));
         }
         // A reply to an id never sent: what is in flight fails with the connection.
         let rig = rig();
         rig.in_flight(3, Opcode::Read);
-        let (result, settle) = rig.deliver(&reply(Op::ReadResp, 4, LEN));
-        assert!(is_protocol(&result), "{result:?}");
-        assert_eq!(settle.failed.len(), 1);
-        assert!(settle.done.is_empty());
-        assert!(rig.region_untouched());
+        rig.assert_breaks(&reply(Op::ReadResp, 4, LEN), "a reply to an id never sent");
     }
 
     #[test]
@@ -806,11 +808,7 @@ mod tests {
         rig.in_flight(0, Opcode::Read);
         let mut bytes = reply(Op::ReadResp, 0, LEN);
         bytes[0] ^= 0xff; // the magic
-        let (result, settle) = rig.deliver(&bytes);
-        assert!(is_protocol(&result), "{result:?}");
-        assert_eq!(settle.failed.len(), 1);
-        assert!(settle.done.is_empty());
-        assert!(rig.region_untouched());
+        rig.assert_breaks(&bytes, "a header without the magic");
     }
 
     #[test]
@@ -829,9 +827,7 @@ mod tests {
         assert_eq!(settle.done.len(), 1);
         assert_eq!(settle.failed.len(), 1);
         assert!(matches!(&settle.failed[0].1, Error::RemoteRejected(m) if m.ends_with("nope!")));
-        let p = rig.region.range_ptr(0, 2 * LEN).expect("range");
-        // SAFETY: in bounds (`range_ptr`); the region lives as long as `rig`.
-        let bytes = unsafe { std::slice::from_raw_parts(p, 2 * LEN as usize) };
+        let bytes = rig.bytes();
         assert!(bytes[..LEN as usize].iter().all(|&b| b == UNTOUCHED));
         assert!(bytes[LEN as usize..].iter().all(|&b| b == 0xee));
     }
