@@ -8,10 +8,66 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::handle::{HandleKind, Handles, PAYLOAD_BITS};
+use crate::kind::TransportKind;
 use crate::lanes::Striped;
 use crate::status::{aggregate, TransferStatus};
 use crate::task::{Task, TaskSnapshot};
 use crate::wake::Wake;
+
+/// One request of a batch: a task, or a request its transport completed while it was
+/// submitted (`Transport::complete_now`), which needs no task: nothing of it can change.
+pub enum Entry {
+    /// Under way, or ended, as its task says.
+    Task(Arc<Task>),
+    /// Completed at submission, in one attempt.
+    Done {
+        /// Bytes moved: the request's length.
+        length: u64,
+        /// The transport that moved them.
+        transport: TransportKind,
+    },
+}
+
+impl Entry {
+    /// Its status.
+    pub fn status(&self) -> TransferStatus {
+        match self {
+            Self::Task(t) => t.status(),
+            Self::Done { .. } => TransferStatus::Completed,
+        }
+    }
+
+    /// Bytes known to have moved.
+    pub fn transferred(&self) -> u64 {
+        match self {
+            Self::Task(t) => t.transferred(),
+            Self::Done { length, .. } => *length,
+        }
+    }
+
+    /// A view of it, as [`Task::snapshot`].
+    pub fn snapshot(&self) -> TaskSnapshot {
+        match self {
+            Self::Task(t) => t.snapshot(),
+            &Self::Done { length, transport } => TaskSnapshot {
+                status: TransferStatus::Completed,
+                transferred: length,
+                length,
+                transport: Some(transport),
+                attempts: 1,
+                error: None,
+            },
+        }
+    }
+
+    /// Its task, if it has one.
+    pub fn task(&self) -> Option<&Arc<Task>> {
+        match self {
+            Self::Task(t) => Some(t),
+            Self::Done { .. } => None,
+        }
+    }
+}
 
 const SLOT_BITS: u32 = 20;
 const GEN_BITS: u32 = PAYLOAD_BITS - SLOT_BITS;
@@ -29,7 +85,7 @@ pub const MAX_BATCH_CAPACITY: usize = 1 << 20;
 /// allocates, submits, polls and frees a batch per operation allocates no memory for it.
 pub struct Batch {
     capacity: usize,
-    tasks: Mutex<Vec<Arc<Task>>>,
+    tasks: Mutex<Vec<Entry>>,
     /// Rung by each of its tasks as it ends, and when the batch is freed.
     wake: Arc<Wake>,
     /// Set once its tasks were taken out (freed, or the engine closed).
@@ -87,17 +143,34 @@ impl Batch {
 
     /// Appends tasks if they fit; returns the index of the first.
     pub(crate) fn push(&self, id: u64, tasks: &[Arc<Task>]) -> Result<usize> {
+        self.fill(id, tasks.len(), |all| {
+            all.extend(tasks.iter().cloned().map(Entry::Task))
+        })
+        .map(|(first, ())| first)
+    }
+
+    /// Has `fill` append `count` entries under the batch's lock, if they fit: what `fill`
+    /// does happens only for a submission the batch takes, and no other submission comes
+    /// between the check and the entries. Returns the index of the first and what `fill`
+    /// returned. Status reads wait meanwhile.
+    pub(crate) fn fill<R>(
+        &self,
+        id: u64,
+        count: usize,
+        fill: impl FnOnce(&mut Vec<Entry>) -> R,
+    ) -> Result<(usize, R)> {
         let mut all = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-        if all.len() + tasks.len() > self.capacity {
+        if all.len() + count > self.capacity {
             return Err(Error::BatchFull {
                 batch: id,
                 capacity: self.capacity,
-                requested: tasks.len(),
+                requested: count,
             });
         }
         let first = all.len();
-        all.extend_from_slice(tasks);
-        Ok(first)
+        let r = fill(&mut all);
+        debug_assert_eq!(all.len(), first + count, "fill appends what it said");
+        Ok((first, r))
     }
 
     /// Checks that `count` more tasks would fit.
@@ -113,40 +186,36 @@ impl Batch {
         Ok(())
     }
 
-    /// The task at `index`.
-    pub fn task(&self, index: usize) -> Option<Arc<Task>> {
-        self.tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(index)
-            .cloned()
+    /// A snapshot of the entry at `index`.
+    pub fn snapshot(&self, index: usize) -> Option<TaskSnapshot> {
+        self.with_tasks(|all| all.get(index).map(Entry::snapshot))
     }
 
-    /// Runs `f` on the tasks under the batch's lock (status reads that allocate nothing).
-    pub fn with_tasks<R>(&self, f: impl FnOnce(&[Arc<Task>]) -> R) -> R {
+    /// Runs `f` on the entries under the batch's lock (status reads that allocate nothing).
+    pub fn with_tasks<R>(&self, f: impl FnOnce(&[Entry]) -> R) -> R {
         f(&self.tasks.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    /// All tasks.
+    /// Its tasks (entries completed at submission have none).
     pub fn tasks(&self) -> Vec<Arc<Task>> {
-        self.tasks.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.with_tasks(|all| all.iter().filter_map(Entry::task).cloned().collect())
     }
 
-    /// Snapshots of all tasks.
+    /// Snapshots of every entry.
     pub fn snapshots(&self) -> Vec<TaskSnapshot> {
-        self.tasks().iter().map(|t| t.snapshot()).collect()
+        self.with_tasks(|all| all.iter().map(Entry::snapshot).collect())
     }
 
     /// The aggregate status and bytes moved. Reads each task's atomics under the batch's
     /// lock: no snapshot, no copy of the task list (this is what pollers call in a loop).
     pub fn status(&self) -> (TransferStatus, u64, usize) {
         let all = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-        let bytes = all.iter().map(|t| t.transferred()).sum();
-        (aggregate(all.iter().map(|t| t.status())), bytes, all.len())
+        let bytes = all.iter().map(Entry::transferred).sum();
+        (aggregate(all.iter().map(Entry::status)), bytes, all.len())
     }
 
-    /// Takes every task out (the batch is being freed).
-    pub(crate) fn take_tasks(&self) -> Vec<Arc<Task>> {
+    /// Takes every entry out (the batch is being freed).
+    pub(crate) fn take_tasks(&self) -> Vec<Entry> {
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         self.freed.store(true, Ordering::Release);
         self.wake.ring();
@@ -313,9 +382,11 @@ impl BatchTable {
     /// `tasks` (the list taken out of it) as its task list again. Dropped instead if
     /// anyone else still holds it, its list is long, or the shard has spares enough.
     /// The tasks' own slots are kept for this thread's next tasks (`task_slots.rs`).
-    pub(crate) fn recycle(&self, mut batch: Arc<Batch>, mut tasks: Vec<Arc<Task>>) {
-        for task in tasks.drain(..) {
-            crate::task_slots::recycle(task);
+    pub(crate) fn recycle(&self, mut batch: Arc<Batch>, mut tasks: Vec<Entry>) {
+        for entry in tasks.drain(..) {
+            if let Entry::Task(task) = entry {
+                crate::task_slots::recycle(task);
+            }
         }
         let Some(b) = Arc::get_mut(&mut batch) else {
             return;
@@ -493,6 +564,24 @@ mod tests {
             let id = table.allocate(1).expect("alloc");
             assert!(id < (1 << 52));
         }
+    }
+
+    #[test]
+    fn a_fill_that_does_not_fit_runs_nothing() {
+        let table = BatchTable::default();
+        let id = table.allocate(2).expect("alloc");
+        let batch = table.get(id).expect("get");
+        let done = || Entry::Done {
+            length: 1,
+            transport: TransportKind::Shm,
+        };
+        assert_eq!(batch.fill(id, 1, |all| all.push(done())), Ok((0, ())));
+        let mut ran = false;
+        let refused = batch.fill(id, 2, |_| ran = true);
+        assert_eq!(refused.unwrap_err().code(), "ERR_FERRY_BATCH_FULL");
+        assert!(!ran, "what a refused submission would do never ran");
+        assert_eq!(batch.fill(id, 1, |all| all.push(done())), Ok((1, ())));
+        assert_eq!(batch.status(), (TransferStatus::Completed, 2, 2));
     }
 
     #[test]

@@ -395,12 +395,10 @@ impl Engine {
     pub fn transfer_status(&self, batch: u64, task: usize) -> Result<TaskSnapshot> {
         let l = self.live()?;
         let b = l.batch(batch)?;
-        b.task(task)
-            .map(|t| t.snapshot())
-            .ok_or(Error::InvalidTask {
-                batch,
-                task: task as u64,
-            })
+        b.snapshot(task).ok_or(Error::InvalidTask {
+            batch,
+            task: task as u64,
+        })
     }
 
     /// Status of every task of a batch.
@@ -443,7 +441,8 @@ impl Engine {
             let b = l.batches.free(batch).map_err(|e| l.or_closed(e))?;
             let tasks = b.take_tasks();
             // Most were polled to their end: no error is made (and dropped) for those.
-            for t in tasks.iter().filter(|t| !t.status().is_terminal()) {
+            let live = tasks.iter().filter_map(|e| e.task());
+            for t in live.filter(|t| !t.status().is_terminal()) {
                 t.finish(TransferStatus::Canceled, Some(Error::Canceled));
             }
             l.batches.recycle(b, tasks);
@@ -580,7 +579,7 @@ impl Engine {
     }
 
     #[cfg(test)]
-    fn inner(&self) -> Arc<Inner> {
+    pub(crate) fn inner(&self) -> Arc<Inner> {
         self.live().expect("open")
     }
 }
@@ -607,7 +606,7 @@ impl Inner {
         }
     }
 
-    fn batch(&self, batch: u64) -> Result<Arc<crate::batch::Batch>> {
+    pub(crate) fn batch(&self, batch: u64) -> Result<Arc<crate::batch::Batch>> {
         self.check_open()?;
         self.batches.get(batch).map_err(|e| self.or_closed(e))
     }

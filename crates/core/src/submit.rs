@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
+use crate::batch::{Batch, Entry};
 use crate::engine::Inner;
 use crate::error::{Error, Result};
 use crate::lanes::Lent;
@@ -17,7 +18,7 @@ use crate::plan::{plan, PeerView, Plan};
 use crate::request::{Validate, ValidatedRequest};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::status::TransferStatus;
-use crate::task::{Group, Observer, Task, TaskSnapshot, Told};
+use crate::task::{Group, Lane, Observer, Task, TaskSnapshot, Told};
 use crate::wake::Wake;
 
 /// Requests of one call kept inline (no heap allocation) while validated and made tasks.
@@ -105,20 +106,71 @@ impl Inner {
         let lane = self.stats.counters.lane();
         prepared
             .into_iter()
-            .map(|(v, p)| {
-                Task::new(
-                    v,
-                    Told {
-                        group: group.cloned(),
-                        wake: wake.cloned(),
-                    },
-                    lane.clone(),
-                    observer,
-                    p.candidates,
-                    p.pinned,
-                )
-            })
+            .map(|one| make_task(one, &lane, group, observer, wake))
             .collect()
+    }
+
+    /// Has the first transport of `v`'s plan move it on this thread now, if it would
+    /// anyway (`Transport::complete_now`); once it is done, counts it as a completed task
+    /// is counted and returns its entry.
+    fn complete_now(&self, v: &ValidatedRequest, p: &Plan, more_follow: bool) -> Option<Entry> {
+        let transport = p.candidates.first().copied()?;
+        if let Err(e) = self.transport(transport)?.complete_now(v, more_follow)? {
+            // The attempt made next meets the same failure and fails over from it.
+            tracing::debug!(peer = v.peer.name(), transport = transport.name(), error = %e, "copy at submission failed");
+            return None;
+        }
+        let counters = &self.stats.counters;
+        counters.submitted(1);
+        counters.completed_at_submit(transport, v.opcode, v.length);
+        if self.health_dirty.load(Ordering::Relaxed) {
+            let rail = (v.peer.handle(), transport);
+            self.health.record_success(&rail, std::time::Instant::now());
+        }
+        Some(Entry::Done {
+            length: v.length,
+            transport,
+        })
+    }
+
+    /// A polled submission without a hook: each request whose first transport completes
+    /// it on this thread at once (a same-host copy that stays inline) is done here and
+    /// enters the batch done, costing no task, attempt, report or wake-up; the rest become
+    /// tasks and start as in any submission. The copies run while the batch is held
+    /// (`Batch::fill`), after its room was checked: a submission it refuses moves no byte.
+    fn submit_polled(
+        self: &Arc<Self>,
+        batch: u64,
+        b: &Batch,
+        prepared: Prepared,
+        now: &LazyNow,
+    ) -> Result<usize> {
+        let count = prepared.len();
+        let counters = &self.stats.counters;
+        let (first, (tasks, done)) = b.fill(batch, count, |entries| {
+            let mut tasks = NewTasks::new();
+            let mut lane: Option<Arc<Lane>> = None;
+            for (i, (v, p)) in prepared.into_iter().enumerate() {
+                if let Some(done) = self.complete_now(&v, &p, i + 1 < count) {
+                    entries.push(done);
+                    continue;
+                }
+                let lane = lane.get_or_insert_with(|| counters.lane());
+                let task = make_task((v, p), lane, None, Observer::Poll, Some(b.wake()));
+                entries.push(Entry::Task(task.clone()));
+                tasks.push(task);
+            }
+            let done = tasks.len() < count;
+            (tasks, done)
+        })?;
+        // A waiter that came before this submission sleeps until something ends.
+        if done {
+            b.wake().ring();
+        }
+        if !tasks.is_empty() {
+            self.launch(&tasks, now);
+        }
+        Ok(first)
     }
 
     /// Starts every task's first attempt; `now` is the call's time (attempt deadlines
@@ -157,15 +209,12 @@ impl Inner {
         b.check_room(batch, requests.len())?;
         let now = LazyNow::new();
         let prepared = self.prepare(requests, &now)?;
-        let count = prepared.len();
-        let (holder, group) = match then.map(crate::notify::hook) {
-            Some((holder, run)) => (Some(holder), Some(Group::new(count, run))),
-            None => (None, None),
+        let Some((holder, run)) = then.map(crate::notify::hook) else {
+            return self.submit_polled(batch, &b, prepared, &now);
         };
-        let tasks = self.make_tasks(prepared, group.as_ref(), Observer::Poll, Some(b.wake()));
-        if let Some(holder) = holder {
-            *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.to_vec();
-        }
+        let group = Group::new(prepared.len(), run);
+        let tasks = self.make_tasks(prepared, Some(&group), Observer::Poll, Some(b.wake()));
+        *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.to_vec();
         let first = b.push(batch, &tasks)?;
         self.launch(&tasks, &now);
         Ok(first)
@@ -179,6 +228,14 @@ impl Inner {
         let now = LazyNow::new();
         let prepared = self.prepare(requests, &now)?;
         let op = self.next_op.fetch_add(1, Ordering::Relaxed);
+        // A lone request done at once (a same-host copy that stays inline) needs no task,
+        // group or entry in the table of operations: its outcome is handed back now.
+        if let [(v, p)] = &prepared[..] {
+            if let Some(done) = self.complete_now(v, p, false) {
+                on_done(vec![done.snapshot()]);
+                return Ok(op);
+            }
+        }
         let weak = Arc::downgrade(self);
         let holder: Arc<Mutex<Vec<Arc<Task>>>> = Arc::default();
         let holder_cb = holder.clone();
@@ -224,6 +281,27 @@ impl Inner {
     }
 }
 
+/// A task for a validated and planned request, counted in `lane`.
+fn make_task(
+    (v, p): (ValidatedRequest, Plan),
+    lane: &Arc<Lane>,
+    group: Option<&Arc<Group>>,
+    observer: Observer,
+    wake: Option<&Arc<Wake>>,
+) -> Arc<Task> {
+    Task::new(
+        v,
+        Told {
+            group: group.cloned(),
+            wake: wake.cloned(),
+        },
+        lane.clone(),
+        observer,
+        p.candidates,
+        p.pinned,
+    )
+}
+
 /// Names the request an error is about.
 fn annotate(e: Error, index: usize) -> Error {
     match e {
@@ -233,5 +311,283 @@ fn annotate(e: Error, index: usize) -> Error {
             Error::TransportUnavailable(format!("request {index}: {m}"))
         }
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Entry;
+    use crate::engine::Engine;
+    use crate::kind::{Opcode, TransportHint};
+    use crate::metrics::{BytesBy, Metrics};
+    use crate::{EngineConfig, Request, TransportKind};
+    use std::time::{Duration, Instant};
+
+    const KIB: u64 = 1024;
+
+    /// Two engines on this host (shm and tcp), `len` bytes a side, the target's segment
+    /// opened from the initiator. Both close when it drops.
+    struct Rig {
+        target: Engine,
+        initiator: Engine,
+        local: Arc<Region>,
+        remote: Arc<Region>,
+        seg: u64,
+    }
+
+    impl Rig {
+        fn new(len: u64) -> Self {
+            let config = || EngineConfig {
+                transports: vec![TransportKind::Shm, TransportKind::Tcp],
+                ..EngineConfig::default()
+            };
+            let target = Engine::new(config()).expect("target");
+            let initiator = Engine::new(config()).expect("initiator");
+            let remote = target.allocate(len).expect("remote");
+            let local = initiator.allocate(len).expect("local");
+            let seg = initiator
+                .open_segment_blocking(target.segment_name())
+                .expect("open")
+                .handle;
+            Self {
+                target,
+                initiator,
+                local,
+                remote,
+                seg,
+            }
+        }
+
+        /// A write of `length` bytes from `offset` of the local region to the same offset
+        /// of the remote one.
+        fn write(&self, offset: u64, length: u64, hint: TransportHint) -> Request {
+            Request {
+                opcode: Opcode::Write,
+                local: self.local.id(),
+                local_offset: offset,
+                segment: self.seg,
+                remote_buffer: self.remote.id(),
+                remote_offset: offset,
+                length,
+                hint,
+            }
+        }
+
+        /// Which entries of `batch` were done at submission (no task).
+        fn done_at_submit(&self, batch: u64) -> Vec<bool> {
+            let b = self.initiator.inner().batch(batch).expect("batch");
+            b.with_tasks(|all| {
+                all.iter()
+                    .map(|e| matches!(e, Entry::Done { .. }))
+                    .collect()
+            })
+        }
+
+        /// Asserts that the remote region holds `byte` in `[offset, offset + len)` and
+        /// zeros everywhere else.
+        fn assert_landed_only(&self, offset: u64, len: u64, byte: u8) {
+            let all = bytes(&self.remote, 0, self.remote.len() as u64);
+            let (start, end) = (offset as usize, (offset + len) as usize);
+            assert!(
+                all[start..end].iter().all(|&b| b == byte),
+                "not landed whole"
+            );
+            assert!(
+                all[..start].iter().chain(&all[end..]).all(|&b| b == 0),
+                "landed elsewhere"
+            );
+        }
+
+        /// Asserts that the initiator counted one more completed task of `len` bytes since
+        /// `before`, and nothing in flight; its metrics now.
+        fn assert_counted_as_completed(&self, before: &Metrics, len: u64) -> Metrics {
+            let after = self.initiator.metrics();
+            assert_eq!(after.tasks_submitted, before.tasks_submitted + 1);
+            assert_eq!(after.tasks_completed, before.tasks_completed + 1);
+            assert_eq!(after.bytes_transferred, before.bytes_transferred + len);
+            assert_eq!(after.inflight, 0);
+            after
+        }
+
+        /// Polls `batch` until it ends (bounded); its snapshots.
+        fn finish(&self, batch: u64) -> Vec<TaskSnapshot> {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !self
+                .initiator
+                .batch_status(batch)
+                .expect("status")
+                .status
+                .is_terminal()
+            {
+                assert!(Instant::now() < deadline, "batch not done in 20 s");
+                std::thread::yield_now();
+            }
+            self.initiator
+                .transfer_status_list(batch)
+                .expect("snapshots")
+        }
+    }
+
+    impl Drop for Rig {
+        fn drop(&mut self) {
+            self.initiator.close();
+            self.target.close();
+        }
+    }
+
+    fn fill(region: &Region, offset: u64, len: u64, byte: u8) {
+        let p = region.range_ptr(offset, len).expect("range");
+        // SAFETY: the range was checked against the region, which the caller holds; no
+        // transfer touches it meanwhile.
+        unsafe { std::ptr::write_bytes(p, byte, len as usize) };
+    }
+
+    fn bytes(region: &Region, offset: u64, len: u64) -> Vec<u8> {
+        let p = region.range_ptr(offset, len).expect("range");
+        // SAFETY: as in `fill`; the copy reads the checked range once.
+        unsafe { std::slice::from_raw_parts(p, len as usize) }.to_vec()
+    }
+
+    #[test]
+    fn a_polled_same_host_copy_is_done_at_submit_and_reads_as_a_completed_task() {
+        let rig = Rig::new(64 * KIB);
+        fill(&rig.local, 0, 64 * KIB, 0x5a);
+        let before = rig.initiator.metrics();
+        let batch = rig.initiator.allocate_batch(1).expect("batch");
+        let req = rig.write(8 * KIB, 4 * KIB, TransportHint::Require(TransportKind::Shm));
+        assert_eq!(rig.initiator.submit_transfer(batch, &[req]), Ok(0));
+        // Done before the call returned, without a task.
+        assert_eq!(rig.done_at_submit(batch), [true]);
+        let snap = rig.initiator.transfer_status(batch, 0).expect("status");
+        assert_eq!(
+            snap,
+            TaskSnapshot {
+                status: TransferStatus::Completed,
+                transferred: 4 * KIB,
+                length: 4 * KIB,
+                transport: Some(TransportKind::Shm),
+                attempts: 1,
+                error: None,
+            }
+        );
+        let agg = rig.initiator.batch_status(batch).expect("batch status");
+        assert_eq!(
+            (agg.status, agg.transferred, agg.tasks),
+            (TransferStatus::Completed, 4 * KIB, 1)
+        );
+        let mut raw = [0u8; 2];
+        assert_eq!(
+            rig.initiator.transfer_status_into(batch, 0, &mut raw),
+            Ok(1)
+        );
+        assert_eq!(raw[0], TransferStatus::Completed.raw());
+        rig.assert_landed_only(8 * KIB, 4 * KIB, 0x5a);
+        let after = rig.assert_counted_as_completed(&before, 4 * KIB);
+        assert!(after.bytes_by.contains(&BytesBy {
+            transport: TransportKind::Shm,
+            op: Opcode::Write,
+            bytes: 4 * KIB,
+        }));
+        rig.initiator.free_batch(batch).expect("free");
+        assert!(rig.initiator.transfer_status(batch, 0).is_err(), "freed");
+    }
+
+    #[test]
+    fn an_awaited_lone_same_host_copy_is_handed_back_before_the_call_returns() {
+        let rig = Rig::new(64 * KIB);
+        fill(&rig.local, 0, 64 * KIB, 0x77);
+        let before = rig.initiator.metrics();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let req = rig.write(16 * KIB, 8 * KIB, TransportHint::Auto);
+        rig.initiator
+            .transfer(&[req], move |snaps| tx.send(snaps).expect("send"))
+            .expect("transfer");
+        let snaps = rx.try_recv().expect("handed back during the call");
+        assert_eq!(
+            snaps,
+            [TaskSnapshot {
+                status: TransferStatus::Completed,
+                transferred: 8 * KIB,
+                length: 8 * KIB,
+                transport: Some(TransportKind::Shm),
+                attempts: 1,
+                error: None,
+            }]
+        );
+        rig.assert_landed_only(16 * KIB, 8 * KIB, 0x77);
+        rig.assert_counted_as_completed(&before, 8 * KIB);
+        assert!(rig.initiator.inner().ops.lock().expect("ops").is_empty());
+    }
+
+    #[test]
+    fn a_call_keeps_its_order_when_some_requests_are_done_at_submit_and_others_are_tasks() {
+        const BIG: u64 = 4 << 20;
+        let rig = Rig::new(2 * BIG);
+        fill(&rig.local, 0, 2 * BIG, 0xc3);
+        let batch = rig.initiator.allocate_batch(4).expect("batch");
+        let shm = TransportHint::Require(TransportKind::Shm);
+        let requests = [
+            rig.write(0, 4 * KIB, shm),
+            // Another transport than the one that copies at once.
+            rig.write(4 * KIB, 4 * KIB, TransportHint::Require(TransportKind::Tcp)),
+            // Shared with the copy threads: a task.
+            rig.write(BIG, BIG, shm),
+            rig.write(8 * KIB, 4 * KIB, TransportHint::Auto),
+        ];
+        assert_eq!(rig.initiator.submit_transfer(batch, &requests), Ok(0));
+        assert_eq!(rig.done_at_submit(batch), [true, false, false, true]);
+        let snaps = rig.finish(batch);
+        let seen: Vec<_> = snaps
+            .iter()
+            .map(|s| (s.status, s.transport, s.transferred))
+            .collect();
+        let done = TransferStatus::Completed;
+        assert_eq!(
+            seen,
+            [
+                (done, Some(TransportKind::Shm), 4 * KIB),
+                (done, Some(TransportKind::Tcp), 4 * KIB),
+                (done, Some(TransportKind::Shm), BIG),
+                (done, Some(TransportKind::Shm), 4 * KIB),
+            ]
+        );
+        assert!(bytes(&rig.remote, 0, 12 * KIB).iter().all(|&b| b == 0xc3));
+        assert!(bytes(&rig.remote, BIG, BIG).iter().all(|&b| b == 0xc3));
+        assert!(bytes(&rig.remote, 12 * KIB, 4 * KIB)
+            .iter()
+            .all(|&b| b == 0));
+        rig.initiator.free_batch(batch).expect("free");
+    }
+
+    #[test]
+    fn a_waiter_asleep_before_the_submission_wakes_when_it_is_done_at_submit() {
+        let rig = Rig::new(64 * KIB);
+        let batch = rig.initiator.allocate_batch(1).expect("batch");
+        let b = rig.initiator.inner().batch(batch).expect("batch");
+        let engine = rig.initiator.clone();
+        let waiter = std::thread::spawn(move || {
+            let started = Instant::now();
+            let snap = engine.wait_batch(batch, Duration::from_secs(30));
+            (snap.map(|s| s.status), started.elapsed())
+        });
+        // Submitted once the waiter is asleep (or about to be, under the wake's lock).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while b.wake().waiting() == 0 {
+            assert!(Instant::now() < deadline, "the waiter never waited");
+            std::thread::yield_now();
+        }
+        let req = rig.write(0, 4 * KIB, TransportHint::Require(TransportKind::Shm));
+        rig.initiator
+            .submit_transfer(batch, &[req])
+            .expect("submit");
+        assert_eq!(rig.done_at_submit(batch), [true]);
+        let (status, waited) = waiter.join().expect("waiter");
+        assert_eq!(status, Ok(TransferStatus::Completed));
+        assert!(
+            waited < Duration::from_secs(15),
+            "woken by its deadline, not the copy: {waited:?}"
+        );
+        rig.initiator.free_batch(batch).expect("free");
     }
 }

@@ -132,6 +132,22 @@ impl Counters {
             .fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts a request that `transport` completed while it was submitted (no task was
+    /// made for it), as [`Task::finish`] counts a completed task.
+    pub(crate) fn completed_at_submit(
+        &self,
+        transport: TransportKind,
+        opcode: crate::kind::Opcode,
+        length: u64,
+    ) {
+        let counts = &self.lanes.local().counts;
+        counts
+            .tasks
+            .task_ended(TransferStatus::Completed, Some(transport), opcode, length);
+        counts.completed.fetch_add(1, Ordering::Relaxed);
+        counts.bytes.fetch_add(length, Ordering::Relaxed);
+    }
+
     fn sum(&self, field: impl Fn(&LaneCounts) -> &AtomicU64) -> u64 {
         self.lanes
             .iter()

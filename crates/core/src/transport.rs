@@ -55,6 +55,23 @@ pub trait Transport: Send + Sync {
             .unwrap_or(Ok(()))
     }
 
+    /// Moves `request` on the calling thread now, if this transport would do all of it
+    /// there anyway (a same-host copy that stays inline): `Some(Ok(bytes))` once it is
+    /// done, `Some(Err)` when it ran and does not count (the engine then starts an attempt
+    /// as usual, which fails over as any failure does). `None` when the transport would
+    /// not do it at once, or cannot tell why not (the attempt path reports that): nothing
+    /// moved. `more_follow` as in [`Attempt::more_follow`].
+    ///
+    /// A polled submission asks this first (`submit.rs`): what completes here needs no
+    /// task, no attempt and no report. The default does nothing now.
+    fn complete_now(
+        &self,
+        _request: &crate::request::ValidatedRequest,
+        _more_follow: bool,
+    ) -> Option<Result<u64>> {
+        None
+    }
+
     /// Fails every in-flight and queued slice towards `peer` at once and drops its
     /// connections (the peer was declared lost).
     fn fail_peer(&self, peer: &Peer, error: crate::Error);

@@ -26,6 +26,12 @@ impl Wake {
         }
     }
 
+    /// How many threads wait (tests: to act once a waiter is asleep, or about to be).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> u32 {
+        self.waiters.load(Ordering::Relaxed)
+    }
+
     /// Sleeps until `done()` holds or `deadline` passes; returns `done()`'s last answer.
     /// `done` is asked under the lock after every wake-up (and once first), so a ring
     /// between the check and the sleep is never missed.

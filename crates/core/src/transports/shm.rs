@@ -851,11 +851,17 @@ impl ShmTransport {
         Ok(())
     }
 
-    fn submit_attempt(&self, a: &Attempt) -> Result<()> {
+    /// Runs `f` on the peer and the mapping that `req` is copied with, once the transport
+    /// is open, the target not known dead, its buffer mapped and every span inside the
+    /// mapping; why not otherwise. Borrowed from the tables: no reference taken.
+    fn with_target<R>(
+        &self,
+        req: &ValidatedRequest,
+        f: impl FnOnce(&Arc<ShmPeer>, &Arc<RemoteMapping>) -> R,
+    ) -> Result<R> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        let req = a.task.request();
         let peers = self.peers.load();
         let peer = peers.get(&req.peer.handle()).ok_or_else(|| {
             Error::TransportUnavailable(format!("no shared memory with {}", req.peer.name()))
@@ -884,52 +890,67 @@ impl ShmTransport {
                 req.remote_buffer
             )));
         }
-        let hand_off = a.more_follow && req.length > SHARE_MIN;
-        // What this thread may copy itself: a Promise's caller is a JS thread, which a
-        // long copy would block.
-        let budget = match (hand_off, a.task.observer()) {
-            (true, _) => 0,
-            (false, Observer::Poll) => POLLED_INLINE_COPY_MAX,
-            (false, Observer::Progress) => INLINE_COPY_MAX,
-        };
+        Ok(f(peer, mapping))
+    }
+
+    /// Whether `req` would be shared with the copy threads (cut into jobs of the returned
+    /// size) or handed to them (`more_follow`: see [`SHARE_MIN`]), rather than copied by
+    /// the submitting thread alone.
+    fn sharing(&self, req: &ValidatedRequest, more_follow: bool) -> (bool, bool, u64) {
+        let hand_off = more_follow && req.length > SHARE_MIN;
         let (shared, run) = match req.gathered() {
             Some(_) => (req.length > GATHER_SHARE_MIN, SHARED_RUN),
             None => (req.length > self.plain_share_min, plain_job(req.length)),
         };
-        // Copy threads help only while a core is free for them. With as many threads copying
-        // large blocks as there are cores, a helper takes turns with them instead: two
-        // tebench threads of 1 MiB blocks on 2 cores moved 30-43 GB/s shared, with 4-8 ms
-        // tails where a worker was preempted, against 55-59 GB/s of 256-512 KiB blocks
-        // copied inline.
-        let cores_busy = (shared || hand_off) && self.large_copiers.others_busy(self.cores);
-        if (!shared && !hand_off) || (cores_busy && req.length <= budget) {
-            a.task.expect_slices(a.attempt, 1);
-            Copy {
-                task: &a.task,
-                attempt: a.attempt,
-                peer,
-                mapping,
-                opcode: req.opcode,
-                region: &req.local,
-                spans: req.spans(),
+        (shared, hand_off, run)
+    }
+
+    fn submit_attempt(&self, a: &Attempt) -> Result<()> {
+        let req = a.task.request();
+        self.with_target(req, |peer, mapping| {
+            let (shared, hand_off, run) = self.sharing(req, a.more_follow);
+            // What this thread may copy itself: a Promise's caller is a JS thread, which
+            // a long copy would block.
+            let budget = match (hand_off, a.task.observer()) {
+                (true, _) => 0,
+                (false, Observer::Poll) => POLLED_INLINE_COPY_MAX,
+                (false, Observer::Progress) => INLINE_COPY_MAX,
+            };
+            // Copy threads help only while a core is free for them. With as many threads
+            // copying large blocks as there are cores, a helper takes turns with them
+            // instead: two tebench threads of 1 MiB blocks on 2 cores moved 30-43 GB/s
+            // shared, with 4-8 ms tails where a worker was preempted, against 55-59 GB/s
+            // of 256-512 KiB blocks copied inline.
+            let cores_busy = (shared || hand_off) && self.large_copiers.others_busy(self.cores);
+            if (!shared && !hand_off) || (cores_busy && req.length <= budget) {
+                a.task.expect_slices(a.attempt, 1);
+                Copy {
+                    task: &a.task,
+                    attempt: a.attempt,
+                    peer,
+                    mapping,
+                    opcode: req.opcode,
+                    region: &req.local,
+                    spans: req.spans(),
+                }
+                .run();
+                return Ok(());
             }
-            .run();
-            return Ok(());
-        }
-        let shared = Shared {
-            task: a.task.clone(),
-            attempt: a.attempt,
-            peer: peer.clone(),
-            mapping: mapping.clone(),
-            opcode: req.opcode,
-            region: req.local.clone(),
-            works: Work::cut(req, run).into_boxed_slice(),
-            taken: AtomicU64::new(0),
-            left: AtomicUsize::new(0),
-            copied: AtomicU64::new(0),
-            error: Mutex::new(None),
-        };
-        self.share(shared, budget)
+            let shared = Shared {
+                task: a.task.clone(),
+                attempt: a.attempt,
+                peer: peer.clone(),
+                mapping: mapping.clone(),
+                opcode: req.opcode,
+                region: req.local.clone(),
+                works: Work::cut(req, run).into_boxed_slice(),
+                taken: AtomicU64::new(0),
+                left: AtomicUsize::new(0),
+                copied: AtomicU64::new(0),
+                error: Mutex::new(None),
+            };
+            self.share(shared, budget)
+        })?
     }
 
     /// Runs `shared`'s jobs on the copy threads that come to help and on this thread,
@@ -1235,6 +1256,27 @@ impl Transport for ShmTransport {
 
     fn submit_one(&self, attempt: &Attempt) -> Result<()> {
         self.submit_attempt(attempt)
+    }
+
+    /// A copy that an attempt would make on the submitting thread alone (neither shared
+    /// nor handed off), made now. Whatever would stop an attempt before its copy (no
+    /// mapping, a target known dead, a range outside the mapping) is left to the attempt
+    /// to report: `None`, nothing copied.
+    fn complete_now(&self, request: &ValidatedRequest, more_follow: bool) -> Option<Result<u64>> {
+        let (shared, hand_off, _) = self.sharing(request, more_follow);
+        if shared || hand_off {
+            return None;
+        }
+        self.with_target(request, |peer, mapping| {
+            copy_spans(
+                peer,
+                mapping,
+                &request.local,
+                request.opcode,
+                request.spans(),
+            )
+        })
+        .ok()
     }
 
     fn fail_peer(&self, peer: &Peer, _error: Error) {
