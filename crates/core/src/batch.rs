@@ -85,7 +85,7 @@ pub const MAX_BATCH_CAPACITY: usize = 1 << 20;
 /// allocates, submits, polls and frees a batch per operation allocates no memory for it.
 pub struct Batch {
     capacity: usize,
-    tasks: Mutex<Vec<Entry>>,
+    entries: Mutex<Vec<Entry>>,
     /// Rung by each of its tasks as it ends, and when the batch is freed.
     wake: Arc<Wake>,
     /// Set once its tasks were taken out (freed, or the engine closed).
@@ -96,7 +96,7 @@ impl Batch {
     fn new(capacity: usize) -> Arc<Self> {
         Arc::new(Self {
             capacity,
-            tasks: Mutex::new(Vec::with_capacity(capacity.min(TASKS_RESERVED))),
+            entries: Mutex::new(Vec::with_capacity(capacity.min(TASKS_RESERVED))),
             wake: Arc::default(),
             freed: AtomicBool::new(false),
         })
@@ -110,7 +110,7 @@ impl Batch {
         };
         b.capacity = capacity;
         *b.freed.get_mut() = false;
-        let tasks = b.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
+        let tasks = b.entries.get_mut().unwrap_or_else(|p| p.into_inner());
         tasks.clear();
         tasks.reserve(capacity.min(TASKS_RESERVED));
         spare
@@ -159,7 +159,7 @@ impl Batch {
         count: usize,
         fill: impl FnOnce(&mut Vec<Entry>) -> R,
     ) -> Result<(usize, R)> {
-        let mut all = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if all.len() + count > self.capacity {
             return Err(Error::BatchFull {
                 batch: id,
@@ -175,7 +175,7 @@ impl Batch {
 
     /// Checks that `count` more tasks would fit.
     pub(crate) fn check_room(&self, id: u64, count: usize) -> Result<()> {
-        let all = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        let all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if all.len() + count > self.capacity {
             return Err(Error::BatchFull {
                 batch: id,
@@ -188,35 +188,35 @@ impl Batch {
 
     /// A snapshot of the entry at `index`.
     pub fn snapshot(&self, index: usize) -> Option<TaskSnapshot> {
-        self.with_tasks(|all| all.get(index).map(Entry::snapshot))
+        self.with_entries(|all| all.get(index).map(Entry::snapshot))
     }
 
     /// Runs `f` on the entries under the batch's lock (status reads that allocate nothing).
-    pub fn with_tasks<R>(&self, f: impl FnOnce(&[Entry]) -> R) -> R {
-        f(&self.tasks.lock().unwrap_or_else(|p| p.into_inner()))
+    pub fn with_entries<R>(&self, f: impl FnOnce(&[Entry]) -> R) -> R {
+        f(&self.entries.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Its tasks (entries completed at submission have none).
     pub fn tasks(&self) -> Vec<Arc<Task>> {
-        self.with_tasks(|all| all.iter().filter_map(Entry::task).cloned().collect())
+        self.with_entries(|all| all.iter().filter_map(Entry::task).cloned().collect())
     }
 
     /// Snapshots of every entry.
     pub fn snapshots(&self) -> Vec<TaskSnapshot> {
-        self.with_tasks(|all| all.iter().map(Entry::snapshot).collect())
+        self.with_entries(|all| all.iter().map(Entry::snapshot).collect())
     }
 
     /// The aggregate status and bytes moved. Reads each task's atomics under the batch's
     /// lock: no snapshot, no copy of the task list (this is what pollers call in a loop).
     pub fn status(&self) -> (TransferStatus, u64, usize) {
-        let all = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+        let all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = all.iter().map(Entry::transferred).sum();
         (aggregate(all.iter().map(Entry::status)), bytes, all.len())
     }
 
     /// Takes every entry out (the batch is being freed).
-    pub(crate) fn take_tasks(&self) -> Vec<Entry> {
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+    pub(crate) fn take_entries(&self) -> Vec<Entry> {
+        let tasks = std::mem::take(&mut *self.entries.lock().unwrap_or_else(|p| p.into_inner()));
         self.freed.store(true, Ordering::Release);
         self.wake.ring();
         tasks
@@ -379,11 +379,11 @@ impl BatchTable {
     }
 
     /// Keeps a freed batch, emptied, as a spare of the calling thread's shard, with
-    /// `tasks` (the list taken out of it) as its task list again. Dropped instead if
-    /// anyone else still holds it, its list is long, or the shard has spares enough.
-    /// The tasks' own slots are kept for this thread's next tasks (`task_slots.rs`).
-    pub(crate) fn recycle(&self, mut batch: Arc<Batch>, mut tasks: Vec<Entry>) {
-        for entry in tasks.drain(..) {
+    /// `entries` (the list taken out of it) as its list again. Dropped instead if anyone
+    /// else still holds it, its list is long, or the shard has spares enough. The tasks'
+    /// own slots are kept for this thread's next tasks (`task_slots.rs`).
+    pub(crate) fn recycle(&self, mut batch: Arc<Batch>, mut entries: Vec<Entry>) {
+        for entry in entries.drain(..) {
             if let Entry::Task(task) = entry {
                 crate::task_slots::recycle(task);
             }
@@ -391,10 +391,10 @@ impl BatchTable {
         let Some(b) = Arc::get_mut(&mut batch) else {
             return;
         };
-        if tasks.capacity() > SPARE_TASKS_MAX {
+        if entries.capacity() > SPARE_TASKS_MAX {
             return;
         }
-        *b.tasks.get_mut().unwrap_or_else(|p| p.into_inner()) = tasks;
+        *b.entries.get_mut().unwrap_or_else(|p| p.into_inner()) = entries;
         let mut shard = self.shard(crate::lanes::current());
         if shard.spares.len() < SPARES_PER_SHARD {
             shard.spares.push(batch);
@@ -440,7 +440,7 @@ mod tests {
             })
         };
         let freed = table.free(id).expect("free");
-        assert!(freed.take_tasks().is_empty());
+        assert!(freed.take_entries().is_empty());
         let started = Instant::now();
         assert!(waiter.join().expect("waiter"), "woken by the free");
         assert!(started.elapsed() < std::time::Duration::from_secs(30));
@@ -475,7 +475,7 @@ mod tests {
         let a = table.allocate(2).expect("a");
         let first = Arc::as_ptr(&table.get(a).expect("live"));
         let freed = table.free(a).expect("free");
-        let tasks = freed.take_tasks();
+        let tasks = freed.take_entries();
         table.recycle(freed, tasks);
         // The same memory comes back, live, empty, with the new capacity; the old id
         // stays refused.
@@ -491,7 +491,7 @@ mod tests {
         let held = again.clone();
         drop(again);
         let freed = table.free(b).expect("free");
-        let tasks = freed.take_tasks();
+        let tasks = freed.take_entries();
         table.recycle(freed, tasks);
         assert!(held.freed.load(Ordering::Acquire));
         let c = table.allocate(1).expect("c");

@@ -34,16 +34,21 @@ impl Driver for Inner {
     }
 
     fn attempt_succeeded(&self, task: &Task, _attempt: u32) {
-        if self.health_dirty.load(Ordering::Relaxed) {
-            if let Some(kind) = task.transport() {
-                self.health
-                    .record_success(&(task.request().peer.handle(), kind), Instant::now());
-            }
+        if let Some(kind) = task.transport() {
+            self.rail_succeeded(task.request().peer.handle(), kind);
         }
     }
 }
 
 impl Inner {
+    /// Records a success on the (peer, transport) rail: health bookkeeping, which matters
+    /// only once a failure was ever recorded (until then it costs a load).
+    pub(crate) fn rail_succeeded(&self, peer: u64, kind: TransportKind) {
+        if self.health_dirty.load(Ordering::Relaxed) {
+            self.health.record_success(&(peer, kind), Instant::now());
+        }
+    }
+
     /// Starts a new attempt of `task` on `kind`.
     pub(crate) fn start_attempt(&self, task: &Arc<Task>, kind: TransportKind) {
         self.start_attempt_in(task, kind, false, &LazyNow::new())

@@ -439,13 +439,13 @@ impl Engine {
     pub fn free_batch(&self, batch: u64) -> Result<()> {
         self.with_live(|l| {
             let b = l.batches.free(batch).map_err(|e| l.or_closed(e))?;
-            let tasks = b.take_tasks();
+            let entries = b.take_entries();
             // Most were polled to their end: no error is made (and dropped) for those.
-            let live = tasks.iter().filter_map(|e| e.task());
+            let live = entries.iter().filter_map(|e| e.task());
             for t in live.filter(|t| !t.status().is_terminal()) {
                 t.finish(TransferStatus::Canceled, Some(Error::Canceled));
             }
-            l.batches.recycle(b, tasks);
+            l.batches.recycle(b, entries);
             Ok(())
         })
     }
@@ -483,7 +483,7 @@ impl Engine {
         out: &mut [u8],
     ) -> Result<usize> {
         let b = self.with_live(|l| l.batch(batch))?;
-        Ok(b.with_tasks(|tasks| {
+        Ok(b.with_entries(|tasks| {
             let tasks = tasks.get(first_task..).unwrap_or_default();
             out.iter_mut()
                 .zip(tasks)
@@ -503,7 +503,7 @@ impl Engine {
     ) -> Result<usize> {
         crate::blocks::check_starts(starts)?;
         let b = self.with_live(|l| l.batch(batch))?;
-        Ok(b.with_tasks(|tasks| {
+        Ok(b.with_entries(|tasks| {
             crate::blocks::fill_status(starts, out, |r| {
                 first_task
                     .checked_add(r)

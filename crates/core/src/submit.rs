@@ -123,10 +123,7 @@ impl Inner {
         let counters = &self.stats.counters;
         counters.submitted(1);
         counters.completed_at_submit(transport, v.opcode, v.length);
-        if self.health_dirty.load(Ordering::Relaxed) {
-            let rail = (v.peer.handle(), transport);
-            self.health.record_success(&rail, std::time::Instant::now());
-        }
+        self.rail_succeeded(v.peer.handle(), transport);
         Some(Entry::Done {
             length: v.length,
             transport,
@@ -377,7 +374,7 @@ mod tests {
         /// Which entries of `batch` were done at submission (no task).
         fn done_at_submit(&self, batch: u64) -> Vec<bool> {
             let b = self.initiator.inner().batch(batch).expect("batch");
-            b.with_tasks(|all| {
+            b.with_entries(|all| {
                 all.iter()
                     .map(|e| matches!(e, Entry::Done { .. }))
                     .collect()

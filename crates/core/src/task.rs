@@ -60,6 +60,25 @@ struct LaneCounts {
     tasks: crate::metrics::TaskCounters,
 }
 
+impl LaneCounts {
+    /// Counts a task that ended with `status` (its bytes only if it completed).
+    fn ended(
+        &self,
+        status: TransferStatus,
+        transport: Option<TransportKind>,
+        opcode: crate::kind::Opcode,
+        length: u64,
+    ) {
+        self.tasks.task_ended(status, transport, opcode, length);
+        if status == TransferStatus::Completed {
+            self.completed.fetch_add(1, Ordering::Relaxed);
+            self.bytes.fetch_add(length, Ordering::Relaxed);
+        } else {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// What the tasks one thread submits share: that thread's lane of the engine's counters,
 /// and the engine's failover driver. A task holds its lane, not the engine's counters or
 /// the engine itself, so taking and dropping those references writes a cache line only
@@ -140,12 +159,10 @@ impl Counters {
         opcode: crate::kind::Opcode,
         length: u64,
     ) {
-        let counts = &self.lanes.local().counts;
-        counts
-            .tasks
-            .task_ended(TransferStatus::Completed, Some(transport), opcode, length);
-        counts.completed.fetch_add(1, Ordering::Relaxed);
-        counts.bytes.fetch_add(length, Ordering::Relaxed);
+        self.lanes
+            .local()
+            .counts
+            .ended(TransferStatus::Completed, Some(transport), opcode, length);
     }
 
     fn sum(&self, field: impl Fn(&LaneCounts) -> &AtomicU64) -> u64 {
@@ -480,21 +497,12 @@ impl Task {
         }
         // Counted in the lane of the thread that submitted the task: the one that ends it
         // is most often that thread too (a copy done inline).
-        let counts = &self.lane.counts;
-        counts.tasks.task_ended(
+        self.lane.counts.ended(
             status,
             self.transport(),
             self.request.opcode,
             self.request.length,
         );
-        if status == TransferStatus::Completed {
-            counts.completed.fetch_add(1, Ordering::Relaxed);
-            counts
-                .bytes
-                .fetch_add(self.request.length, Ordering::Relaxed);
-        } else {
-            counts.failed.fetch_add(1, Ordering::Relaxed);
-        }
         if let Some(group) = &self.group {
             group.task_finished();
         }

@@ -56,7 +56,7 @@ pub trait Transport: Send + Sync {
     }
 
     /// Moves `request` on the calling thread now, if this transport would do all of it
-    /// there anyway (a same-host copy that stays inline): `Some(Ok(bytes))` once it is
+    /// there anyway (a same-host copy that stays inline): `Some(Ok(()))` once all of it is
     /// done, `Some(Err)` when it ran and does not count (the engine then starts an attempt
     /// as usual, which fails over as any failure does). `None` when the transport would
     /// not do it at once, or cannot tell why not (the attempt path reports that): nothing
@@ -68,7 +68,7 @@ pub trait Transport: Send + Sync {
         &self,
         _request: &crate::request::ValidatedRequest,
         _more_follow: bool,
-    ) -> Option<Result<u64>> {
+    ) -> Option<Result<()>> {
         None
     }
 

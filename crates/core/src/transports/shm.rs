@@ -525,6 +525,17 @@ fn copy_spans(
     }
 }
 
+/// How a request is copied ([`ShmTransport::sharing`]).
+struct Sharing {
+    /// Cut into jobs of `run` bytes that the submitting thread and the copy threads take
+    /// in turn ([`Shared`]).
+    shared: bool,
+    /// Handed to the copy threads whole, as more of its submission follow ([`SHARE_MIN`]).
+    hand_off: bool,
+    /// The size of a shared copy's jobs.
+    run: u64,
+}
+
 /// A copy cut into jobs that the submitting thread and the copy threads take in turn: each
 /// job is taken once, whoever is free takes the next. A copy thread that wakes late only
 /// finds fewer jobs left: the copy is never slower than the submitting thread alone,
@@ -893,22 +904,28 @@ impl ShmTransport {
         Ok(f(peer, mapping))
     }
 
-    /// Whether `req` would be shared with the copy threads (cut into jobs of the returned
-    /// size) or handed to them (`more_follow`: see [`SHARE_MIN`]), rather than copied by
-    /// the submitting thread alone.
-    fn sharing(&self, req: &ValidatedRequest, more_follow: bool) -> (bool, bool, u64) {
-        let hand_off = more_follow && req.length > SHARE_MIN;
+    /// How `req` would be copied: shared with the copy threads, handed to them, or by the
+    /// submitting thread alone.
+    fn sharing(&self, req: &ValidatedRequest, more_follow: bool) -> Sharing {
         let (shared, run) = match req.gathered() {
             Some(_) => (req.length > GATHER_SHARE_MIN, SHARED_RUN),
             None => (req.length > self.plain_share_min, plain_job(req.length)),
         };
-        (shared, hand_off, run)
+        Sharing {
+            shared,
+            hand_off: more_follow && req.length > SHARE_MIN,
+            run,
+        }
     }
 
     fn submit_attempt(&self, a: &Attempt) -> Result<()> {
         let req = a.task.request();
         self.with_target(req, |peer, mapping| {
-            let (shared, hand_off, run) = self.sharing(req, a.more_follow);
+            let Sharing {
+                shared,
+                hand_off,
+                run,
+            } = self.sharing(req, a.more_follow);
             // What this thread may copy itself: a Promise's caller is a JS thread, which
             // a long copy would block.
             let budget = match (hand_off, a.task.observer()) {
@@ -922,7 +939,7 @@ impl ShmTransport {
             // shared, with 4-8 ms tails where a worker was preempted, against 55-59 GB/s
             // of 256-512 KiB blocks copied inline.
             let cores_busy = (shared || hand_off) && self.large_copiers.others_busy(self.cores);
-            if (!shared && !hand_off) || (cores_busy && req.length <= budget) {
+            if !(shared || hand_off) || (cores_busy && req.length <= budget) {
                 a.task.expect_slices(a.attempt, 1);
                 Copy {
                     task: &a.task,
@@ -1262,12 +1279,12 @@ impl Transport for ShmTransport {
     /// nor handed off), made now. Whatever would stop an attempt before its copy (no
     /// mapping, a target known dead, a range outside the mapping) is left to the attempt
     /// to report: `None`, nothing copied.
-    fn complete_now(&self, request: &ValidatedRequest, more_follow: bool) -> Option<Result<u64>> {
-        let (shared, hand_off, _) = self.sharing(request, more_follow);
-        if shared || hand_off {
+    fn complete_now(&self, request: &ValidatedRequest, more_follow: bool) -> Option<Result<()>> {
+        let sharing = self.sharing(request, more_follow);
+        if sharing.shared || sharing.hand_off {
             return None;
         }
-        self.with_target(request, |peer, mapping| {
+        let copy = |peer: &Arc<ShmPeer>, mapping: &Arc<RemoteMapping>| {
             copy_spans(
                 peer,
                 mapping,
@@ -1275,8 +1292,10 @@ impl Transport for ShmTransport {
                 request.opcode,
                 request.spans(),
             )
-        })
-        .ok()
+        };
+        self.with_target(request, copy)
+            .ok()
+            .map(|copied| copied.map(drop))
     }
 
     fn fail_peer(&self, peer: &Peer, _error: Error) {
