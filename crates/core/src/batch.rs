@@ -2,7 +2,7 @@
 //! (`handle.rs`: engine tag and kind) whose payload packs a generation and a slot, so a
 //! freed, stale or foreign id is refused, never dereferenced.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -86,6 +86,9 @@ pub const MAX_BATCH_CAPACITY: usize = 1 << 20;
 pub struct Batch {
     capacity: usize,
     entries: Mutex<Vec<Entry>>,
+    /// How many entries there are, stored under the lock as they change: read without it
+    /// by the early room check, which `fill` repeats under the lock.
+    len: AtomicUsize,
     /// Rung by each of its tasks as it ends, and when the batch is freed.
     wake: Arc<Wake>,
     /// Set once its tasks were taken out (freed, or the engine closed).
@@ -97,6 +100,7 @@ impl Batch {
         Arc::new(Self {
             capacity,
             entries: Mutex::new(Vec::with_capacity(capacity.min(TASKS_RESERVED))),
+            len: AtomicUsize::new(0),
             wake: Arc::default(),
             freed: AtomicBool::new(false),
         })
@@ -110,6 +114,7 @@ impl Batch {
         };
         b.capacity = capacity;
         *b.freed.get_mut() = false;
+        *b.len.get_mut() = 0;
         let tasks = b.entries.get_mut().unwrap_or_else(|p| p.into_inner());
         tasks.clear();
         tasks.reserve(capacity.min(TASKS_RESERVED));
@@ -170,13 +175,14 @@ impl Batch {
         let first = all.len();
         let r = fill(&mut all);
         debug_assert_eq!(all.len(), first + count, "fill appends what it said");
+        self.len.store(all.len(), Ordering::Relaxed);
         Ok((first, r))
     }
 
-    /// Checks that `count` more tasks would fit.
+    /// Checks that `count` more tasks would fit, as of the last submission this thread can
+    /// see (an early answer that takes no lock; `fill` checks again under the lock).
     pub(crate) fn check_room(&self, id: u64, count: usize) -> Result<()> {
-        let all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if all.len() + count > self.capacity {
+        if self.len.load(Ordering::Relaxed).saturating_add(count) > self.capacity {
             return Err(Error::BatchFull {
                 batch: id,
                 capacity: self.capacity,
@@ -216,11 +222,22 @@ impl Batch {
 
     /// Takes every entry out (the batch is being freed).
     pub(crate) fn take_entries(&self) -> Vec<Entry> {
-        let tasks = std::mem::take(&mut *self.entries.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let tasks = std::mem::take(&mut *all);
+        self.len.store(0, Ordering::Relaxed);
+        drop(all);
         self.freed.store(true, Ordering::Release);
         self.wake.ring();
         tasks
     }
+}
+
+/// What [`BatchTable::free`] did with a batch.
+pub enum Freed {
+    /// Nothing was left to do: it was kept as a spare.
+    Kept,
+    /// Handed back to cancel what is pending and recycle.
+    Taken(Arc<Batch>),
 }
 
 struct Slot {
@@ -361,18 +378,36 @@ impl BatchTable {
         }
     }
 
-    /// Frees a batch; returns it so the caller can cancel what is still pending.
-    pub fn free(&self, id: u64) -> Result<Arc<Batch>> {
+    /// Frees a batch. One that nobody else holds and that has no task (every request was
+    /// completed at submission) is emptied and kept as a spare at once, under the one lock
+    /// taken here: nothing can wait on it or be cancelled. Otherwise it is handed back, for
+    /// the caller to cancel what is still pending and then [`BatchTable::recycle`] it.
+    pub fn free(&self, id: u64) -> Result<Freed> {
         let (lane, index, generation) = self.locate(id)?;
         let mut guard = self.shard(lane);
         let shard = &mut *guard;
         match shard.slots.get_mut(index) {
             Some(slot) if slot.generation == generation => {
-                let Some(batch) = slot.batch.take() else {
+                let Some(mut batch) = slot.batch.take() else {
                     return Err(Error::InvalidBatch(id));
                 };
                 shard.free.push(index);
-                Ok(batch)
+                // Unique under the shard's lock, where every other reference is taken.
+                if shard.spares.len() < SPARES_PER_SHARD {
+                    if let Some(b) = Arc::get_mut(&mut batch) {
+                        let entries = b.entries.get_mut().unwrap_or_else(|p| p.into_inner());
+                        if entries.capacity() <= SPARE_TASKS_MAX
+                            && entries.iter().all(|e| e.task().is_none())
+                        {
+                            entries.clear();
+                            *b.len.get_mut() = 0;
+                            *b.freed.get_mut() = true;
+                            shard.spares.push(batch);
+                            return Ok(Freed::Kept);
+                        }
+                    }
+                }
+                Ok(Freed::Taken(batch))
             }
             _ => Err(Error::InvalidBatch(id)),
         }
@@ -439,7 +474,9 @@ mod tests {
                 b.wait_until(Instant::now() + std::time::Duration::from_secs(30))
             })
         };
-        let freed = table.free(id).expect("free");
+        let Freed::Taken(freed) = table.free(id).expect("free") else {
+            panic!("a batch a waiter holds is handed back, not kept");
+        };
         assert!(freed.take_entries().is_empty());
         let started = Instant::now();
         assert!(waiter.join().expect("waiter"), "woken by the free");
@@ -473,24 +510,37 @@ mod tests {
     fn a_freed_batch_nobody_holds_is_reused_empty_and_a_held_one_never() {
         let table = BatchTable::default();
         let a = table.allocate(2).expect("a");
-        let first = Arc::as_ptr(&table.get(a).expect("live"));
-        let freed = table.free(a).expect("free");
-        let tasks = freed.take_entries();
-        table.recycle(freed, tasks);
+        let first = table.get(a).expect("live");
+        let done = || Entry::Done {
+            length: 8,
+            transport: TransportKind::Shm,
+        };
+        assert_eq!(
+            first.fill(a, 2, |all| all.extend([done(), done()])),
+            Ok((0, ()))
+        );
+        let first_ptr = Arc::as_ptr(&first);
+        drop(first);
+        // Nobody else holds it and it has no task: kept as a spare by `free` itself.
+        assert!(matches!(table.free(a), Ok(Freed::Kept)));
         // The same memory comes back, live, empty, with the new capacity; the old id
         // stays refused.
         let b = table.allocate(3).expect("b");
         let again = table.get(b).expect("live");
-        assert_eq!(Arc::as_ptr(&again), first, "the spare was reused");
+        assert_eq!(Arc::as_ptr(&again), first_ptr, "the spare was reused");
         assert_eq!(again.capacity(), 3);
         let (_, bytes, tasks) = again.status();
         assert_eq!((bytes, tasks), (0, 0), "empty");
+        assert!(again.check_room(b, 3).is_ok(), "its room counts from zero");
         assert!(!again.freed.load(Ordering::Acquire), "live again");
         assert!(table.get(a).is_err(), "stale id refused");
-        // Held by a waiter when freed: never handed out again while that one may look.
+        // Held by a waiter when freed: handed back, and never handed out again while that
+        // one may look.
         let held = again.clone();
         drop(again);
-        let freed = table.free(b).expect("free");
+        let Freed::Taken(freed) = table.free(b).expect("free") else {
+            panic!("a held batch is handed back");
+        };
         let tasks = freed.take_entries();
         table.recycle(freed, tasks);
         assert!(held.freed.load(Ordering::Acquire));
@@ -503,6 +553,17 @@ mod tests {
             held.freed.load(Ordering::Acquire),
             "the held one stays freed"
         );
+        // Handed back, and recycled after its reader let go: reused.
+        let reader = table.get(c).expect("live");
+        let Freed::Taken(freed) = table.free(c).expect("free") else {
+            panic!("a batch being read is handed back");
+        };
+        let ptr = Arc::as_ptr(&reader);
+        drop(reader);
+        let tasks = freed.take_entries();
+        table.recycle(freed, tasks);
+        let d = table.allocate(1).expect("d");
+        assert_eq!(Arc::as_ptr(&table.get(d).expect("live")), ptr);
     }
 
     #[test]
@@ -576,6 +637,11 @@ mod tests {
             transport: TransportKind::Shm,
         };
         assert_eq!(batch.fill(id, 1, |all| all.push(done())), Ok((0, ())));
+        assert_eq!(
+            batch.check_room(id, 2).unwrap_err().code(),
+            "ERR_FERRY_BATCH_FULL",
+            "the early check counts what was filled"
+        );
         let mut ran = false;
         let refused = batch.fill(id, 2, |_| ran = true);
         assert_eq!(refused.unwrap_err().code(), "ERR_FERRY_BATCH_FULL");

@@ -438,7 +438,11 @@ impl Engine {
     /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
     pub fn free_batch(&self, batch: u64) -> Result<()> {
         self.with_live(|l| {
-            let b = l.batches.free(batch).map_err(|e| l.or_closed(e))?;
+            let crate::batch::Freed::Taken(b) =
+                l.batches.free(batch).map_err(|e| l.or_closed(e))?
+            else {
+                return Ok(());
+            };
             let entries = b.take_entries();
             // Most were polled to their end: no error is made (and dropped) for those.
             let live = entries.iter().filter_map(|e| e.task());
@@ -544,9 +548,9 @@ impl Engine {
         let tasks = c.tasks();
         Metrics {
             tasks_submitted: c.submitted_total(),
-            tasks_completed: c.completed(),
-            tasks_failed: c.failed(),
-            bytes_transferred: c.bytes(),
+            tasks_completed: tasks.completed(),
+            tasks_failed: tasks.failed(),
+            bytes_transferred: tasks.bytes_total(),
             peers_lost: s.peers_lost.load(Ordering::Relaxed),
             peers_recovered: s.peers_recovered.load(Ordering::Relaxed),
             failovers: s.failovers.load(Ordering::Relaxed),

@@ -88,6 +88,25 @@ impl TaskCounters {
     pub fn bytes(&self, transport: TransportKind, op: Opcode) -> u64 {
         self.bytes[transport.index()][op_index(op)].load(Ordering::Relaxed)
     }
+
+    /// Tasks that completed.
+    pub fn completed(&self) -> u64 {
+        self.ended(TransferStatus::Completed)
+    }
+
+    /// Tasks that ended in any other terminal status.
+    pub fn failed(&self) -> u64 {
+        self.ended_total().saturating_sub(self.completed())
+    }
+
+    /// Bytes of every completed task.
+    pub fn bytes_total(&self) -> u64 {
+        self.bytes
+            .iter()
+            .flatten()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// Bytes one transport moved for one operation.

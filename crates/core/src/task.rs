@@ -54,9 +54,9 @@ pub struct Told {
 #[derive(Debug, Default)]
 struct LaneCounts {
     submitted: AtomicU64,
-    completed: AtomicU64,
-    failed: AtomicU64,
-    bytes: AtomicU64,
+    /// Ended tasks by status, bytes by transport and op. The totals (completed, failed,
+    /// bytes) are sums of these, made when read: a task that ends writes two counters,
+    /// not four more.
     tasks: crate::metrics::TaskCounters,
 }
 
@@ -70,12 +70,6 @@ impl LaneCounts {
         length: u64,
     ) {
         self.tasks.task_ended(status, transport, opcode, length);
-        if status == TransferStatus::Completed {
-            self.completed.fetch_add(1, Ordering::Relaxed);
-            self.bytes.fetch_add(length, Ordering::Relaxed);
-        } else {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-        }
     }
 }
 
@@ -165,31 +159,27 @@ impl Counters {
             .ended(TransferStatus::Completed, Some(transport), opcode, length);
     }
 
-    fn sum(&self, field: impl Fn(&LaneCounts) -> &AtomicU64) -> u64 {
-        self.lanes
-            .iter()
-            .map(|l| field(&l.counts).load(Ordering::Relaxed))
-            .sum()
-    }
-
     /// Tasks submitted.
     pub fn submitted_total(&self) -> u64 {
-        self.sum(|c| &c.submitted)
+        self.lanes
+            .iter()
+            .map(|l| l.counts.submitted.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Tasks that completed.
     pub fn completed(&self) -> u64 {
-        self.sum(|c| &c.completed)
+        self.tasks().completed()
     }
 
     /// Tasks that ended in any other terminal status.
     pub fn failed(&self) -> u64 {
-        self.sum(|c| &c.failed)
+        self.tasks().failed()
     }
 
     /// Bytes moved by completed tasks.
     pub fn bytes(&self) -> u64 {
-        self.sum(|c| &c.bytes)
+        self.tasks().bytes_total()
     }
 
     /// Ended tasks by status, and their bytes by transport and op, summed over the lanes.
@@ -575,24 +565,34 @@ pub(crate) mod tests {
                 s.spawn(|| {
                     counters.submitted(3);
                     let lane = counters.lane();
-                    lane.counts.completed.fetch_add(2, Ordering::Relaxed);
-                    lane.counts.failed.fetch_add(1, Ordering::Relaxed);
-                    lane.counts.bytes.fetch_add(4096, Ordering::Relaxed);
-                    lane.counts.tasks.task_ended(
+                    lane.counts.ended(
                         TransferStatus::Completed,
                         Some(TransportKind::Shm),
                         Opcode::Write,
                         4096,
                     );
+                    lane.counts.ended(
+                        TransferStatus::Completed,
+                        Some(TransportKind::Tcp),
+                        Opcode::Read,
+                        100,
+                    );
+                    lane.counts
+                        .ended(TransferStatus::Failed, None, Opcode::Write, 4096);
                 });
             }
         });
         assert_eq!(counters.submitted_total(), 12);
         assert_eq!(counters.completed(), 8);
         assert_eq!(counters.failed(), 4);
-        assert_eq!(counters.bytes(), 4 * 4096);
+        assert_eq!(
+            counters.bytes(),
+            4 * (4096 + 100),
+            "a failed task's bytes not among them"
+        );
         let tasks = counters.tasks();
-        assert_eq!(tasks.ended(TransferStatus::Completed), 4);
+        assert_eq!(tasks.ended(TransferStatus::Completed), 8);
+        assert_eq!(tasks.ended(TransferStatus::Failed), 4);
         assert_eq!(tasks.bytes(TransportKind::Shm, Opcode::Write), 4 * 4096);
         assert_eq!(tasks.bytes(TransportKind::Shm, Opcode::Read), 0);
     }
