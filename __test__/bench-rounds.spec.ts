@@ -32,6 +32,7 @@ function options(over: Partial<SuiteOptions> = {}): SuiteOptions {
     soakWarmup: 1,
     soakTransfers: 1,
     soakSampleEvery: 1,
+    cases: [],
     ...over,
   }
 }

@@ -24,7 +24,7 @@
 import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
 import { authSuite } from './suites/auth'
-import { blocksSuite } from './suites/blocks'
+import { BLOCKS_CASES, blocksSuite } from './suites/blocks'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
 import { notifySuite } from './suites/notify'
@@ -54,6 +54,12 @@ const OPTIONS = {
     default: 'tcp',
     metavar: 'NAME[,NAME]',
     help: `suite(s) to run, comma-separated: ${Object.keys(suites).join(', ')} (described below)`,
+  },
+  case: {
+    type: 'string',
+    default: '',
+    metavar: 'NAME[,NAME]',
+    help: 'blocks suite only: run just these cases (a vector case runs over each transport it has); empty = every case',
   },
   repeat: { type: 'integer', default: 3, min: 1, max: 1000, help: 'rounds per case, engine and baseline interleaved; medians reported' },
   duration: { ...SHARED.durationS, help: 'measured seconds per throughput run and baseline run (iperf3, memcpy)' },
@@ -171,6 +177,10 @@ function parseArgs(argv: string[]): Cli {
     soakWarmup: v['soak-warmup'],
     soakTransfers: v['soak-transfers'],
     soakSampleEvery: v['soak-sample-every'],
+    cases: v.case
+      .split(',')
+      .map((x) => x.trim())
+      .filter(Boolean),
   }
   if (v.help) return { suites: [], options, help: true }
   const names = v.suite
@@ -181,6 +191,13 @@ function parseArgs(argv: string[]): Cli {
   const unknown = names.filter((n) => !Object.hasOwn(suites, n))
   if (unknown.length) {
     throw new UsageError(`unknown suite ${unknown.join(', ')} (known: ${Object.keys(suites).join(', ')})`)
+  }
+  if (options.cases.length) {
+    if (names.some((n) => n !== 'blocks')) throw new UsageError('--case applies to the blocks suite alone')
+    const unknownCases = options.cases.filter((c) => !BLOCKS_CASES.includes(c))
+    if (unknownCases.length) {
+      throw new UsageError(`unknown blocks case ${unknownCases.join(', ')} (known: ${BLOCKS_CASES.join(', ')})`)
+    }
   }
   return { suites: names, options }
 }

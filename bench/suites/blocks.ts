@@ -29,7 +29,7 @@ import { log } from '../lib/log'
 import { MiB, startTarget, type Target } from '../lib/rig'
 import { attempt, compare, hostLoad, isResult, perMethod, roundErrors, runRounds, type Method, type Rounds } from '../lib/rounds'
 import { median, nowNs, round } from '../lib/stats'
-import { tebenchLoopCases } from './tebench-loop'
+import { LOOP_CASE_NAMES, tebenchLoopCases, wanted } from './tebench-loop'
 import type { CaseRecord, SuiteOptions } from './types'
 
 const SUITE = 'blocks'
@@ -301,9 +301,12 @@ async function measureCase(c: VectorCase, options: SuiteOptions): Promise<CaseRe
   }
 }
 
+/** Every case name of the suite, for `--case`. */
+export const BLOCKS_CASES: string[] = [...new Set([...CASES.map((c) => c.name), ...LOOP_CASE_NAMES])]
+
 export async function blocksSuite(options: SuiteOptions): Promise<CaseRecord[]> {
   const records: CaseRecord[] = []
-  for (const c of CASES) {
+  for (const c of CASES.filter((c) => wanted(options, c.name))) {
     log(`${SUITE}: ${c.name} over ${c.transport}: ${options.repeat} rounds, ${options.durationSeconds} s each`)
     records.push(await measureCase(c, options))
   }

@@ -182,9 +182,19 @@ function record(c: LoopCase, rounds: Round[], baselineLabel: string, options: Su
   return rec
 }
 
+/** The names of these cases. */
+export const LOOP_CASE_NAMES: string[] = CASES.map((c) => c.name)
+
+/** Whether `--case` asks for the case `name` (every case when it names none). */
+export function wanted(options: SuiteOptions, name: string): boolean {
+  return options.cases.length === 0 || options.cases.includes(name)
+}
+
 export async function tebenchLoopCases(options: SuiteOptions): Promise<CaseRecord[]> {
   const records: CaseRecord[] = []
-  const target = await startTarget(Math.max(...CASES.map((c) => c.block)))
+  const cases = CASES.filter((c) => wanted(options, c.name))
+  if (cases.length === 0) return records
+  const target = await startTarget(Math.max(...cases.map((c) => c.block)))
   let engine: Engine | undefined
   let bench: Bench | undefined
   let iperf3: Iperf3Session | undefined
@@ -194,7 +204,7 @@ export async function tebenchLoopCases(options: SuiteOptions): Promise<CaseRecor
     const remote = await engine.openSegment(target.segment)
     bench = engine.bench(1)
     const rig: Rig = { engine, bench, remote, remoteBuffer: target.buffer, options }
-    for (const c of CASES) {
+    for (const c of cases) {
       if (c.transport === 'shm') {
         let memcpy: MemcpySession | undefined
         try {

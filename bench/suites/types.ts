@@ -59,6 +59,8 @@ export interface SuiteOptions {
   soakTransfers: number
   /** `soak` suite: a memory sample every this many transfers. */
   soakSampleEvery: number
+  /** `blocks` suite: the cases to run, by name (`--case`); empty: every case. */
+  cases: string[]
 }
 
 /** One result line. Extra fields (per-method figures, CPU use, notes) may follow. */
