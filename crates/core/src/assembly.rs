@@ -284,7 +284,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         config,
         stats,
         handles,
-        inner,
+        live: arc_swap::ArcSwapOption::new(Some(inner)),
     })
 }
 

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use rustc_hash::FxHashMap;
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
@@ -127,7 +128,8 @@ pub(crate) struct Stats {
 /// signalled shutdown (the engine's own async calls end at once with `Closed`).
 const SPAWNED_GRACE: Duration = Duration::from_secs(1);
 
-/// What an `Engine` handle points at: the identity, the counters and the engine itself.
+/// What an `Engine` handle points at: the identity and counters, which stay, and the live
+/// engine, which `close` takes away.
 pub(crate) struct Shell {
     pub(crate) engine_id: u64,
     pub(crate) name: String,
@@ -136,19 +138,16 @@ pub(crate) struct Shell {
     pub(crate) stats: Arc<Stats>,
     /// Kept past close, so a handle is still told apart from a foreign one then.
     pub(crate) handles: Handles,
-    /// The engine. `close` releases what it owns (threads, sockets, memfds, mappings,
-    /// tables) and leaves it closed, an empty shell every call refuses; it is itself freed
-    /// with the last handle. It is never taken away from under a handle, so a call reads
-    /// it with one load of its state: a guard on a swappable pointer cost each call two
-    /// atomic writes, several per polled operation.
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) live: ArcSwapOption<Inner>,
 }
 
 impl Drop for Shell {
     fn drop(&mut self) {
         // The last handle went without `close`: close now, so that the runtime (whose tasks
-        // may hold the engine) cannot keep it alive.
-        self.inner.close();
+        // may hold the live engine) cannot keep it alive.
+        if let Some(inner) = self.live.swap(None) {
+            inner.close();
+        }
     }
 }
 
@@ -187,15 +186,26 @@ impl Engine {
         })
     }
 
-    /// The engine while it is open, or `Closed`.
-    pub(crate) fn live(&self) -> Result<&Arc<Inner>> {
-        self.shell.inner.check_open()?;
-        Ok(&self.shell.inner)
+    /// The open engine for the duration of one call, or `Closed`. Holding it keeps
+    /// `Inner` alive, so it is never kept beyond the call.
+    pub(crate) fn live(&self) -> Result<Arc<Inner>> {
+        let Some(inner) = self.shell.live.load_full() else {
+            return Err(Error::Closed);
+        };
+        inner.check_open()?;
+        Ok(inner)
     }
 
-    /// Runs `f` on the open engine, or returns `Closed`.
+    /// Runs `f` on the open engine, or returns `Closed`: [`Engine::live`] for the calls a
+    /// poller makes in a loop, without taking a reference of the shared count.
     fn with_live<R>(&self, f: impl FnOnce(&Arc<Inner>) -> Result<R>) -> Result<R> {
-        f(self.live()?)
+        let guard = self.shell.live.load();
+        // let-else, not `ok_or`: no error made (and dropped) on every call.
+        let Some(inner) = guard.as_ref() else {
+            return Err(Error::Closed);
+        };
+        inner.check_open()?;
+        f(inner)
     }
 
     /// A weak handle (for cleanup hooks that must not keep the engine alive).
@@ -565,12 +575,16 @@ impl Engine {
     /// engine-owned region then reads zeros); handles and regions that outlive it are inert.
     /// Calls in flight on other threads finish first with what they hold, and release it.
     pub fn close(&self) {
-        self.shell.inner.close();
+        if let Some(inner) = self.shell.live.swap(None) {
+            inner.close();
+            // `inner` is dropped here: the last reference unless a call on another thread
+            // still holds one for its duration.
+        }
     }
 
     #[cfg(test)]
     pub(crate) fn inner(&self) -> Arc<Inner> {
-        self.shell.inner.clone()
+        self.live().expect("open")
     }
 }
 

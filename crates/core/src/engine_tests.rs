@@ -1,5 +1,4 @@
-//! Engine teardown: what close releases (everything the engine owns), and when the engine
-//! itself goes (with its last handle).
+//! Engine teardown: what close releases, and what it leaves behind (nothing).
 
 use super::*;
 use crate::kind::{Opcode, TransportHint};
@@ -51,29 +50,10 @@ fn close_lets_go_of_the_engine_and_detaches_held_regions() {
     let weak = inner_of(&initiator);
     let name = initiator.segment_name().to_string();
     initiator.close();
-    // The closed engine owns nothing more: no thread, table entry or operation, and
-    // nothing but the handle holds it (no runtime task, no thread).
-    assert_eq!(weak.strong_count(), 1, "held by the handle alone");
-    {
-        let closed = weak.upgrade().expect("held by the handle");
-        assert_eq!(
-            closed.threads.load(Ordering::Acquire),
-            0,
-            "I/O threads stopped"
-        );
-        assert!(closed
-            .runtime
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none());
-        assert_eq!((closed.regions.len(), closed.segments.len()), (0, 0));
-        assert!(closed.batches.drain().is_empty());
-        assert!(closed
-            .ops
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty());
-    }
+    assert!(
+        weak.upgrade().is_none(),
+        "nothing keeps the closed engine's resources"
+    );
     for r in [&local, &released] {
         assert!(!r.mapping().expect("owned").is_attached(), "memfd closed");
     }
@@ -98,8 +78,6 @@ fn close_lets_go_of_the_engine_and_detaches_held_regions() {
     assert_eq!((m.tasks_completed, m.segments_open, m.regions), (1, 0, 0));
     assert_eq!(initiator.segment_name(), name);
     initiator.close(); // idempotent
-    drop(initiator);
-    assert!(weak.upgrade().is_none(), "freed with the last handle");
     target.close();
 }
 

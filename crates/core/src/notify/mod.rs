@@ -163,7 +163,7 @@ impl Engine {
         let sent = self.live().and_then(|live| {
             check_size(data, live.config.notify.max_bytes)?;
             let rx = live.notify_peer(segment, data.into(), 0)?;
-            Ok((Arc::downgrade(live), rx))
+            Ok((Arc::downgrade(&live), rx))
         });
         async move {
             let (weak, rx) = sent?;
@@ -210,7 +210,7 @@ impl Engine {
         let live = self.live()?;
         check_size(&notify, live.config.notify.max_bytes)?;
         let segment = single_target(requests)?;
-        let weak = Arc::downgrade(live);
+        let weak = Arc::downgrade(&live);
         let data: Arc<[u8]> = notify.into();
         live.transfer(requests, move |snaps| {
             let once = Once {
@@ -302,7 +302,7 @@ impl Engine {
         let live = self.live()?;
         check_size(&notify, live.config.notify.max_bytes)?;
         let segment = single_target(requests)?;
-        let weak = Arc::downgrade(live);
+        let weak = Arc::downgrade(&live);
         let data: Arc<[u8]> = notify.into();
         let then = move |tasks: &[Arc<Task>]| {
             let completed = tasks
