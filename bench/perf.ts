@@ -152,6 +152,13 @@ interface Cli {
   help?: boolean
 }
 
+/** The names of a comma list, blanks dropped. */
+const commaList = (list: string) =>
+  list
+    .split(',')
+    .map((x) => x.trim())
+    .filter(Boolean)
+
 function parseArgs(argv: string[]): Cli {
   const { values: v } = parseFlags(OPTIONS, argv)
   if (!v.json) throw new UsageError('--json is the only format; --nojson is not offered')
@@ -177,16 +184,10 @@ function parseArgs(argv: string[]): Cli {
     soakWarmup: v['soak-warmup'],
     soakTransfers: v['soak-transfers'],
     soakSampleEvery: v['soak-sample-every'],
-    cases: v.case
-      .split(',')
-      .map((x) => x.trim())
-      .filter(Boolean),
+    cases: commaList(v.case),
   }
   if (v.help) return { suites: [], options, help: true }
-  const names = v.suite
-    .split(',')
-    .map((x) => x.trim())
-    .filter(Boolean)
+  const names = commaList(v.suite)
   if (names.length === 0) throw new UsageError('--suite needs a name')
   const unknown = names.filter((n) => !Object.hasOwn(suites, n))
   if (unknown.length) {

@@ -458,6 +458,14 @@ impl BatchTable {
 mod tests {
     use super::*;
 
+    /// An entry done at submission, of `length` bytes.
+    fn done(length: u64) -> Entry {
+        Entry::Done {
+            length,
+            transport: TransportKind::Shm,
+        }
+    }
+
     #[test]
     fn a_wait_on_a_batch_ends_when_it_is_freed_or_at_its_deadline() {
         let table = BatchTable::default();
@@ -511,12 +519,8 @@ mod tests {
         let table = BatchTable::default();
         let a = table.allocate(2).expect("a");
         let first = table.get(a).expect("live");
-        let done = || Entry::Done {
-            length: 8,
-            transport: TransportKind::Shm,
-        };
         assert_eq!(
-            first.fill(a, 2, |all| all.extend([done(), done()])),
+            first.fill(a, 2, |all| all.extend([done(8), done(8)])),
             Ok((0, ()))
         );
         let first_ptr = Arc::as_ptr(&first);
@@ -632,11 +636,7 @@ mod tests {
         let table = BatchTable::default();
         let id = table.allocate(2).expect("alloc");
         let batch = table.get(id).expect("get");
-        let done = || Entry::Done {
-            length: 1,
-            transport: TransportKind::Shm,
-        };
-        assert_eq!(batch.fill(id, 1, |all| all.push(done())), Ok((0, ())));
+        assert_eq!(batch.fill(id, 1, |all| all.push(done(1))), Ok((0, ())));
         assert_eq!(
             batch.check_room(id, 2).unwrap_err().code(),
             "ERR_FERRY_BATCH_FULL",
@@ -646,7 +646,7 @@ mod tests {
         let refused = batch.fill(id, 2, |_| ran = true);
         assert_eq!(refused.unwrap_err().code(), "ERR_FERRY_BATCH_FULL");
         assert!(!ran, "what a refused submission would do never ran");
-        assert_eq!(batch.fill(id, 1, |all| all.push(done())), Ok((1, ())));
+        assert_eq!(batch.fill(id, 1, |all| all.push(done(1))), Ok((1, ())));
         assert_eq!(batch.status(), (TransferStatus::Completed, 2, 2));
     }
 
