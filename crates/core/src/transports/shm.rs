@@ -3,7 +3,8 @@
 //! Engine-owned regions are memfds sealed against resizing. A same-host initiator connects
 //! to the target's abstract unix socket, proves the segment token, and receives each
 //! buffer's memfd over SCM_RIGHTS; it maps every buffer once and copies straight into or out
-//! of the mapping: one copy, no target CPU. Copies up to 1 MiB (gathers of scattered
+//! of the mapping: one copy, no target CPU. Copies up to what one core copies quickly within
+//! its own cache ([`plain_share_min`]: 128 KiB to 1 MiB by machine; gathers of scattered
 //! blocks up to 128 KiB) run on the submitting thread; larger ones are cut into jobs that
 //! the submitting thread and a small pool of copy threads take in turn, so that a copy
 //! thread that wakes late never slows the copy down.
@@ -83,9 +84,11 @@ const CHUNK: u64 = 512 << 10;
 /// - 1 MiB L2 (a Zen 5 VM): 256 KiB moved 67-74 GB/s inline and 54-64 shared (memcpy
 ///   88-103), 512 KiB 63-69 inline and 91 shared (memcpy 79-81). Threshold 256 KiB.
 /// - 2 MiB L2 (a Xeon VM whose L2 moves 35-39 GB/s): 512 KiB moved 32-33 GB/s inline and
-///   35-43 shared (memcpy: 35-37); 256 KiB 25-30 inline and 26-32 shared (memcpy: 27-36),
-///   with a P99 of 40 µs instead of 11-31. Threshold 256 KiB, where a quarter of the L2
-///   alone gave 512 KiB.
+///   35-43 shared (memcpy: 35-37). 256 KiB moved 25-30 inline and 26-32 shared with two copy
+///   threads taking turns (P99 40 µs: see [`copy_thread_count`]), and with one copy thread
+///   (runs alternated, same minutes) 32-35 inline and 41.5-42.5 shared, P99 10 µs; 128 KiB
+///   30-31 either way, and 64 KiB lost a third shared. Threshold 128 KiB, where a quarter
+///   of the L2 alone gave 512 KiB.
 fn plain_share_min(l2: Option<u64>, copy_rate: Option<f64>) -> u64 {
     let by_size = l2.map_or(PLAIN_SHARE_MIN_UNKNOWN_L2, |l2| {
         (l2 / 4).clamp(MIN_SHARE_MIN, 1 << 20)
@@ -106,9 +109,11 @@ fn plain_share_min(l2: Option<u64>, copy_rate: Option<f64>) -> u64 {
 const MIN_SHARE_MIN: u64 = 64 << 10;
 /// A copy that one core takes longer than this for is worth sharing with another (see
 /// [`plain_share_min`]: 512 KiB at 35-39 GB/s, 13-15 µs, gained 15-30 %; 256 KiB at the same
-/// rate, 6.7-7.5 µs, gained a few per cent for a tail four times as long; 256 KiB at 95 GB/s,
-/// 2.8 µs, lost).
-const SHARE_COPY_TIME: Duration = Duration::from_micros(8);
+/// rate, 6.7-7.5 µs, gained 20-30 % once one copy thread served the copies; 128 KiB, 3.3 µs,
+/// gained nothing; 256 KiB at 95 GB/s, 2.8 µs, lost). The threshold is the largest power of
+/// two copied within this time, so the shared copies are those that take from about 3 to
+/// 6 µs upwards, whatever the probe's error within a factor of two.
+const SHARE_COPY_TIME: Duration = Duration::from_micros(6);
 
 /// The threshold where sysfs does not tell the L2's size.
 const PLAIN_SHARE_MIN_UNKNOWN_L2: u64 = 128 << 10;
@@ -687,6 +692,19 @@ fn take_from(taken: &AtomicU64, len: usize, end: End) -> Option<usize> {
 /// still awake.
 const COPY_THREAD_SPIN: Duration = Duration::from_micros(100);
 
+/// How many copy threads serve the shared copies: as many as are asked to help with one
+/// (`configured`, the engine's I/O threads), but no more than leave a core to the
+/// submitting thread. The copy threads take the queue in turn: one waits for the next copy
+/// (spinning for [`COPY_THREAD_SPIN`], then asleep) while the others sleep on the queue's
+/// lock, and the one that takes a copy lets the next waiter in. With more threads than
+/// the helpers a copy asks for, that next waiter spins beside the two threads copying: on
+/// 2 cores, with two copy threads, a third thread runnable on every shared copy. Measured
+/// on a 2-vCPU Xeon VM (tebench shm WRITE 256 KiB, 1 thread, shared in halves): 30-37 GB/s
+/// and a P99 of 34-38 µs with two copy threads, 41.5-42.5 GB/s and a P99 of 10 µs with one.
+fn copy_thread_count(configured: usize, cores: usize) -> usize {
+    configured.min(cores.saturating_sub(1)).max(1)
+}
+
 /// The next shared copy for a copy thread: looked for during [`COPY_THREAD_SPIN`], then
 /// waited for. An error once the transport shut down.
 fn next_shared(
@@ -728,8 +746,8 @@ pub struct ShmTransport {
     /// Where shared copies are offered to the copy threads; `None` once shut down.
     jobs: Mutex<Option<mpsc::Sender<Arc<Shared>>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Copy threads asked to help with one shared copy: as many as leave a core to the
-    /// submitting thread.
+    /// Copy threads asked to help with one shared copy: all of them
+    /// ([`copy_thread_count`]).
     helpers: usize,
     rt: Handle,
     shutdown: CancellationToken,
@@ -752,8 +770,8 @@ impl ShmTransport {
         let (tx, rx) = mpsc::channel::<Arc<Shared>>();
         let rx = Arc::new(Mutex::new(rx));
         let mut threads = Vec::new();
-        let copy_threads = copy_threads.max(1);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let copy_threads = copy_thread_count(copy_threads, cores);
         for i in 0..copy_threads {
             let rx = rx.clone();
             let handle = std::thread::Builder::new()
@@ -798,7 +816,7 @@ impl ShmTransport {
             closed: AtomicBool::new(false),
             jobs: Mutex::new(Some(tx)),
             threads: Mutex::new(threads),
-            helpers: copy_threads.min(cores.saturating_sub(1)).max(1),
+            helpers: copy_threads,
             large_copiers: LargeCopiers::new(),
             cores,
             plain_share_min: share_min,
@@ -1356,6 +1374,17 @@ mod tests {
     }
 
     #[test]
+    fn copy_threads_leave_a_core_to_the_submitting_thread() {
+        // The default (2 I/O threads) on 2 cores: one copy thread, no third spinner.
+        assert_eq!(copy_thread_count(2, 2), 1);
+        assert_eq!(copy_thread_count(2, 8), 2);
+        assert_eq!(copy_thread_count(8, 4), 3);
+        // Always one, even on one core (a copy thread that wakes late only finds less).
+        assert_eq!(copy_thread_count(2, 1), 1);
+        assert_eq!(copy_thread_count(0, 16), 1);
+    }
+
+    #[test]
     fn plain_copies_are_halved_up_to_two_chunks_then_cut_in_chunks() {
         assert_eq!(plain_job(256 << 10), 128 << 10);
         assert_eq!(plain_job((256 << 10) + 1), (128 << 10) + 4096);
@@ -1375,11 +1404,14 @@ mod tests {
     }
 
     #[test]
-    fn copies_are_shared_above_what_a_core_copies_in_eight_microseconds() {
+    fn copies_are_shared_above_what_a_core_copies_in_six_microseconds() {
         // The machines measured (bytes per ns within the L2): a Xeon with 2 MiB L2s shares
-        // above 256 KiB where the L2's size alone said 512 KiB; a Zen 5 core, fast enough
-        // to copy 512 KiB alone, keeps the L2's threshold; so does a Zen 3.
-        assert_eq!(plain_share_min(Some(2 << 20), Some(39.0)), 256 << 10);
+        // above 128 KiB where the L2's size alone said 512 KiB, whether its probe reads
+        // 25 or 40; a Zen 5 core, fast enough to copy 256 KiB alone, keeps the L2's
+        // threshold; so does a Zen 3.
+        assert_eq!(plain_share_min(Some(2 << 20), Some(39.0)), 128 << 10);
+        assert_eq!(plain_share_min(Some(2 << 20), Some(25.0)), 128 << 10);
+        assert_eq!(plain_share_min(Some(2 << 20), Some(44.0)), 256 << 10);
         assert_eq!(plain_share_min(Some(1 << 20), Some(95.0)), 256 << 10);
         assert_eq!(plain_share_min(Some(512 << 10), Some(35.0)), 128 << 10);
         // Whatever the rate, never below 64 KiB; a rate that is no positive number counts
