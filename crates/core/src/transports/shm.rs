@@ -694,22 +694,27 @@ const COPY_THREAD_SPIN: Duration = Duration::from_micros(100);
 
 /// How many copy threads serve the shared copies: as many as are asked to help with one
 /// (`configured`, the engine's I/O threads), but no more than leave a core to the
-/// submitting thread. The copy threads take the queue in turn: one waits for the next copy
-/// (spinning for [`COPY_THREAD_SPIN`], then asleep) while the others sleep on the queue's
-/// lock, and the one that takes a copy lets the next waiter in. With more threads than
-/// the helpers a copy asks for, that next waiter spins beside the two threads copying: on
-/// 2 cores, with two copy threads, a third thread runnable on every shared copy. Measured
-/// on a 2-vCPU Xeon VM (tebench shm WRITE 256 KiB, 1 thread, shared in halves): 30-37 GB/s
-/// and a P99 of 34-38 µs with two copy threads, 41.5-42.5 GB/s and a P99 of 10 µs with one.
+/// submitting thread. A copy thread beyond that has no core of its own: it only takes
+/// turns with the threads that copy. On 2 cores with two copy threads, the second slept
+/// on the queue's lock and was woken each time the first let go of it (a futex wake on
+/// the copying thread's path), only to find it taken again: a third runnable thread on
+/// every shared copy. Measured on a 2-vCPU Xeon VM (tebench shm WRITE 256 KiB, 1 thread,
+/// shared in halves): 30-37 GB/s and a P99 of 34-38 µs with two copy threads, 41.5-42.5
+/// GB/s and a P99 of 10 µs with one.
 fn copy_thread_count(configured: usize, cores: usize) -> usize {
     configured.min(cores.saturating_sub(1)).max(1)
 }
 
 /// The next shared copy for a copy thread: looked for during [`COPY_THREAD_SPIN`], then
 /// waited for. An error once the transport shut down.
-fn next_shared(
-    rx: &mpsc::Receiver<Arc<Shared>>,
-) -> std::result::Result<Arc<Shared>, mpsc::RecvError> {
+///
+/// One copy thread at a time looks, holding the queue's lock; the lock is let go before
+/// the copy is returned, so that another copy thread takes the next copy (or the next
+/// helper's turn at this one) while this one copies. Held through the copy, as it was
+/// when the caller locked the queue in a `match` on this call, it left one copy thread
+/// copying at a time, however many a copy asked to help.
+fn next_shared<T>(queue: &Mutex<mpsc::Receiver<T>>) -> std::result::Result<T, mpsc::RecvError> {
+    let rx = queue.lock().unwrap_or_else(|p| p.into_inner());
     let until = std::time::Instant::now() + COPY_THREAD_SPIN;
     // The clock is read every few tries only: a look at the queue costs a few
     // nanoseconds, a clock read several times that, and the sooner a copy is seen the
@@ -776,12 +781,10 @@ impl ShmTransport {
             let rx = rx.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("ferry-shm-copy-{i}"))
-                .spawn(move || loop {
-                    match next_shared(&rx.lock().unwrap_or_else(|p| p.into_inner())) {
-                        Ok(shared) => {
-                            shared.work(u64::MAX, End::Back);
-                        }
-                        Err(_) => return, // the transport shut down
+                .spawn(move || {
+                    // Until the transport shuts down.
+                    while let Ok(shared) = next_shared(&rx) {
+                        shared.work(u64::MAX, End::Back);
                     }
                 })
                 .map_err(|e| Error::io("start shm copy thread", &e))?;
@@ -1382,6 +1385,28 @@ mod tests {
         // Always one, even on one core (a copy thread that wakes late only finds less).
         assert_eq!(copy_thread_count(2, 1), 1);
         assert_eq!(copy_thread_count(0, 16), 1);
+    }
+
+    #[test]
+    fn a_copy_thread_lets_go_of_the_queue_while_it_copies() {
+        ferry_testkit::within(Duration::from_secs(10), "copy threads' queue", || {
+            let (tx, rx) = mpsc::channel::<u32>();
+            let queue = Arc::new(Mutex::new(rx));
+            tx.send(1).expect("send");
+            tx.send(2).expect("send");
+            // This thread took a copy and is still copying it: another copy thread takes
+            // the next one meanwhile.
+            let taken = next_shared(&queue).expect("first");
+            let other = {
+                let queue = queue.clone();
+                std::thread::spawn(move || next_shared(&queue))
+            };
+            assert_eq!(other.join().expect("join").expect("second"), 2);
+            assert_eq!(taken, 1);
+            // Shut down: a waiting copy thread hears it.
+            drop(tx);
+            assert!(next_shared(&queue).is_err());
+        });
     }
 
     #[test]
