@@ -145,6 +145,7 @@ const SHARE_MIN: u64 = 256 << 10;
 fn hands_off(length: u64, more_follow: bool, helpers: usize, polled: bool) -> bool {
     more_follow && length > SHARE_MIN && (helpers > 1 || !polled)
 }
+
 /// A gather (`request::Gather`) above this size is copied by the submitting thread and
 /// the copy threads together ([`Shared`]). Its spans are scattered small copies, bound by
 /// memory latency more than bandwidth, so a second core nearly doubles the rate: a C loop
@@ -958,15 +959,16 @@ impl ShmTransport {
 
     fn submit_attempt(&self, a: &Attempt) -> Result<()> {
         let req = a.task.request();
+        let observer = a.task.observer();
         self.with_target(req, |peer, mapping| {
             let Sharing {
                 shared,
                 hand_off,
                 run,
-            } = self.sharing(req, a.more_follow, a.task.observer() == Observer::Poll);
+            } = self.sharing(req, a.more_follow, observer == Observer::Poll);
             // What this thread may copy itself: a Promise's caller is a JS thread, which
             // a long copy would block.
-            let budget = match (hand_off, a.task.observer()) {
+            let budget = match (hand_off, observer) {
                 (true, _) => 0,
                 (false, Observer::Poll) => POLLED_INLINE_COPY_MAX,
                 (false, Observer::Progress) => INLINE_COPY_MAX,
@@ -1396,7 +1398,7 @@ mod tests {
 
     #[test]
     fn copy_threads_leave_a_core_to_the_submitting_thread() {
-        // The default (2 I/O threads) on 2 cores: one copy thread, no third spinner.
+        // The default (2 I/O threads) on 2 cores: one copy thread, none taking turns with it.
         assert_eq!(copy_thread_count(2, 2), 1);
         assert_eq!(copy_thread_count(2, 8), 2);
         assert_eq!(copy_thread_count(8, 4), 3);
