@@ -7,12 +7,25 @@
 import * as fs from 'node:fs'
 import * as path from 'node:path'
 
-/** The napi target triples of the package (package.json `napi.targets`), as platform names. */
+/**
+ * The napi target triples of the package (package.json `napi.targets`), as platform names:
+ * `<system>-<arch>[-<abi>]`, x86_64-unknown-linux-gnu as linux-x64-gnu.
+ */
 export function platformName(triple: string): string {
   const [cpu, , system, abi] = triple.split('-')
   const arch = cpu === 'x86_64' ? 'x64' : cpu === 'aarch64' ? 'arm64' : cpu
-  if (system === 'darwin') return `darwin-${arch}`
   return abi === undefined ? `${system}-${arch}` : `${system}-${arch}-${abi}`
+}
+
+/** A platform name in words: linux-x64-gnu as "Linux x64 with glibc". */
+export function describePlatform(platform: string): string {
+  const [system, arch, abi] = platform.split('-')
+  const libc = abi === 'gnu' ? ' with glibc' : abi === 'musl' ? ' with musl' : abi === undefined ? '' : ` (${abi})`
+  return `${systemName(system)} ${arch}${libc}`
+}
+
+function systemName(system: string): string {
+  return system === 'linux' ? 'Linux' : system === 'darwin' ? 'macOS' : system === 'win32' ? 'Windows' : system
 }
 
 /** This machine's platform name, as the platform packages are named. */
@@ -33,6 +46,10 @@ export function bindingError(manifest: Manifest, host: string, cause: unknown): 
   const name = manifest.name ?? 'ferry-engine'
   const version = manifest.version ?? 'latest'
   const platforms = (manifest.napi?.targets ?? []).map(platformName)
+  // The systems the core builds on at all (Linux: it uses memfd_create, file seals and robust
+  // futex lists); on another one there is nothing to build from source either.
+  const systems = [...new Set(platforms.map((p) => p.split('-')[0]))]
+  const hostSystem = host.split('-')[0]
   const build = 'or build it from source (Node >= 20, a Rust toolchain and a C compiler: `npm install` in a clone of the repository)'
   const lines = platforms.includes(host)
     ? [
@@ -42,8 +59,13 @@ export function bindingError(manifest: Manifest, host: string, cause: unknown): 
         build + '.',
       ]
     : [
-        `${name}: no prebuilt native addon for ${host}; prebuilt packages exist for ${platforms.join(', ') || 'no platform'}.`,
-        `On ${host}, build it from source: Node >= 20, a Rust toolchain and a C compiler, then \`npm install\` in a clone of the repository.`,
+        `${name}: unsupported platform ${host}: no prebuilt native addon for it.`,
+        platforms.length > 0
+          ? `Supported platforms: ${platforms.map(describePlatform).join(', ')} (prebuilt packages ${platforms.join(', ')}).`
+          : 'Supported platforms: none listed (package.json has no napi.targets).',
+        systems.length === 0 || systems.includes(hostSystem)
+          ? `On ${host}, build it from source: Node >= 20, a Rust toolchain and a C compiler, then \`npm install\` in a clone of the repository.`
+          : `${name} runs on ${systems.map(systemName).join(', ')} only: its native core does not build on ${systemName(hostSystem)}.`,
       ]
   const reasons = loadReasons(cause)
   if (reasons.length > 0) lines.push(`Load errors: ${reasons.join('; ')}`)

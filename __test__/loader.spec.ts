@@ -4,23 +4,46 @@ import test from 'ava'
 import * as fs from 'node:fs'
 import * as os from 'node:os'
 import * as path from 'node:path'
-import { bindingError, hostPlatform, loadBinding, platformName } from '../loader'
+import { bindingError, describePlatform, hostPlatform, loadBinding, platformName } from '../loader'
 
 const root = path.join(__dirname, '..')
 const manifest = JSON.parse(fs.readFileSync(path.join(root, 'package.json'), 'utf8')) as {
   name: string
   version: string
+  os: string[]
+  cpu: string[]
   napi: { targets: string[] }
 }
 
-test('every napi target has its package under npm/, named after its platform', (t) => {
+// What npm reads to decide where a package installs: os, cpu and libc, as in process.platform,
+// process.arch and npm's libc names.
+const libcOf: Record<string, string> = { gnu: 'glibc', musl: 'musl' }
+
+test('every napi target has its package under npm/, named after its platform, with its os, cpu and libc', (t) => {
   for (const triple of manifest.napi.targets) {
     const platform = platformName(triple)
-    const sub = JSON.parse(fs.readFileSync(path.join(root, 'npm', platform, 'package.json'), 'utf8')) as { name: string; main: string }
+    const [system, arch, abi] = platform.split('-')
+    const sub = JSON.parse(fs.readFileSync(path.join(root, 'npm', platform, 'package.json'), 'utf8')) as {
+      name: string
+      main: string
+      os?: string[]
+      cpu?: string[]
+      libc?: string[]
+    }
     t.is(sub.name, `${manifest.name}-${platform}`, triple)
     t.is(sub.main, `ferry.${platform}.node`, triple)
+    t.deepEqual(sub.os, [system], triple)
+    t.deepEqual(sub.cpu, [arch], triple)
+    t.deepEqual(sub.libc, abi === undefined ? undefined : [libcOf[abi]], triple)
   }
   t.deepEqual(manifest.napi.targets.map(platformName).sort(), fs.readdirSync(path.join(root, 'npm')).sort())
+})
+
+test("the main package's os and cpu are exactly those of its targets (Linux x64 and arm64 only)", (t) => {
+  const platforms = manifest.napi.targets.map(platformName)
+  t.deepEqual(platforms, ['linux-x64-gnu', 'linux-arm64-gnu'])
+  t.deepEqual([...manifest.os].sort(), [...new Set(platforms.map((p) => p.split('-')[0]))].sort())
+  t.deepEqual([...manifest.cpu].sort(), [...new Set(platforms.map((p) => p.split('-')[1]))].sort())
 })
 
 test('this machine is named as its platform package is (the test machines run glibc)', (t) => {
@@ -36,11 +59,31 @@ test('a supported platform without its package: the package to install and the l
   t.is(e.cause, napiError)
 })
 
-test('an unsupported platform: the platforms that exist and building from source', (t) => {
+test('an unsupported Linux: the supported platforms and building from source', (t) => {
   const e = bindingError(manifest, 'linux-x64-musl', new Error('Cannot find native binding.'))
-  t.regex(e.message, /no prebuilt native addon for linux-x64-musl/)
-  t.regex(e.message, /linux-x64-gnu, linux-arm64-gnu, darwin-arm64, darwin-x64/)
+  t.regex(e.message, /unsupported platform linux-x64-musl: no prebuilt native addon/)
+  t.true(e.message.includes('Supported platforms: Linux x64 with glibc, Linux arm64 with glibc (prebuilt packages linux-x64-gnu, linux-arm64-gnu).'))
   t.regex(e.message, /build it from source/)
+  t.false(e.message.includes('npm install ferry-engine-'))
+})
+
+test('macOS (and any other system): unsupported, the supported platforms, and no build from source', (t) => {
+  for (const host of ['darwin-arm64', 'darwin-x64', 'win32-x64']) {
+    const e = bindingError(manifest, host, new Error('Cannot find native binding.'))
+    t.regex(e.message, new RegExp(`unsupported platform ${host}: no prebuilt native addon`), host)
+    t.true(e.message.includes('Supported platforms: Linux x64 with glibc, Linux arm64 with glibc'), host)
+    t.regex(e.message, /runs on Linux only: its native core does not build on (macOS|Windows)\./, host)
+    t.false(e.message.includes('build it from source'), host)
+    t.false(e.message.includes('npm install ferry-engine-'), host)
+  }
+})
+
+test('platform names in words', (t) => {
+  t.is(describePlatform('linux-x64-gnu'), 'Linux x64 with glibc')
+  t.is(describePlatform('linux-arm64-musl'), 'Linux arm64 with musl')
+  t.is(describePlatform('darwin-arm64'), 'macOS arm64')
+  t.is(platformName('aarch64-unknown-linux-gnu'), 'linux-arm64-gnu')
+  t.is(platformName('aarch64-apple-darwin'), 'darwin-arm64')
 })
 
 test("loadBinding turns napi's failure into that error and passes other errors through", (t) => {

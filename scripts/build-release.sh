@@ -17,7 +17,6 @@ case "$(uname -s)-$(uname -m)" in
   Linux-aarch64) triple=aarch64-unknown-linux-gnu platform=linux-arm64-gnu ;;
   *) echo "build-release: builds the Linux glibc addons, on a Linux x86_64 or aarch64 host" >&2; exit 1 ;;
 esac
-multiarch=/usr/include/$(uname -m)-linux-gnu
 
 if ! command -v cargo-zigbuild >/dev/null || ! { command -v zig >/dev/null || python3 -m ziglang version >/dev/null 2>&1; }; then
   venv=target/zig-venv
@@ -29,20 +28,15 @@ if ! command -v cargo-zigbuild >/dev/null || ! { command -v zig >/dev/null || py
   PATH="$(pwd)/$venv/bin:$PATH"
 fi
 
-# rdma-sys generates its bindings (bindgen) from this machine's rdma-core headers.
-# cargo-zigbuild points bindgen at zig's libc headers only (-nostdinc), where the multiarch
-# glibc headers those include and clang's own stddef.h are missing: add both. Only the
-# declarations come from them (the same on every glibc of this architecture); the addon loads
-# libibverbs with dlopen at run time. The variable's name has dashes, so it is passed with
-# env(1) and napi runs without a shell in between (sh drops such names).
-clang_include=$(ls -d /usr/lib/llvm-*/lib/clang/*/include 2>/dev/null | sort -V | tail -1)
-[ -n "$clang_include" ] || { echo "build-release: no libclang headers (Debian: libclang-dev)" >&2; exit 1; }
-
-env "BINDGEN_EXTRA_CLANG_ARGS_$triple=-I$multiarch -isystem $clang_include" \
-  node_modules/.bin/napi build --platform --release --strip --cross-compile \
+# rdma-sys's bindings are committed (vendor/rdma-sys), so no bindgen runs: no system header
+# is needed here beyond what zig brings.
+node_modules/.bin/napi build --platform --release --strip --cross-compile \
   --target "$triple.$floor" --manifest-path crates/node/Cargo.toml \
   --output-dir . --js binding.cjs --dts binding.d.ts
 
 addon=ferry.$platform.node
 max=$(objdump -T "$addon" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)
 echo "build-release: $addon needs glibc $max (floor $floor), $(stat -c %s "$addon") bytes"
+# Its npm package (npm/<platform>/README.md) claims the floor: no newer glibc symbol ships.
+[ "$(printf '%s\n%s\n' "$max" "$floor" | sort -V | tail -1)" = "$floor" ] ||
+  { echo "build-release: $addon needs glibc $max, newer than the floor $floor" >&2; exit 1; }
