@@ -8,12 +8,13 @@ import test, { type ExecutionContext } from 'ava'
 import * as fs from 'node:fs'
 import * as path from 'node:path'
 import { Engine, type EngineOptions, type FerryError, type FerryErrorCode } from '../index'
-import { enableAuth, makePki, startEtcd, stopAllEtcd, type EtcdServer, type Pki } from './etcd'
+import { enableAuth, makePki, startEtcd, stopAllEtcd, testWithEtcd, type EtcdServer, type Pki } from './etcd'
 
 test.after.always(stopAllEtcd)
 
 const USER = 'ferry'
 const PASSWORD = 'correct horse battery staple'
+const etcdTest = testWithEtcd({ tls: true })
 
 let secured: Promise<{ etcd: EtcdServer; pki: Pki; passwordFile: string }> | undefined
 
@@ -36,7 +37,7 @@ async function refused(t: ExecutionContext, options: EngineOptions, code: FerryE
   t.regex(err?.message ?? '', cause)
 }
 
-test('the right CA, client certificate and password: publish and open by name over TLS', async (t) => {
+etcdTest('the right CA, client certificate and password: publish and open by name over TLS', async (t) => {
   t.timeout(60_000)
   const { etcd, pki, passwordFile } = await securedEtcd()
   const tls = { etcdCaFile: pki.ca, etcdCertFile: pki.clientCert, etcdKeyFile: pki.clientKey }
@@ -64,7 +65,7 @@ test('the right CA, client certificate and password: publish and open by name ov
   }
 })
 
-test('a wrong CA, no client certificate, a wrong password or plain text fail with ERR_FERRY_METADATA', async (t) => {
+etcdTest('a wrong CA, no client certificate, a wrong password or plain text fail with ERR_FERRY_METADATA', async (t) => {
   t.timeout(60_000)
   const { etcd, pki, passwordFile } = await securedEtcd()
   const other = makePki('some-other-ca', true)

@@ -3,7 +3,7 @@ import test from 'ava'
 import { createHash } from 'node:crypto'
 import * as net from 'node:net'
 import { Engine, type EngineEvent, type FerryError } from '../index'
-import { startEtcd, stopAllEtcd } from './etcd'
+import { startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
 import { delay, killAll, startTarget } from './helpers'
 import { pattern } from './fixtures/pattern'
 
@@ -14,8 +14,9 @@ test.after.always(() => {
 
 const MiB = 1 << 20
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex')
+const etcdTest = testWithEtcd()
 
-test('a target process registered under a logical name is opened through etcd, written and verified', async (t) => {
+etcdTest('a target process registered under a logical name is opened through etcd, written and verified', async (t) => {
   t.timeout(60_000)
   const etcd = await startEtcd()
   const target = await startTarget({
@@ -53,7 +54,7 @@ test('a target process registered under a logical name is opened through etcd, w
   }
 })
 
-test('SIGKILL in etcd mode: peerLost through the control connection at once, and the lease expires too', async (t) => {
+etcdTest('SIGKILL in etcd mode: peerLost through the control connection at once, and the lease expires too', async (t) => {
   t.timeout(60_000)
   const etcd = await startEtcd()
   const target = await startTarget({
@@ -97,7 +98,7 @@ test('SIGKILL in etcd mode: peerLost through the control connection at once, and
   }
 })
 
-test('a hung target (SIGSTOP) that the control link would not notice for a minute is lost through lease expiry', async (t) => {
+etcdTest('a hung target (SIGSTOP) that the control link would not notice for a minute is lost through lease expiry', async (t) => {
   t.timeout(60_000)
   const etcd = await startEtcd()
   const target = await startTarget({
@@ -126,7 +127,7 @@ test('a hung target (SIGSTOP) that the control link would not notice for a minut
   }
 })
 
-test('a name is one engine\'s: a second live engine cannot take it, a restarted one takes over at once', async (t) => {
+etcdTest('a name is one engine\'s: a second live engine cannot take it, a restarted one takes over at once', async (t) => {
   t.timeout(60_000)
   const etcd = await startEtcd()
   const target = await startTarget({

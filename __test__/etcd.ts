@@ -6,7 +6,11 @@
  * With `tls`, it serves clients over TLS with `--client-cert-auth` (certificates made by
  * `makePki` with the openssl CLI) and reports health on a plain-http metrics port;
  * `enableAuth` then turns on its username/password auth through the JSON gateway.
+ *
+ * Where etcd (or, for TLS, openssl) is not installed, `testWithEtcd` registers the tests
+ * that need it as skipped, saying why; under CI it fails instead (`etcdUnavailable`).
  */
+import test, { type ImplementationFn } from 'ava'
 import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import * as fs from 'node:fs'
 import * as https from 'node:https'
@@ -23,6 +27,52 @@ export interface EtcdServer {
   pid: number
   /** Kills the server by pid (SIGKILL), waits for it, removes its data directory. */
   stop(): Promise<void>
+}
+
+/** Whether this runs under CI: `CI` set to anything but empty, `false` or `0`. */
+function onCi(): boolean {
+  const ci = (process.env.CI ?? '').trim().toLowerCase()
+  return ci !== '' && ci !== 'false' && ci !== '0'
+}
+
+/** Why `cmd args` does not run here, or undefined if it does. */
+function notRunning(cmd: string, args: string[]): string | undefined {
+  const r = spawnSync(cmd, args, { stdio: 'ignore', timeout: 10_000 })
+  const code = (r.error as NodeJS.ErrnoException | undefined)?.code
+  if (code === 'ENOENT') return `\`${cmd}\` is not installed`
+  if (r.error) return `\`${cmd}\` cannot be started (${code ?? r.error.message})`
+  if (r.status !== 0) return `\`${cmd} ${args.join(' ')}\` exited with ${r.status ?? r.signal}`
+  return undefined
+}
+
+/**
+ * Why the cluster-mode tests cannot run here (`etcd` does not run; with `tls`, neither may
+ * the openssl CLI that `makePki` uses), or undefined if they can.
+ *
+ * Under CI (`CI` set, other than empty, `false` or `0`) it throws instead: CI installs both,
+ * and there these tests must fail, never be skipped.
+ */
+export function etcdUnavailable(options: { tls?: boolean } = {}): string | undefined {
+  const needs: Array<[cmd: string, args: string[], install: string]> = [['etcd', ['--version'], 'etcd-server']]
+  if (options.tls) needs.push(['openssl', ['version'], 'openssl'])
+  for (const [cmd, args, install] of needs) {
+    const why = notRunning(cmd, args)
+    if (!why) continue
+    if (onCi()) throw new Error(`${why}: CI must have it to run the cluster-mode tests (install ${install})`)
+    return `${why} (install ${install}, or set CI to make this a failure)`
+  }
+  return undefined
+}
+
+/**
+ * `test` for the tests that start etcd (with `tls`, one with certificates from `makePki`):
+ * where `etcdUnavailable` gives a reason, each is registered as a `test.skip` whose title
+ * ends with it, as the netns tests do for `netnsUnavailable`.
+ */
+export function testWithEtcd(options: { tls?: boolean } = {}): (title: string, implementation: ImplementationFn<[]>) => void {
+  const why = etcdUnavailable(options)
+  if (!why) return test
+  return (title) => test.skip(`${title} (skipped: ${why})`, (t) => t.pass())
 }
 
 const live = new Set<{ proc: ChildProcess; dir: string }>()

@@ -9,7 +9,7 @@ import { delay, killAll, spawnNode, startTarget, type TargetProcess } from './he
 import * as path from 'node:path'
 import * as readline from 'node:readline'
 import { createNetwork, netnsUnavailable, sweep, type Network } from '../support/netns'
-import { startEtcd, stopAllEtcd } from './etcd'
+import { startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
 import { createHash, randomBytes } from 'node:crypto'
 import * as fs from 'node:fs'
 import * as os from 'node:os'
@@ -26,6 +26,7 @@ fs.writeFileSync(SECRET_FILE, randomBytes(32).toString('hex'), { mode: 0o600 })
 process.env.FERRY_AUTH_SECRET_FILE = SECRET_FILE
 process.on('exit', () => fs.rmSync(SECRET_FILE, { force: true }))
 const skip = netnsUnavailable()
+const etcdTest = testWithEtcd()
 
 /** A network and a target inside namespace b; both removed in teardown, also on failure. */
 async function setUp(t: ExecutionContext, peerTimeoutMs: number): Promise<{ net: Network; target: TargetProcess; engine: Engine }> {
@@ -156,7 +157,7 @@ if (skip) {
     t.true(back.buffer.equals(local.buffer.subarray(0, MiB)))
   })
 
-  test('cluster mode across namespaces: found through etcd by name, link down → FAILED and peerLost, link up → recovered', async (t) => {
+  etcdTest('cluster mode across namespaces: found through etcd by name, link down → FAILED and peerLost, link up → recovered', async (t) => {
     t.timeout(90_000)
     const net = createNetwork()
     t.teardown(() => net.destroy())

@@ -12,7 +12,7 @@ import * as path from 'node:path'
 import * as readline from 'node:readline'
 import { parseFlags, UsageError } from '../bench/options'
 import { OPTIONS, parseConfig, stripeLength } from '../bench/tebench'
-import { enableAuth, makePki, startEtcd, stopAllEtcd } from './etcd'
+import { enableAuth, makePki, startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
 import { delay, killAll, spawnNode } from './helpers'
 import { createNetwork, netnsUnavailable, sweep } from '../support/netns'
 
@@ -379,7 +379,8 @@ async function startTarget(args: string[], prefix: string[]) {
   return { proc, command, segment: /--target_seg_name=(\S+)/.exec(command)![1] }
 }
 
-test('an etcd with TLS and password auth: target and initiator on loopback with --etcd_* flags, exit 0', async (t) => {
+const etcdTlsTest = testWithEtcd({ tls: true })
+etcdTlsTest('an etcd with TLS and password auth: target and initiator on loopback with --etcd_* flags, exit 0', async (t) => {
   t.timeout(120_000)
   const pki = makePki()
   const etcd = await startEtcd(20_000, '127.0.0.1', { ca: pki.ca, serverCert: pki.serverCert, serverKey: pki.serverKey })
@@ -415,8 +416,10 @@ const skip = netnsUnavailable()
 if (skip) {
   test.skip(`two-host tebench tests skipped: ${skip}`, (t) => t.pass())
 } else {
+  const etcdTest = testWithEtcd()
   for (const metadata of ['p2p', 'etcd'] as const) {
-    test(`two hosts (${metadata}): write, read and mix with --check_consistency=true over tcp, exit 0; another secret file, exit 1`, async (t) => {
+    const register: typeof etcdTest = metadata === 'etcd' ? etcdTest : test
+    register(`two hosts (${metadata}): write, read and mix with --check_consistency=true over tcp, exit 0; another secret file, exit 1`, async (t) => {
       t.timeout(150_000)
       const net = createNetwork()
       t.teardown(() => net.destroy())

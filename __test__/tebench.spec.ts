@@ -3,7 +3,7 @@ import test from 'ava'
 import type { ChildProcess } from 'node:child_process'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
-import { startEtcd, stopAllEtcd } from './etcd'
+import { startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
 import { delay, killAll, spawnNode } from './helpers'
 
 const TEBENCH = path.join(__dirname, '..', 'bench', 'tebench.ts')
@@ -292,7 +292,8 @@ test('--local --op_type=mix --check_consistency exits 0', async (t) => {
   t.is((r.stdout.match(/^\s+1048576 \|/gm) ?? []).length, 2, r.stdout)
 })
 
-test('etcd: a target registered under --local_server_name is benchmarked by name, data verified', async (t) => {
+const etcdTest = testWithEtcd()
+etcdTest('etcd: a target registered under --local_server_name is benchmarked by name, data verified', async (t) => {
   t.timeout(210_000)
   const etcd = await startEtcd()
   const meta = ['--metadata_type=etcd', `--metadata_url_list=${etcd.clientUrl}`]

@@ -12,7 +12,7 @@ use ferry_core::{
     Engine, EngineConfig, EngineEvent, EtcdConfig, Opcode, Region, Request, TransferStatus,
     TransportKind,
 };
-use ferry_testkit::{bytes_at, etcd_healthy, fill, request, spawn_etcd};
+use ferry_testkit::{bytes_at, etcd_healthy, fill, request, skip_without_etcd, spawn_etcd};
 
 /// A throwaway single-member etcd on free loopback ports. Killed by pid and its data
 /// directory removed on drop; `stop` and `start` restart it on the same ports and data.
@@ -171,6 +171,7 @@ fn write_and_verify(initiator: &Engine, seg: u64, remote: &Region, seed: u8) {
 
 #[test]
 fn open_by_logical_name_and_transfer() {
+    skip_without_etcd!();
     let etcd = Etcd::new();
     let target = Engine::new(config(&etcd, Some("prefill-0"))).expect("target");
     assert_eq!(target.segment_name(), "prefill-0");
@@ -204,6 +205,7 @@ fn open_by_logical_name_and_transfer() {
 
 #[test]
 fn lease_expiry_declares_the_peer_lost_and_republishing_brings_it_back() {
+    skip_without_etcd!();
     let etcd = Etcd::new();
     let target = Engine::new(config(&etcd, Some("decode-0"))).expect("target");
     let remote = target.allocate(64 << 10).expect("remote");
@@ -243,6 +245,7 @@ fn lease_expiry_declares_the_peer_lost_and_republishing_brings_it_back() {
 
 #[test]
 fn re_registration_refreshes_the_peer_and_transfers_resume() {
+    skip_without_etcd!();
     let etcd = Etcd::new();
     let first = Engine::new(config(&etcd, Some("kv-0"))).expect("first");
     let _old = first.allocate(64 << 10).expect("old buffer");
@@ -297,6 +300,7 @@ fn unreachable_etcd_fails_engine_start_with_a_clear_error() {
 
 #[test]
 fn an_etcd_outage_spares_transfers_and_cached_segments_and_ends_when_etcd_returns() {
+    skip_without_etcd!();
     let mut etcd = Etcd::new();
     let target = Engine::new(config(&etcd, Some("big"))).expect("target");
     let late = Engine::new(config(&etcd, Some("late"))).expect("late");

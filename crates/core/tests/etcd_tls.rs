@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions, Identity, Permission, TlsOptions};
 use ferry_core::{Engine, EngineConfig, EtcdAuth, EtcdConfig, EtcdTls, TransportKind};
-use ferry_testkit::{etcd_healthy, spawn_etcd, within};
+use ferry_testkit::{etcd_healthy, skip_without_etcd, spawn_etcd, within};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
 const USER: &str = "ferry";
@@ -209,6 +209,7 @@ fn refused(cfg: EngineConfig, causes: &[&str]) {
 
 #[test]
 fn tls_and_password_auth_against_a_real_etcd() {
+    skip_without_etcd!();
     let pki = pki();
     let etcd = TlsEtcd::start(&pki);
     enable_auth(&pki, etcd.client_port);

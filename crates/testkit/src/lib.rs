@@ -9,7 +9,9 @@
 //! - [`user_region`]: registered (leaked) user memory with a chosen access;
 //! - [`request`], [`wait_batch`], [`one`]: requests and bounded waits on their outcome;
 //! - [`notes`]: a target-side notification handler that checks the data is in place;
-//! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness.
+//! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness;
+//!   [`skip_without_etcd!`], [`etcd_missing`]: skip a test where etcd is not installed
+//!   (outside CI; under CI that fails it).
 
 mod etcd;
 pub mod notes;
@@ -17,7 +19,7 @@ mod pair;
 mod region;
 mod wait;
 
-pub use etcd::{etcd_healthy, spawn_etcd};
+pub use etcd::{etcd_healthy, etcd_missing, spawn_etcd};
 pub use pair::{request, Pair};
 pub use region::{bytes_at, bytes_of, fill, user_region};
 pub use wait::{one, wait_batch, within};
