@@ -108,7 +108,7 @@ export declare class NativeEngine {
   allocate(bytes: number): RegionInfo
   /**
    * A Buffer over `[offset, offset + length)` of an engine-owned region (at most
-   * 4 GiB: one Buffer's limit).
+   * one Buffer's limit, Node's `buffer.constants.MAX_LENGTH`: 4 GiB on Node 20).
    */
   regionView(handle: number, offset: number, length: number): Buffer
   /**

@@ -5,6 +5,7 @@
  * This module wraps the native binding with Node conventions: Promises, AbortSignal,
  * events, and errors that carry a stable `code`.
  */
+import { constants as bufferConstants } from 'node:buffer'
 import { EventEmitter } from 'node:events'
 import * as path from 'node:path'
 import type * as Native from './binding'
@@ -232,14 +233,18 @@ export type RdmaOptions = Native.RdmaOptions
 /** Fault injection on one transport (seeded, reproducible). */
 export type FaultOptions = Native.FaultOptions
 
-/** Largest Buffer one view can be (Node 20 caps a Buffer at 4 GiB). */
-export const MAX_VIEW_BYTES = 2 ** 32
+/**
+ * Largest Buffer one view can be: this runtime's `buffer.constants.MAX_LENGTH`, read when
+ * the module loads (4 GiB on Node 20, 2^53 - 1 from Node 22 on).
+ */
+export const MAX_VIEW_BYTES: number = bufferConstants.MAX_LENGTH
 
 /**
  * Local memory registered with an engine: engine-owned (`allocate`, any size) or user
  * memory (`registerMemory`, a view over a SharedArrayBuffer). Transfers address it by
  * offset; `view(offset, length)` is a Buffer over a window of it, and `buffer` one over
- * all of it where one Buffer can hold it (4 GiB at most on Node 20).
+ * all of it where one Buffer can hold it (`MAX_VIEW_BYTES`, Node's
+ * `buffer.constants.MAX_LENGTH`: 4 GiB on Node 20).
  */
 export class Region {
   #released = false
@@ -264,14 +269,15 @@ export class Region {
   }
 
   /**
-   * A Buffer over the whole region. A region larger than one Buffer can be (4 GiB on
-   * Node 20) has none: this throws `ERR_FERRY_INVALID_ARGUMENT`; use `view()`.
+   * A Buffer over the whole region. A region larger than one Buffer can be
+   * (`MAX_VIEW_BYTES`, Node's `buffer.constants.MAX_LENGTH`: 4 GiB on Node 20) has none:
+   * this throws `ERR_FERRY_INVALID_ARGUMENT` naming the limit; use `view()`.
    */
   get buffer(): Buffer {
     if (this.user) return this.user
     if (!this.#whole) {
       if (this.length > MAX_VIEW_BYTES) {
-        throw invalid(`a region of ${this.length} bytes is larger than one Buffer can be (${MAX_VIEW_BYTES}); use region.view(offset, length)`)
+        throw invalid(`a region of ${this.length} bytes is larger than one Buffer can be on this runtime (buffer.constants.MAX_LENGTH = ${MAX_VIEW_BYTES}); use region.view(offset, length)`)
       }
       this.#whole = this.view(0, this.length)
     }
@@ -280,7 +286,8 @@ export class Region {
 
   /**
    * A Buffer over `[offset, offset + length)` of the region (default: to its end), at most
-   * 4 GiB. A view stays valid after `release()` and `close()`; new views need the region
+   * `MAX_VIEW_BYTES` (Node's `buffer.constants.MAX_LENGTH`: 4 GiB on Node 20); a longer
+   * one throws `ERR_FERRY_INVALID_ARGUMENT`. A view stays valid after `release()` and `close()`; new views need the region
    * to be registered still.
    */
   view(offset = 0, length?: number): Buffer {
@@ -916,7 +923,8 @@ export class Engine extends EventEmitter {
 
   /**
    * Allocates `bytes` of engine-owned, page-aligned, zeroed memory: any size the machine
-   * can back (a memfd, touched lazily). See `Region.view` for regions over 4 GiB.
+   * can back (a memfd, touched lazily). See `Region.view` for regions over
+   * `MAX_VIEW_BYTES` (Node's `buffer.constants.MAX_LENGTH`: 4 GiB on Node 20).
    */
   allocate(bytes: number): Region {
     const r = this.native((n) => n.allocate(bytes))

@@ -540,7 +540,8 @@ const PATTERN = Buffer.from(Array.from({ length: 255 }, (_, i) => i + 1)) // nev
  */
 function verify(expect: Region, got: Region, threads: number, stripeLen: number, block: number): string | undefined {
   const zero = Buffer.alloc(block)
-  // Compared through windows of whole blocks: a region over 4 GiB has no single Buffer.
+  // Compared through windows of whole blocks: a region over MAX_VIEW_BYTES (4 GiB on Node 20)
+  // has no single Buffer.
   const windowBlocks = Math.max(1, Math.floor((256 << 20) / block))
   let checked = 0
   for (let t = 0; t < threads; t++) {

@@ -176,10 +176,11 @@ impl NativeEngine {
     }
 
     /// A Buffer over `[offset, offset + length)` of an engine-owned region (at most
-    /// 4 GiB: one Buffer's limit).
+    /// one Buffer's limit, Node's `buffer.constants.MAX_LENGTH`: 4 GiB on Node 20).
     #[napi(catch_unwind, ts_return_type = "Buffer")]
     pub fn region_view(
         &self,
+        env: Env,
         handle: f64,
         offset: f64,
         length: f64,
@@ -193,7 +194,7 @@ impl NativeEngine {
                 "region {id} is registered user memory; view that memory instead"
             ))));
         }
-        RegionBuffer::new(region, offset, length).map_err(js_error)
+        RegionBuffer::new(&env, region, offset, length).map_err(js_error)
     }
 
     /// Registers user memory (a view over a SharedArrayBuffer); the engine holds it
