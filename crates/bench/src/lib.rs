@@ -58,6 +58,6 @@ pub use report::ReportRow;
 pub use runner::{Bench, CaseOutcome, CaseReport, MAX_THREADS};
 pub use served::{Served, TransportShare};
 pub use worker::{
-    bench_gate, run_worker, Addressing, Backoff, BenchGate, BenchSpec, OffsetCycle, Pause, Stripe,
-    WorkerStats, DEFAULT_STALL_TIMEOUT,
+    bench_gate, room_for_notification, run_worker, Addressing, Backoff, BenchGate, BenchSpec,
+    OffsetCycle, Pause, Stripe, WorkerStats, DEFAULT_STALL_TIMEOUT, NOTIFY_WINDOW,
 };

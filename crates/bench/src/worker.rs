@@ -4,8 +4,9 @@
 //! free_batch, timing each operation from submit to completion. COMPLETED ends an
 //! operation; any other terminal status, an engine error, or a poll that sees no progress
 //! for [`BenchSpec::stall_timeout`] ends the worker with a [`Failure`] naming the status,
-//! transport, peer and request. Nothing here exits, panics on engine input, or spins
-//! without bound.
+//! transport, peer and request. A notifying worker ([`BenchSpec::notify`]) first waits
+//! while its engine has [`NOTIFY_WINDOW`] notifications in flight. Nothing here exits,
+//! panics on engine input, or spins without bound.
 //!
 //! The pure parts — the offset cycle over a stripe, the backoff schedule and the stats
 //! arithmetic — take no clock or engine and are tested on their own.
@@ -103,11 +104,39 @@ pub struct BenchSpec {
     /// Pause before each batch, in µs (tebench's `--request_interval_us`); counted in the
     /// worker's wall time, not in the operation's.
     pub request_interval_us: u64,
-    /// An operation that shows no progress for this long fails with TIMEOUT.
+    /// An operation that shows no progress for this long fails with TIMEOUT, and so does a
+    /// notifying worker whose engine's notification backlog does not drain for this long.
     pub stall_timeout: Duration,
     /// Every submission carries a notification to its target (tebench's `--notifi`),
     /// sent once all its requests completed.
+    ///
+    /// Backpressure: before each submission a worker reads how many notifications its
+    /// engine has in flight ([`Engine::notifications_in_flight`]: sent, neither acknowledged
+    /// nor failed yet) and, while they are [`NOTIFY_WINDOW`] or more, waits for the target's
+    /// acknowledgements (backing off, yielding the CPU) instead of submitting. That wait
+    /// counts in the worker's measured wall time (so BW and Avg Lat of a notifying case
+    /// include what delivering its notifications costs) but not in the operation's Tx time,
+    /// which starts at submission. It ends once there is room, when stop is raised, or with
+    /// a TIMEOUT [`Failure`] naming the notification backlog when no notification was
+    /// delivered or failed for [`BenchSpec::stall_timeout`].
     pub notify: bool,
+}
+
+/// Notifications an engine's notifying workers let be in flight before they wait for room
+/// (see [`BenchSpec::notify`]). Without a bound, workers submit far faster than the one
+/// notification connection per target delivers and acknowledges (200 000 or more against
+/// about 100 000 a second on an idle 2-core machine, much less when it is loaded): a case
+/// ends with hundreds of thousands queued, whose tail outlives both the per-notification
+/// deadline (peer timeout + connect timeout, counted from when it was queued) and the
+/// initiator's bounded drain before it closes, and fails instead of arriving. 4096 keeps
+/// the connection's pipeline full (a burst of acks leaves in one write) while the backlog
+/// left at a case's end drains in milliseconds, or well under a second on a loaded machine.
+pub const NOTIFY_WINDOW: u64 = 4096;
+
+/// Whether a notifying worker may submit now, with `in_flight` notifications of its engine
+/// on their way and a window of `window`.
+pub fn room_for_notification(in_flight: u64, window: u64) -> bool {
+    in_flight < window
 }
 
 /// Default [`BenchSpec::stall_timeout`].
@@ -429,6 +458,9 @@ pub fn run_worker(
     Ok(stats)
 }
 
+/// What a worker was doing when its notification backlog failed it.
+const NOTIFY_WAIT: &str = "submit_transfer_notify (waiting for notification room)";
+
 /// Longest single wait for a batch to end, between the poll loop's stop and stall checks.
 const WAIT_SLICE: Duration = Duration::from_millis(10);
 
@@ -486,9 +518,12 @@ impl<'a> Operation<'a> {
     }
 
     /// Runs one batch to completion; returns how long it took and when it ended. `Ok(None)`
-    /// when `stop` was raised while polling (the batch is freed, which cancels what is left
-    /// of it).
+    /// when `stop` was raised while waiting for notification room or polling (the batch is
+    /// freed, which cancels what is left of it).
     fn run(&mut self, stop: &StopSignal) -> Result<Option<(Duration, Instant)>, Failure> {
+        if self.spec.notify && !self.notification_room(stop)? {
+            return Ok(None);
+        }
         for r in &mut self.requests {
             let off = self.cycle.next_offset();
             r.local_offset = off;
@@ -562,6 +597,57 @@ impl<'a> Operation<'a> {
             .free_batch(batch)
             .map_err(|e| self.engine_failure(&e, "free_batch", None))?;
         Ok(Some(took))
+    }
+
+    /// Waits until the engine has fewer than [`NOTIFY_WINDOW`] notifications in flight
+    /// (three atomic loads when it has): `Ok(true)` then, `Ok(false)` if `stop` was raised
+    /// first. A TIMEOUT failure when no notification was delivered or failed for
+    /// `stall_timeout`; a CANCELED one when the engine closed meanwhile.
+    fn notification_room(&self, stop: &StopSignal) -> Result<bool, Failure> {
+        let mut in_flight = self.engine.notifications_in_flight();
+        if room_for_notification(in_flight, NOTIFY_WINDOW) {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        let mut backoff = Backoff::default();
+        let mut progress = (self.engine.notifications_ended(), started);
+        loop {
+            if stop.is_raised() {
+                return Ok(false);
+            }
+            if self.engine.is_closed() {
+                return Err(self.engine_failure(&Error::Closed, NOTIFY_WAIT, None));
+            }
+            let now = Instant::now();
+            let ended = self.engine.notifications_ended();
+            if ended != progress.0 {
+                progress = (ended, now);
+            } else if now.duration_since(progress.1) >= self.spec.stall_timeout {
+                return Err(self.backlog_failure(in_flight));
+            }
+            backoff.wait(now.duration_since(started));
+            in_flight = self.engine.notifications_in_flight();
+            if room_for_notification(in_flight, NOTIFY_WINDOW) {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// The failure of a worker whose engine's notification backlog stopped draining.
+    fn backlog_failure(&self, in_flight: u64) -> Failure {
+        Failure {
+            worker: Some(self.slot),
+            status: TransferStatus::Timeout,
+            code: None,
+            transport: self.spec.transport,
+            peer: self.spec.target(self.slot).1.to_string(),
+            request: NOTIFY_WAIT.to_string(),
+            reason: format!(
+                "notification backlog: {in_flight} notifications in flight \
+                 (window {NOTIFY_WINDOW}), none delivered or failed for {:.1} s",
+                self.spec.stall_timeout.as_secs_f64()
+            ),
+        }
     }
 
     fn describe(&self, r: &Request, task: Option<usize>) -> String {
@@ -785,6 +871,15 @@ mod tests {
             b.next_pause(Duration::from_secs(10)),
             Pause::Sleep(Backoff::MAX_SLEEP)
         );
+    }
+
+    #[test]
+    fn a_notifying_worker_submits_only_below_the_window() {
+        assert!(room_for_notification(0, NOTIFY_WINDOW));
+        assert!(room_for_notification(NOTIFY_WINDOW - 1, NOTIFY_WINDOW));
+        assert!(!room_for_notification(NOTIFY_WINDOW, NOTIFY_WINDOW));
+        assert!(!room_for_notification(u64::MAX, NOTIFY_WINDOW));
+        assert!(!room_for_notification(0, 0), "a window of 0 never has room");
     }
 
     #[test]

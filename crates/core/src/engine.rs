@@ -569,6 +569,23 @@ impl Engine {
         .with_tasks(&tasks)
     }
 
+    /// Notifications this engine sent whose delivery has not ended yet: handed to a peer's
+    /// outbox and neither acknowledged by the target nor failed
+    /// ([`NotifyCounters::in_flight`]). Three atomic loads, cheap enough to read before
+    /// every submission: a sender that notifies faster than its targets acknowledge bounds
+    /// its backlog with it. Meaningful while the engine is open.
+    ///
+    /// [`NotifyCounters::in_flight`]: crate::notify::NotifyCounters::in_flight
+    pub fn notifications_in_flight(&self) -> u64 {
+        self.shell.stats.notify.in_flight()
+    }
+
+    /// Notifications this engine sent whose delivery ended, delivered or failed: it grows
+    /// while a backlog drains. Two atomic loads.
+    pub fn notifications_ended(&self) -> u64 {
+        self.shell.stats.notify.ended()
+    }
+
     /// Closes the engine. Idempotent; pending work ends CANCELED with `Closed`, pending
     /// async calls end with `Closed`. When it returns, the engine's threads have stopped and
     /// its sockets, memfds and mappings are released (a Buffer still viewing an

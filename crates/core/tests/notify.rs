@@ -336,3 +336,60 @@ fn a_closed_target_fails_the_notification_in_bounded_time() {
         assert_eq!(r.initiator.metrics().notifications.failed, 1);
     });
 }
+
+#[test]
+fn concurrent_senders_to_one_target_lose_nothing_as_duplicates() {
+    within(LIMIT, "concurrent senders", || {
+        let target = EngineConfig {
+            notify: NotifyConfig {
+                queue_size: 1 << 16,
+                ..NotifyConfig::default()
+            },
+            ..EngineConfig::default()
+        };
+        let r = pair(EngineConfig::default(), target);
+        // Threads hand notifications to the one outbox of the target at once. Each must
+        // leave with a sequence number above those before it on the connection: the
+        // target takes one at or below the last it took for a resend, acknowledges it
+        // DUPLICATE and drops it.
+        const THREADS: usize = 4;
+        const EACH: usize = 2000;
+        let (tx, rx) = mpsc::channel();
+        let senders: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (initiator, seg, tx) = (r.initiator.clone(), r.seg, tx.clone());
+                std::thread::spawn(move || {
+                    for i in 0..EACH {
+                        let sent = initiator.notify(seg, format!("{t}:{i}").as_bytes());
+                        let tx = tx.clone();
+                        initiator
+                            .spawn(async move {
+                                let _ = tx.send(sent.await);
+                            })
+                            .expect("spawn");
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.join().expect("sender");
+        }
+        let mut outcomes: Vec<ferry_core::Result<NotifyOutcome>> = (0..THREADS * EACH)
+            .map(|_| rx.recv_timeout(WAIT).expect("outcome"))
+            .collect();
+        outcomes.retain(|o| *o != Ok(NotifyOutcome::Queued));
+        assert_eq!(outcomes, [], "every notification queued once");
+        let m = r.target.metrics().notifications;
+        assert_eq!((m.received, m.dropped), ((THREADS * EACH) as u64, 0));
+        // Each thread's notifications arrive in its order.
+        let mut next = [0usize; THREADS];
+        for n in r.target.take_notifications(THREADS * EACH).expect("take") {
+            let text = String::from_utf8_lossy(&n.data).into_owned();
+            let (t, i) = text.split_once(':').expect("t:i");
+            let (t, i): (usize, usize) = (t.parse().expect("t"), i.parse().expect("i"));
+            assert_eq!(i, next[t], "thread {t}'s order");
+            next[t] += 1;
+        }
+        assert_eq!(next, [EACH; THREADS]);
+    });
+}

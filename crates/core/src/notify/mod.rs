@@ -78,6 +78,25 @@ pub struct NotifyCounters {
     pub dropped: AtomicU64,
 }
 
+impl NotifyCounters {
+    /// Notifications whose delivery ended: delivered or failed.
+    pub fn ended(&self) -> u64 {
+        let delivered = self.delivered.load(Ordering::Relaxed);
+        delivered.saturating_add(self.failed.load(Ordering::Relaxed))
+    }
+
+    /// Notifications handed to an outbox whose delivery has not ended yet
+    /// (sent − delivered − failed). Three relaxed atomic loads: an estimate for bounding a
+    /// backlog, not a snapshot. The ends are read before `sent` (a notification is counted
+    /// sent before its end is), and the difference saturates at 0; a failure counted for a
+    /// notification that never reached an outbox (its segment unknown or closed) makes it
+    /// read lower, never higher.
+    pub fn in_flight(&self) -> u64 {
+        let ended = self.ended();
+        self.sent.load(Ordering::Relaxed).saturating_sub(ended)
+    }
+}
+
 /// Checks a payload against this engine's cap.
 fn check_size(data: &[u8], max: usize) -> Result<()> {
     if data.len() > max {

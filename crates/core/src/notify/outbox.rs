@@ -92,6 +92,10 @@ impl Notifier {
         bytes: u64,
     ) -> oneshot::Receiver<Result<NotifyOutcome>> {
         let (done, outcome) = oneshot::channel();
+        let mut boxes = self.outboxes.lock().unwrap_or_else(|p| p.into_inner());
+        // Numbered (and given its deadline) under the lock it is queued under: callers on
+        // several threads must not queue a number below one already queued, or the target
+        // takes it for a resend (DUPLICATE, not queued) and `expire`'s deadline order breaks.
         let mut item = Outgoing {
             seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
             data,
@@ -99,7 +103,6 @@ impl Notifier {
             deadline: Instant::now() + self.config.deadline,
             done,
         };
-        let mut boxes = self.outboxes.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = boxes.get(&peer.handle()) {
             match tx.send(item) {
                 Ok(()) => {
