@@ -53,7 +53,7 @@ const OPTIONS = {
     type: 'string',
     default: 'tcp',
     metavar: 'NAME[,NAME]',
-    help: `suite(s) to run, comma-separated: ${Object.keys(suites).join(', ')} (described below)`,
+    help: `suite(s) to run, comma-separated: ${Object.keys(suites).join(', ')} (described below), or all`,
   },
   case: {
     type: 'string',
@@ -187,7 +187,7 @@ function parseArgs(argv: string[]): Cli {
     cases: commaList(v.case),
   }
   if (v.help) return { suites: [], options, help: true }
-  const names = commaList(v.suite)
+  const names = v.suite === 'all' ? Object.keys(suites) : commaList(v.suite)
   if (names.length === 0) throw new UsageError('--suite needs a name')
   const unknown = names.filter((n) => !Object.hasOwn(suites, n))
   if (unknown.length) {

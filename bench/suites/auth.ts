@@ -15,12 +15,9 @@
  * alternately on both sides, each time a closed segment opened again (new control and data
  * connections, a new handshake on each).
  */
-import * as crypto from 'node:crypto'
-import * as fs from 'node:fs'
-import * as os from 'node:os'
-import * as path from 'node:path'
 import type { EngineOptions } from '../../index'
 import { log } from '../lib/log'
+import { clusterSecret } from '../lib/secret'
 import {
   MiB,
   mergeTallies,
@@ -162,11 +159,7 @@ async function handshakeCase(rig: Record<Side, Rig>): Promise<CaseRecord> {
 
 export async function authSuite(options: SuiteOptions): Promise<CaseRecord[]> {
   const regionBytes = options.workingSetBytes
-  // Text, so the file and the option hold the same bytes (the file's last newline is not part of it).
-  const secret = crypto.randomBytes(32).toString('hex')
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-perf-auth-'))
-  const secretFile = path.join(dir, 'secret')
-  fs.writeFileSync(secretFile, `${secret}\n`, { mode: 0o600 })
+  const { secret, file: secretFile, remove } = clusterSecret('auth')
   const records: CaseRecord[] = []
   try {
     for (const transport of ['tcp', 'shm'] as const) {
@@ -180,7 +173,7 @@ export async function authSuite(options: SuiteOptions): Promise<CaseRecord[]> {
       }
     }
   } finally {
-    fs.rmSync(dir, { recursive: true, force: true })
+    remove()
   }
   return records
 }

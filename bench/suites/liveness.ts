@@ -25,6 +25,7 @@ import { Engine, type FerryError, type Region, type Segment } from '../../index'
 import { createNetwork, netnsUnavailable } from '../../support/netns'
 import { atCleanup } from '../lib/children'
 import { log } from '../lib/log'
+import { clusterSecret } from '../lib/secret'
 import { MiB, startTarget, type Target } from '../lib/rig'
 import { median, round } from '../lib/stats'
 import type { SuiteOptions, TimingRecord } from './types'
@@ -141,37 +142,45 @@ async function silentLoss(options: SuiteOptions): Promise<TimingRecord> {
   const extra = { peer_timeout_ms: peerTimeoutMs }
   const why = netnsUnavailable()
   if (why) return record('silent-loss', [], options.trials, extra, why)
+  // The target listens on its namespace's address, beyond loopback: both ends need the
+  // cluster secret.
+  const cluster = clusterSecret('liveness')
   const times: number[] = []
   let error: string | undefined
-  for (let k = 0; k < options.trials; k++) {
-    let target: Target | undefined
-    let net: ReturnType<typeof createNetwork> | undefined
-    let forget = () => {}
-    try {
-      net = createNetwork()
-      forget = atCleanup(net.destroy)
-      target = await startTarget(BLOCKS * MiB, {
-        listen: `${net.b.address}:0`,
-        machineId: `liveness-b-${process.pid}`,
-        prefix: net.prefix(net.b),
-      })
-      const n = net
-      const ms = await trial(
-        target,
-        { transports: ['tcp'], peerTimeoutMs, machineId: `liveness-a-${process.pid}` },
-        () => n.linkDown(),
-        peerTimeoutMs + 10_000,
-      )
-      times.push(ms)
-      log(`liveness silent-loss trial ${k + 1}/${options.trials}: ${ms} ms`)
-    } catch (err) {
-      error = (err as Error).message
-      log(`liveness silent-loss trial ${k + 1}: ${error}`)
-    } finally {
-      await target?.stop()
-      net?.destroy()
-      forget()
+  try {
+    for (let k = 0; k < options.trials; k++) {
+      let target: Target | undefined
+      let net: ReturnType<typeof createNetwork> | undefined
+      let forget = () => {}
+      try {
+        net = createNetwork()
+        forget = atCleanup(net.destroy)
+        target = await startTarget(BLOCKS * MiB, {
+          listen: `${net.b.address}:0`,
+          machineId: `liveness-b-${process.pid}`,
+          prefix: net.prefix(net.b),
+          env: { FERRY_AUTH_SECRET_FILE: cluster.file },
+        })
+        const n = net
+        const ms = await trial(
+          target,
+          { transports: ['tcp'], peerTimeoutMs, machineId: `liveness-a-${process.pid}`, authSecret: cluster.secret },
+          () => n.linkDown(),
+          peerTimeoutMs + 10_000,
+        )
+        times.push(ms)
+        log(`liveness silent-loss trial ${k + 1}/${options.trials}: ${ms} ms`)
+      } catch (err) {
+        error = (err as Error).message
+        log(`liveness silent-loss trial ${k + 1}: ${error}`)
+      } finally {
+        await target?.stop()
+        net?.destroy()
+        forget()
+      }
     }
+  } finally {
+    cluster.remove()
   }
   return record('silent-loss', times, options.trials, extra, error)
 }
