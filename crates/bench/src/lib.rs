@@ -48,16 +48,18 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod gate;
+pub mod notify_room;
 pub mod report;
 pub mod runner;
 pub mod served;
 pub mod worker;
 
 pub use gate::{Failure, Gate, GateHooks, Hook, Retirements, RunError, StopSignal, WorkerFn};
+pub use notify_room::{room_for_notification, NOTIFY_WINDOW};
 pub use report::ReportRow;
 pub use runner::{Bench, CaseOutcome, CaseReport, MAX_THREADS};
 pub use served::{Served, TransportShare};
 pub use worker::{
-    bench_gate, room_for_notification, run_worker, Addressing, Backoff, BenchGate, BenchSpec,
-    OffsetCycle, Pause, Stripe, WorkerStats, DEFAULT_STALL_TIMEOUT, NOTIFY_WINDOW,
+    bench_gate, run_worker, Addressing, Backoff, BenchGate, BenchSpec, OffsetCycle, Pause, Stripe,
+    WorkerStats, DEFAULT_STALL_TIMEOUT,
 };

@@ -17,6 +17,7 @@ use ferry_core::{Engine, Error, Opcode, RegionId, Request, TransferStatus, Trans
 use hdrhistogram::Histogram;
 
 use crate::gate::{Failure, Gate, GateHooks, StopSignal};
+use crate::notify_room::{wait_for_room, Room, NOTIFY_WINDOW};
 
 /// Where worker `i` works: bytes `[base + i·len, base + (i+1)·len)` of both the local
 /// region and the remote buffer.
@@ -110,33 +111,10 @@ pub struct BenchSpec {
     /// Every submission carries a notification to its target (tebench's `--notifi`),
     /// sent once all its requests completed.
     ///
-    /// Backpressure: before each submission a worker reads how many notifications its
-    /// engine has in flight ([`Engine::notifications_in_flight`]: sent, neither acknowledged
-    /// nor failed yet) and, while they are [`NOTIFY_WINDOW`] or more, waits for the target's
-    /// acknowledgements (backing off, yielding the CPU) instead of submitting. That wait
-    /// counts in the worker's measured wall time (so BW and Avg Lat of a notifying case
-    /// include what delivering its notifications costs) but not in the operation's Tx time,
-    /// which starts at submission. It ends once there is room, when stop is raised, or with
-    /// a TIMEOUT [`Failure`] naming the notification backlog when no notification was
-    /// delivered or failed for [`BenchSpec::stall_timeout`].
+    /// Before each submission a notifying worker waits while its engine has
+    /// [`NOTIFY_WINDOW`] notifications in flight ([`crate::notify_room`]): in the worker's
+    /// wall time (BW, Avg Lat), not in the operation's Tx time.
     pub notify: bool,
-}
-
-/// Notifications an engine's notifying workers let be in flight before they wait for room
-/// (see [`BenchSpec::notify`]). Without a bound, workers submit far faster than the one
-/// notification connection per target delivers and acknowledges (200 000 or more against
-/// about 100 000 a second on an idle 2-core machine, much less when it is loaded): a case
-/// ends with hundreds of thousands queued, whose tail outlives both the per-notification
-/// deadline (peer timeout + connect timeout, counted from when it was queued) and the
-/// initiator's bounded drain before it closes, and fails instead of arriving. 4096 keeps
-/// the connection's pipeline full (a burst of acks leaves in one write) while the backlog
-/// left at a case's end drains in milliseconds, or well under a second on a loaded machine.
-pub const NOTIFY_WINDOW: u64 = 4096;
-
-/// Whether a notifying worker may submit now, with `in_flight` notifications of its engine
-/// on their way and a window of `window`.
-pub fn room_for_notification(in_flight: u64, window: u64) -> bool {
-    in_flight < window
 }
 
 /// Default [`BenchSpec::stall_timeout`].
@@ -599,37 +577,18 @@ impl<'a> Operation<'a> {
         Ok(Some(took))
     }
 
-    /// Waits until the engine has fewer than [`NOTIFY_WINDOW`] notifications in flight
-    /// (three atomic loads when it has): `Ok(true)` then, `Ok(false)` if `stop` was raised
-    /// first. A TIMEOUT failure when no notification was delivered or failed for
-    /// `stall_timeout`; a CANCELED one when the engine closed meanwhile.
+    /// Waits for notification room ([`wait_for_room`]): `Ok(true)` once there is, `Ok(false)`
+    /// if `stop` was raised first; a TIMEOUT failure naming the backlog when it stalled for
+    /// `stall_timeout`, a CANCELED one when the engine closed meanwhile.
     fn notification_room(&self, stop: &StopSignal) -> Result<bool, Failure> {
-        let mut in_flight = self.engine.notifications_in_flight();
-        if room_for_notification(in_flight, NOTIFY_WINDOW) {
-            return Ok(true);
-        }
-        let started = Instant::now();
         let mut backoff = Backoff::default();
-        let mut progress = (self.engine.notifications_ended(), started);
-        loop {
-            if stop.is_raised() {
-                return Ok(false);
-            }
-            if self.engine.is_closed() {
-                return Err(self.engine_failure(&Error::Closed, NOTIFY_WAIT, None));
-            }
-            let now = Instant::now();
-            let ended = self.engine.notifications_ended();
-            if ended != progress.0 {
-                progress = (ended, now);
-            } else if now.duration_since(progress.1) >= self.spec.stall_timeout {
-                return Err(self.backlog_failure(in_flight));
-            }
-            backoff.wait(now.duration_since(started));
-            in_flight = self.engine.notifications_in_flight();
-            if room_for_notification(in_flight, NOTIFY_WINDOW) {
-                return Ok(true);
-            }
+        match wait_for_room(self.engine, stop, self.spec.stall_timeout, |waited| {
+            backoff.wait(waited)
+        }) {
+            Room::Ready => Ok(true),
+            Room::Stopped => Ok(false),
+            Room::Closed => Err(self.engine_failure(&Error::Closed, NOTIFY_WAIT, None)),
+            Room::Stalled { in_flight } => Err(self.backlog_failure(in_flight)),
         }
     }
 
@@ -871,15 +830,6 @@ mod tests {
             b.next_pause(Duration::from_secs(10)),
             Pause::Sleep(Backoff::MAX_SLEEP)
         );
-    }
-
-    #[test]
-    fn a_notifying_worker_submits_only_below_the_window() {
-        assert!(room_for_notification(0, NOTIFY_WINDOW));
-        assert!(room_for_notification(NOTIFY_WINDOW - 1, NOTIFY_WINDOW));
-        assert!(!room_for_notification(NOTIFY_WINDOW, NOTIFY_WINDOW));
-        assert!(!room_for_notification(u64::MAX, NOTIFY_WINDOW));
-        assert!(!room_for_notification(0, 0), "a window of 0 never has room");
     }
 
     #[test]
