@@ -51,6 +51,9 @@ for (const transport of ['tcp', 'shm', 'rdma'] as TransportName[]) {
           const r = await engine.write({ local: src, remote: seg, remoteBuffer: target.buffer, localOffset: off, remoteOffset: off, length: MiB, requireTransport: transport, notify: range(src.buffer, off, MiB) })
           t.is(r.tasks[0].transport, transport)
         }
+        // The batch below rewrites the last single write's range: the target checks that
+        // write's bytes when its notification arrives, so that must have happened first.
+        await notesWhen(target, 8)
         // A batch and a multi-request transfer notify once each, after all their bytes.
         const batch = engine.allocateBatch(4)
         const quarter = (i: number) => ({ opcode: 'write' as const, local: src, remote: seg, remoteBuffer: target.buffer, localOffset: i * 2 * MiB, remoteOffset: i * 2 * MiB, length: 2 * MiB, requireTransport: transport })
