@@ -183,8 +183,13 @@ fn a_polled_block_list_allocates_per_call_not_per_block() {
             twice, few,
             "{few} allocations for 16 blocks, {twice} for 32"
         );
-        assert_eq!(
-            many, some,
+        // Shared copies: the same, but for what the copy threads' timing adds. A copy thread
+        // that is late for one call is often late for many in a row on a slow or loaded
+        // machine (seen: all 20 calls of 256 blocks at 8 while 1024 blocks reached 7, in 6
+        // runs of 40 on an idle 2-core VM), so the fewest of 20 calls can differ by one or
+        // two between sizes. Allocations per block would differ by hundreds.
+        assert!(
+            many.abs_diff(some) <= 2,
             "{some} allocations for 256 blocks, {many} for {MOST}"
         );
         assert!(some <= 16, "{some} allocations for one call");
