@@ -1,10 +1,13 @@
 /**
  * What tebench prints: its records (data first; with --format=json each is one line on
- * stdout, tagged by `record`) and the writer of Ferry's table, Mooncake's layout or JSON.
+ * stdout, tagged by `record`), the writer of Ferry's table, Mooncake's layout or JSON, and
+ * the progress line on stderr.
  */
-import { benchMooncakeHeader, benchMooncakeLine, type BenchRow, type TransportShare } from '../index'
-import type { Injection, OutputFormat } from './tebench'
+import { benchMooncakeHeader, benchMooncakeLine, type BenchRow, type TransportShare } from '../../index'
+import type { Injection } from './fault'
 
+/** How results are printed: Ferry's table, Mooncake's layout or JSON lines. */
+export type OutputFormat = 'table' | 'mooncake' | 'json'
 
 /** A case's row: the native row's columns and what served the case. */
 export interface CaseRecord extends BenchRow {
@@ -170,3 +173,14 @@ export class Output {
   }
 }
 
+
+/** What runs now, on stderr, and only when stderr is a terminal. */
+export const progress = {
+  tty: Boolean(process.stderr.isTTY),
+  show(text: string): void {
+    if (this.tty) process.stderr.write(`\r\x1b[K${text}`)
+  },
+  clear(): void {
+    if (this.tty) process.stderr.write('\r\x1b[K')
+  },
+}

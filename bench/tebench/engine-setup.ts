@@ -1,0 +1,46 @@
+/**
+ * What both roles set up on their Engine from the Config: the metadata service, the cluster
+ * secret, the transports, and the report of transports that could not be installed.
+ */
+import { readFileSync } from 'node:fs'
+import type { Engine, EngineOptions, TransportName } from '../../index'
+import type { Config } from './config'
+import type { Output } from './output'
+
+/** Engine options of the metadata flags. */
+export function metadataOptions(cfg: Config): EngineOptions {
+  if (cfg.metadataType !== 'etcd') return {}
+  const e = cfg.etcd
+  return {
+    metadata: `etcd://${cfg.metadataUrlList}`,
+    segmentName: cfg.localServerName || undefined,
+    etcdCaFile: e.caFile,
+    etcdCertFile: e.certFile,
+    etcdKeyFile: e.keyFile,
+    etcdUser: e.user,
+    etcdPasswordFile: e.passwordFile,
+  }
+}
+
+/** The secret of `--auth_secret_file` (read here; the secret never is on a command line). */
+export function authOptions(cfg: Config): { authSecret?: Buffer } {
+  if (!cfg.authSecretFile) return {}
+  let secret = readFileSync(cfg.authSecretFile)
+  if (secret.at(-1) === 0x0a) secret = secret.subarray(0, secret.at(-2) === 0x0d ? -2 : -1)
+  return { authSecret: secret }
+}
+
+/**
+ * Engine transports for `--xport_type`: only that transport (no fallback), else the
+ * engine's default set.
+ */
+export function engineTransports(xport: TransportName | undefined): TransportName[] | undefined {
+  return xport ? [xport] : undefined
+}
+
+/** Reports every transport that was enabled but could not be installed, with the reason. */
+export function reportDisabled(engine: Engine, out: Output): void {
+  engine.on('transportDisabled', (e) => {
+    if (e.segment === undefined) out.disabled({ record: 'transportDisabled', transport: e.transport, reason: e.reason })
+  })
+}

@@ -1,0 +1,77 @@
+/**
+ * Target mode (no --target_seg_name, no --local): an engine that listens with one buffer,
+ * prints the command line initiators should run, and serves until Ctrl-C (or, as the child
+ * of --local, until its parent goes away). With --notifi it counts the notifications it
+ * received and prints the count at its end.
+ */
+import { Engine } from '../../index'
+import type { Config, EtcdAccess } from './config'
+import { authOptions, metadataOptions, reportDisabled } from './engine-setup'
+import { OPTIONS } from './flags'
+import { interrupt } from './interrupt'
+import { Output, progress } from './output'
+
+/** The etcd TLS/auth flags again, for the printed initiator command (paths only). */
+function etcdFlags(e: EtcdAccess): string[] {
+  const flags: Array<[string, string | undefined]> = [
+    ['etcd_ca_file', e.caFile],
+    ['etcd_cert_file', e.certFile],
+    ['etcd_key_file', e.keyFile],
+    ['etcd_user', e.user],
+    ['etcd_password_file', e.passwordFile],
+  ]
+  return flags.filter(([, v]) => v !== undefined).map(([k, v]) => `--${k}=${v}`)
+}
+
+/** The command line an initiator runs against this target. */
+function initiatorCommand(cfg: Config, segment: string): string {
+  const parts = ['npx tebench', `--target_seg_name=${segment}`]
+  if (cfg.metadataType === 'etcd') {
+    parts.push('--metadata_type=etcd', `--metadata_url_list=${cfg.metadataUrlList}`, ...etcdFlags(cfg.etcd))
+  }
+  if (cfg.totalBufferSize !== OPTIONS.total_buffer_size.default) parts.push(`--total_buffer_size=${cfg.totalBufferSize}`)
+  if (cfg.xportType) parts.push(`--xport_type=${cfg.xportType}`)
+  if (cfg.authSecretFile) parts.push(`--auth_secret_file=${cfg.authSecretFile}`)
+  return parts.join(' ')
+}
+
+/** Runs target mode; resolves with the exit code once stopped. */
+export async function runTarget(cfg: Config, out: Output): Promise<number> {
+  // --notifi: room for bursts while JS counts them (a full queue drops, counted and printed).
+  const queue = cfg.notifi ? { notifyQueueSize: 1 << 16 } : {}
+  const engine = await Engine.create({ listen: cfg.listen, advertise: cfg.advertise, ...metadataOptions(cfg), ...authOptions(cfg), ...queue })
+  try {
+    reportDisabled(engine, new Output(out.format === 'json' ? 'json' : 'table'))
+    const region = engine.allocate(cfg.totalBufferSize)
+    void region
+    // Notifications are counted as they come (taken, so the queue never fills).
+    let received = 0
+    engine.on('notification', () => received++)
+    // The command names the segment as peers must spell it: the advertised address in
+    // p2p, the registered name with etcd.
+    process.stdout.write(initiatorCommand(cfg, engine.segmentName) + '\n')
+    progress.show(`tebench: target ${engine.segmentName} ready (${cfg.totalBufferSize} B); Ctrl-C to stop`)
+    await new Promise<void>((resolve) => {
+      const keepAlive = setInterval(() => {}, 1 << 30)
+      const done = () => {
+        clearInterval(keepAlive)
+        resolve()
+      }
+      interrupt.onStop.add(done)
+      // Started by --local: leave when the parent goes away.
+      if (process.env.FERRY_TEBENCH_CHILD === '1') {
+        process.stdin.on('end', done)
+        process.stdin.on('error', done)
+        process.stdin.resume()
+      }
+    })
+    progress.clear()
+    if (cfg.notifi || received > 0) {
+      out.notifications({ record: 'notifications', role: 'target', count: received, lost: engine.metrics().notificationsDropped, perSecond: null })
+    }
+    return 0
+  } finally {
+    await engine.close()
+    if (process.env.FERRY_TEBENCH_CHILD === '1') process.stdin.pause()
+  }
+}
