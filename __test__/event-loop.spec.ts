@@ -11,8 +11,9 @@ test.after.always(killAll)
 const MiB = 1 << 20
 
 // Small awaited requests over tcp have their replies read by the calling thread's event
-// loop (core: tcp_loop; binding: uv_loop). These check what that path must keep: bytes in
-// place with many in flight, and a thread that ends with requests in flight.
+// loop (core: transports/tcp/event_loop.rs; binding: uv_loop). These check what that path
+// must keep: bytes in place with many in flight, and a thread that ends with requests in
+// flight.
 
 test('small awaited WRITEs and READs over tcp, 16 in flight, sizes to 64 KiB: bytes land in place', async (t) => {
   t.timeout(60_000)

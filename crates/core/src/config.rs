@@ -15,7 +15,6 @@ use crate::kind::TransportKind;
 use crate::metadata::EtcdConfig;
 use crate::transport::TransportFactory;
 use crate::transports::fault::FaultSpec;
-use crate::transports::tcp::TcpConfig;
 
 /// Engine settings. `Default` gives the embedded, loopback-only default.
 #[derive(Debug, Clone)]
@@ -87,6 +86,30 @@ impl Default for EngineConfig {
             connections: ConnLimits::default(),
             frame_timeout: Duration::from_secs(30),
             notify: crate::notify::NotifyConfig::default(),
+        }
+    }
+}
+
+/// Settings of the TCP transport.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpConfig {
+    /// Data connections per peer.
+    pub connections_per_peer: usize,
+    /// Requests larger than this are cut into slices of this size.
+    pub slice_size: u64,
+    /// Connect (and hello) timeout.
+    pub connect_timeout: Duration,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        Self {
+            connections_per_peer: 2,
+            // Half a MiB: a 1 MiB request goes out on both connections at once, so both
+            // cores copy (one op in flight moved 0.55-0.6x iperf3 with 1 MiB slices,
+            // 0.75-0.96x with these, in the same runs).
+            slice_size: 512 << 10,
+            connect_timeout: Duration::from_secs(3),
         }
     }
 }

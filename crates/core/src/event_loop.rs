@@ -44,7 +44,7 @@ pub trait EventLoop {
     fn watch(&self, fd: RawFd, watcher: Arc<dyn Watcher>) -> std::io::Result<Box<dyn Watch>>;
 }
 
-pub use crate::transports::tcp_loop::cap_writes_for_tests;
+pub use crate::transports::tcp::loop_conn::cap_writes_for_tests;
 
 thread_local! {
     static CURRENT: RefCell<Option<Rc<dyn EventLoop>>> = const { RefCell::new(None) };
@@ -65,7 +65,7 @@ pub fn installed() -> bool {
 pub fn uninstall() {
     // Forgotten first: what breaking settles may submit again, and must not find the loop.
     CURRENT.with(|c| c.borrow_mut().take());
-    crate::transports::tcp_loop::break_this_thread();
+    crate::transports::tcp::event_loop::break_this_thread();
 }
 
 /// This thread's loop, if any.

@@ -38,6 +38,19 @@ pub(crate) async fn write_all_pair<W: AsyncWrite + Unpin>(
 
 /// Reads one header; `Ok(None)` on a clean EOF before any byte.
 pub(crate) async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Header>> {
+    let Some(buf) = read_header_bytes(r).await? else {
+        return Ok(None);
+    };
+    Header::decode(&buf)
+        .map(Some)
+        .map_err(|e| Error::Protocol(e.to_string()))
+}
+
+/// Reads one header's bytes, not yet decoded (the tcp transport's reply decoder takes
+/// them); `Ok(None)` on a clean EOF before any byte, a protocol error on an EOF within.
+pub(crate) async fn read_header_bytes<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<Option<[u8; HEADER_LEN]>> {
     let mut buf = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -55,9 +68,7 @@ pub(crate) async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Optio
         }
         got += n;
     }
-    Header::decode(&buf)
-        .map(Some)
-        .map_err(|e| Error::Protocol(e.to_string()))
+    Ok(Some(buf))
 }
 
 /// Reads one header; once its first byte arrived, the rest must follow within `deadline`

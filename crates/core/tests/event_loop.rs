@@ -1,6 +1,6 @@
 //! Small awaited requests from a thread with an event loop: the loop watches the reply
-//! (`tcp_loop`). Here the loop is a poll(2) loop on the test's thread, as libuv's is on a
-//! JS thread.
+//! (`transports::tcp::event_loop`). Here the loop is a poll(2) loop on the test's thread,
+//! as libuv's is on a JS thread.
 
 use std::cell::{Cell, RefCell};
 use std::os::fd::RawFd;

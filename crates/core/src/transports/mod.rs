@@ -4,4 +4,3 @@ pub mod fault;
 #[cfg(target_os = "linux")]
 pub mod shm;
 pub mod tcp;
-pub(crate) mod tcp_loop;

@@ -1,219 +1,33 @@
-//! Data connections watched by the submitting thread's event loop (`event_loop`): one per
-//! peer and thread, for small requests of the Promise path from a JS thread.
-//!
-//! On a connection of the pool (`tcp.rs`) a reply wakes an I/O thread, which reads it and
-//! then wakes the JS thread: two sleeps and wake-ups on this side of a round trip. Here the
-//! JS thread writes the request and its own event loop watches the socket, so the reply
-//! wakes the thread that waits for it, which reads it into registered memory itself: one.
-//! On a busy machine each wake-up costs a context switch or a preemption, which is most of a
-//! 4 KiB request's time. Large requests, polled ones and threads without a loop keep to
-//! the pool, whose I/O threads keep the copying off the JS thread.
-//!
-//! The connection is made and authenticated by an I/O thread (the same handshake as the
-//! pool's); until it is ready, and while it backs off after a failure, requests take the
-//! pool. Only the loop's thread reads and writes the socket. Another thread may break the
-//! connection (`fail_peer`, `shutdown`): it fails what is in flight and shuts the socket
-//! down, and the loop, woken by the end of the stream, lets go of it.
+//! One data connection watched by a JS thread's event loop (`event_loop` finds and makes
+//! them): the loop's thread writes each request frame itself and, when the loop finds the
+//! socket ready, reads the replies into registered memory itself. Reply headers are
+//! decoded by `reply::decode`, the decoder the pool's connections use too; this side only
+//! gathers the bytes as they arrive. Another thread may break the connection
+//! (`break_with`): it fails what is in flight and shuts the socket down.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::io::{IoSlice, Read, Write};
-use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
-use tokio::runtime::Handle;
 
-use super::tcp::Slice;
+use super::event_loop::{forget, Key};
+use super::reply::{self, Reply};
+use super::request::Slice;
 use crate::error::{Error, Result};
-use crate::event_loop::{self, Interest, Watch, Watcher};
-use crate::kind::Opcode;
+use crate::event_loop::{Interest, Watcher};
 use crate::memory::Window;
-use crate::net::connect;
 use crate::segment::Peer;
-use crate::wire::{ConnKind, Header, Op, RejectCode, HEADER_LEN};
+use crate::wire::{RejectCode, HEADER_LEN};
 
-/// Largest payload (either way) a request may have to take a loop connection: the JS
-/// thread copies it.
-pub(crate) const LOOP_MAX: u64 = 64 << 10;
 /// Bytes read from the socket at once.
 const RX_BUFFER: usize = 128 << 10;
-/// Longest error text a reply may carry.
-const MAX_ERROR_TEXT: u64 = 4096;
-/// How long requests take the pool after a connection failed or broke.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// Loop connections of one transport, on any thread: what `fail_peer` and `shutdown`
-/// reach them through.
-#[derive(Default)]
-pub(crate) struct Registry {
-    conns: Mutex<Vec<Weak<LoopConn>>>,
-    /// Connections being made: a stream that lands after the transport closed, or that
-    /// no thread picks up before it closes, is dropped here, not left open in a table.
-    landing: Mutex<Vec<Weak<Landing>>>,
-    closed: std::sync::atomic::AtomicBool,
-}
-
-/// Where an I/O thread puts the stream it connected (or why it could not).
-type Landing = Mutex<Option<Result<std::net::TcpStream>>>;
-
-impl Registry {
-    fn add(&self, conn: &Arc<LoopConn>) {
-        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        conns.retain(|c| c.strong_count() > 0);
-        conns.push(Arc::downgrade(conn));
-    }
-
-    /// Breaks the connections to `peer` (every connection when `None`) with `error`.
-    pub(crate) fn break_all(&self, peer: Option<u64>, error: &Error) {
-        let conns: Vec<Arc<LoopConn>> = {
-            let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-            conns.iter().filter_map(Weak::upgrade).collect()
-        };
-        for c in conns {
-            if peer.is_none_or(|p| c.peer.handle() == p) {
-                c.break_with(error.clone());
-            }
-        }
-        if peer.is_none() {
-            self.closed
-                .store(true, std::sync::atomic::Ordering::Release);
-            let landing: Vec<Arc<Landing>> = {
-                let l = self.landing.lock().unwrap_or_else(|p| p.into_inner());
-                l.iter().filter_map(Weak::upgrade).collect()
-            };
-            for slot in landing {
-                slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            }
-        }
-    }
-
-    fn track(&self, slot: &Arc<Landing>) {
-        let mut l = self.landing.lock().unwrap_or_else(|p| p.into_inner());
-        l.retain(|s| s.strong_count() > 0);
-        l.push(Arc::downgrade(slot));
-    }
-}
-
-/// What a transport lends its loop connections.
-pub(crate) struct Lanes {
-    pub rt: Handle,
-    pub engine_id: u64,
-    pub connect_timeout: Duration,
-    pub registry: Arc<Registry>,
-}
-
-/// (engine, peer): a thread's loop connections are keyed by both.
-type Key = (u64, u64);
-
-/// A thread's connection to one peer, in whatever state it is.
-#[derive(Default)]
-struct Entry {
-    conn: Option<(Arc<LoopConn>, Box<dyn Watch>)>,
-    /// An I/O thread is connecting; the stream (or why not) lands here.
-    connecting: Option<Arc<Landing>>,
-    /// Requests take the pool until then.
-    retry_at: Option<Instant>,
-}
-
-/// A thread's entries. When the thread ends with entries left (its loop was never
-/// uninstalled, as at process exit), their watches are leaked, not dropped: the loop they
-/// belong to may be gone, and dropping one calls into it.
-#[derive(Default)]
-struct Table(FxHashMap<Key, Entry>);
-
-impl Drop for Table {
-    fn drop(&mut self) {
-        for (_, entry) in self.0.drain() {
-            if let Some((_, watch)) = entry.conn {
-                std::mem::forget(watch);
-            }
-        }
-    }
-}
 
 thread_local! {
     /// Bytes a write of this thread may hand the socket at once (test hook).
     static WRITE_CAP: Cell<usize> = const { Cell::new(usize::MAX) };
-    static ENTRIES: RefCell<Table> = RefCell::new(Table::default());
-}
-
-/// Sends `slice` on this thread's loop connection to its peer, when the thread has a loop
-/// and the connection is ready; otherwise hands it back for the pool.
-pub(super) fn try_send(
-    lanes: &Lanes,
-    peer: &Arc<Peer>,
-    slice: Slice,
-) -> std::result::Result<(), Slice> {
-    let Some(event_loop) = event_loop::current() else {
-        return Err(slice);
-    };
-    let key = (lanes.engine_id, peer.handle());
-    let conn = ENTRIES.with(|entries| {
-        let mut entries = entries.borrow_mut();
-        let entry = entries.0.entry(key).or_default();
-        if let Some((conn, _)) = &entry.conn {
-            match conn.readiness() {
-                Readiness::Ready => return Some(conn.clone()),
-                // The rest of a write is still going out: the pool takes this one.
-                Readiness::Busy => return None,
-                Readiness::Broken => {
-                    entry.conn = None;
-                    entry.retry_at = Some(Instant::now() + RETRY_AFTER);
-                }
-            }
-        }
-        if let Some(slot) = &entry.connecting {
-            let landed = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-            match landed {
-                None => return None,
-                Some(Ok(stream)) => {
-                    entry.connecting = None;
-                    let conn = Arc::new(LoopConn::new(key, peer.clone(), stream));
-                    match event_loop.watch(conn.sock.as_raw_fd(), conn.clone()) {
-                        Ok(watch) => {
-                            lanes.registry.add(&conn);
-                            entry.conn = Some((conn.clone(), watch));
-                            return Some(conn);
-                        }
-                        Err(e) => {
-                            tracing::debug!(error = %e, "event loop refused the connection");
-                            entry.retry_at = Some(Instant::now() + RETRY_AFTER);
-                            return None;
-                        }
-                    }
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(peer = peer.name(), error = %e, "loop connection failed");
-                    entry.connecting = None;
-                    entry.retry_at = Some(Instant::now() + RETRY_AFTER);
-                    return None;
-                }
-            }
-        }
-        if entry.retry_at.is_some_and(|at| Instant::now() < at) {
-            return None;
-        }
-        entry.retry_at = None;
-        entry.connecting = Some(start_connect(lanes, peer));
-        None
-    });
-    let Some(conn) = conn else {
-        return Err(slice);
-    };
-    let sent = conn.send(slice)?;
-    if sent.interest == Interest::ReadWrite {
-        ENTRIES.with(|entries| {
-            if let Some((c, watch)) = entries.borrow().0.get(&key).and_then(|e| e.conn.as_ref()) {
-                if Arc::ptr_eq(c, &conn) {
-                    watch.set_interest(Interest::ReadWrite);
-                }
-            }
-        });
-    }
-    sent.settle.settle();
-    Ok(())
 }
 
 /// Test hook: this thread's loop connections hand the socket at most `cap` bytes per
@@ -224,67 +38,8 @@ pub fn cap_writes_for_tests(cap: Option<usize>) {
     WRITE_CAP.with(|c| c.set(cap.unwrap_or(usize::MAX)));
 }
 
-/// Connects and authenticates on an I/O thread; the stream lands in the returned slot.
-fn start_connect(lanes: &Lanes, peer: &Arc<Peer>) -> Arc<Landing> {
-    let slot: Arc<Landing> = Arc::new(Mutex::new(None));
-    lanes.registry.track(&slot);
-    let registry = lanes.registry.clone();
-    let (addr, engine_id, timeout) = (
-        peer.descriptor().tcp_addr.clone(),
-        lanes.engine_id,
-        lanes.connect_timeout,
-    );
-    let landed = slot.clone();
-    lanes.rt.spawn(async move {
-        let stream = connect(&addr, ConnKind::Data, engine_id, timeout)
-            .await
-            .and_then(|(s, _)| s.into_std().map_err(|e| Error::io("loop connection", &e)))
-            .and_then(|s| {
-                s.set_nonblocking(true)
-                    .map_err(|e| Error::io("loop connection", &e))?;
-                Ok(s)
-            });
-        let mut landed = landed.lock().unwrap_or_else(|p| p.into_inner());
-        // Under the slot's lock: `break_all` either sees the stream and drops it, or has
-        // marked the registry closed before this looks.
-        if !registry.closed.load(std::sync::atomic::Ordering::Acquire) {
-            *landed = Some(stream);
-        }
-    });
-    slot
-}
-
-/// Breaks every loop connection of this thread and forgets them (its loop is going away).
-pub(crate) fn break_this_thread() {
-    let entries: Vec<Entry> = ENTRIES.with(|e| e.borrow_mut().0.drain().map(|(_, v)| v).collect());
-    for entry in entries {
-        if let Some((conn, watch)) = entry.conn {
-            conn.break_with(Error::Closed);
-            drop(watch);
-        }
-    }
-}
-
-/// Forgets this thread's entry for `conn` (it broke; the loop stops watching it).
-fn forget(conn: &LoopConn) {
-    // `try_with`: at thread exit the table may already be gone.
-    let _ = ENTRIES.try_with(|entries| {
-        let mut entries = entries.borrow_mut();
-        if let Some(entry) = entries.0.get_mut(&conn.key) {
-            if entry
-                .conn
-                .as_ref()
-                .is_some_and(|(c, _)| std::ptr::eq(Arc::as_ptr(c), conn))
-            {
-                entry.conn = None;
-                entry.retry_at = Some(Instant::now() + RETRY_AFTER);
-            }
-        }
-    });
-}
-
 /// Whether a connection takes a request now.
-enum Readiness {
+pub(super) enum Readiness {
     Ready,
     /// The rest of a write is waiting for the socket.
     Busy,
@@ -319,7 +74,7 @@ struct State {
 }
 
 /// One loop connection.
-pub(crate) struct LoopConn {
+pub(super) struct LoopConn {
     key: Key,
     peer: Arc<Peer>,
     sock: std::net::TcpStream,
@@ -328,13 +83,13 @@ pub(crate) struct LoopConn {
 
 /// Tasks to settle once the connection's lock is released (settling may submit again).
 #[derive(Default)]
-struct Settle {
+pub(super) struct Settle {
     done: SmallVec<[Slice; 4]>,
     failed: SmallVec<[(Slice, Error); 1]>,
 }
 
 impl Settle {
-    fn settle(self) {
+    pub(super) fn settle(self) {
         for s in self.done {
             s.task.slice_done(s.attempt, s.len);
         }
@@ -344,13 +99,13 @@ impl Settle {
     }
 }
 
-struct Sent {
-    interest: Interest,
-    settle: Settle,
+pub(super) struct Sent {
+    pub(super) interest: Interest,
+    pub(super) settle: Settle,
 }
 
 impl LoopConn {
-    fn new(key: Key, peer: Arc<Peer>, sock: std::net::TcpStream) -> Self {
+    pub(super) fn new(key: Key, peer: Arc<Peer>, sock: std::net::TcpStream) -> Self {
         Self {
             key,
             peer,
@@ -368,11 +123,25 @@ impl LoopConn {
         }
     }
 
+    /// The (engine, peer) this thread's table keeps it under.
+    pub(super) fn key(&self) -> Key {
+        self.key
+    }
+
+    pub(super) fn peer_handle(&self) -> u64 {
+        self.peer.handle()
+    }
+
+    /// The socket, for the loop to watch (it stays open as long as `self`).
+    pub(super) fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn readiness(&self) -> Readiness {
+    pub(super) fn readiness(&self) -> Readiness {
         let st = self.lock();
         match (st.open, st.out.is_empty()) {
             (false, _) => Readiness::Broken,
@@ -383,7 +152,7 @@ impl LoopConn {
 
     /// Fails everything in flight with `error` and shuts the socket down (from any
     /// thread); the loop then sees the end of the stream and lets go of it.
-    pub(crate) fn break_with(&self, error: Error) {
+    pub(super) fn break_with(&self, error: Error) {
         let settle = {
             let mut st = self.lock();
             Self::close(&mut st, &error)
@@ -419,13 +188,13 @@ impl LoopConn {
 
     /// Registers `slice` and writes its frame (on the loop's thread). Hands the slice back
     /// when the connection cannot take it now.
-    fn send(&self, slice: Slice) -> std::result::Result<Sent, Slice> {
+    pub(super) fn send(&self, slice: Slice) -> std::result::Result<Sent, Slice> {
         let mut st = self.lock();
         if !st.open || !st.out.is_empty() {
             return Err(slice);
         }
         let mut settle = Settle::default();
-        let payload = match Window::new(&slice.region, slice.local_offset, slice.payload_len()) {
+        let payload = match slice.payload() {
             Ok(w) => w,
             Err(e) => {
                 settle.failed.push((slice, e));
@@ -435,18 +204,10 @@ impl LoopConn {
                 });
             }
         };
-        let mut h = Header::new(match slice.opcode {
-            Opcode::Write => Op::WriteReq,
-            Opcode::Read => Op::ReadReq,
-        });
         st.next_id = st.next_id.wrapping_add(1);
-        h.request_id = st.next_id;
-        h.buffer_id = slice.buffer;
-        h.offset = slice.remote_offset;
-        h.length = slice.len;
-        h.token = slice.token;
-        let header = h.encode();
-        st.inflight.insert(h.request_id, slice);
+        let id = st.next_id;
+        let header = slice.header(id);
+        st.inflight.insert(id, slice);
         let body = payload.as_slice();
         let total = HEADER_LEN + body.len();
         let cap = WRITE_CAP.with(Cell::get);
@@ -557,13 +318,7 @@ impl LoopConn {
                     Some(Body::Read { slice, .. }) => settle.done.push(slice),
                     Some(Body::Error {
                         slice, text, code, ..
-                    }) => {
-                        let error = Error::RemoteRejected(format!(
-                            "{code:?}: {}",
-                            String::from_utf8_lossy(&text)
-                        ));
-                        settle.failed.push((slice, error));
-                    }
+                    }) => settle.failed.push((slice, reply::refusal(code, &text))),
                     None => {}
                 }
                 continue;
@@ -571,40 +326,37 @@ impl LoopConn {
             if avail < HEADER_LEN {
                 return Ok(());
             }
-            let h = Header::decode(&st.rx[st.rx_start..st.rx_start + HEADER_LEN])
-                .map_err(|e| Error::Protocol(e.to_string()))?;
+            let State {
+                rx,
+                rx_start,
+                inflight,
+                ..
+            } = &mut *st;
+            let header = &rx[*rx_start..*rx_start + HEADER_LEN];
+            let decoded = reply::decode(header, |id| inflight.remove(&id), Slice::asked);
             st.rx_start += HEADER_LEN;
-            let Some(slice) = st.inflight.remove(&h.request_id) else {
-                return Err(Error::Protocol(format!(
-                    "reply to unknown request {}",
-                    h.request_id
-                )));
-            };
-            match (h.op, slice.opcode) {
-                (Op::WriteAck, Opcode::Write) if h.length == 0 => settle.done.push(slice),
-                (Op::ReadResp, Opcode::Read) if h.length == slice.len => {
-                    match Window::new(&slice.region, slice.local_offset, slice.len) {
-                        Ok(dst) => st.body = Some(Body::Read { slice, dst, got: 0 }),
-                        Err(e) => {
-                            settle.failed.push((slice, e.clone()));
-                            return Err(e);
-                        }
+            match decoded {
+                Ok((slice, Reply::Written)) => settle.done.push(slice),
+                Ok((slice, Reply::Read { .. })) => match slice.destination() {
+                    Ok(dst) => st.body = Some(Body::Read { slice, dst, got: 0 }),
+                    Err(e) => {
+                        settle.failed.push((slice, e.clone()));
+                        return Err(e);
                     }
-                }
-                (Op::Error, _) if h.length <= MAX_ERROR_TEXT => {
+                },
+                Ok((slice, Reply::Refused { code, text_len })) => {
                     st.body = Some(Body::Error {
                         slice,
-                        text: Vec::new(),
-                        want: h.length as usize,
-                        code: RejectCode::from_raw(h.flags),
+                        text: Vec::with_capacity(text_len),
+                        want: text_len,
+                        code,
                     });
                 }
-                (op, expected) => {
-                    let error = Error::Protocol(format!(
-                        "{op:?} (len {}) in reply to a {expected:?}",
-                        h.length
-                    ));
-                    settle.failed.push((slice, error.clone()));
+                Err(broken) => {
+                    let error = Error::from(broken.violation);
+                    if let Some(slice) = broken.request {
+                        settle.failed.push((slice, error.clone()));
+                    }
                     return Err(error);
                 }
             }
@@ -652,8 +404,10 @@ mod tests {
     //! each breaks the connection with a protocol error, fails what it answered, and
     //! writes no byte of the region the request would have landed in.
     use super::*;
+    use crate::kind::Opcode;
     use crate::memory::RegionTable;
     use crate::task::tests::waiting_task;
+    use crate::wire::{Header, Op, MAX_ERROR_PAYLOAD};
 
     const LEN: u64 = 4096;
     /// What the region holds before any reply: a byte no test reply carries.
@@ -788,7 +542,7 @@ mod tests {
             (Op::WriteAck, Opcode::Read, 0),
             (Op::WriteAck, Opcode::Write, 1),
             (Op::WriteReq, Opcode::Write, 0),
-            (Op::Error, Opcode::Read, MAX_ERROR_TEXT + 1),
+            (Op::Error, Opcode::Read, MAX_ERROR_PAYLOAD + 1),
         ] {
             let rig = rig();
             rig.in_flight(3, asked);

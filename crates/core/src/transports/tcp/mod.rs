@@ -1,0 +1,237 @@
+//! The TCP transport, initiator side (the serving side lives in `server.rs`). Per peer, a
+//! small pool of data connections run by the I/O threads (`pool_conn`, their outgoing
+//! frames in `outgoing`); a small awaited request from a thread with an event loop goes on
+//! that thread's own connection instead, which its loop watches (`event_loop`,
+//! `loop_conn`). Both build request frames in `request` and decode replies in `reply`,
+//! the pure core: one encoder and one decoder, so both paths apply the same guards.
+
+pub(crate) mod event_loop;
+pub(crate) mod loop_conn;
+mod outgoing;
+mod pool_conn;
+mod reply;
+mod request;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+pub use crate::config::TcpConfig;
+use crate::error::{Error, Result};
+use crate::kind::TransportKind;
+use crate::segment::Peer;
+use crate::task::Observer;
+use crate::transport::{Attempt, Transport, TransportContext, TransportFactory};
+use crate::wire::MAX_DATA_PAYLOAD;
+
+use event_loop::{Lanes, LOOP_MAX};
+use pool_conn::{PoolConn, Slices};
+use request::Slice;
+
+/// A peer's data connections, taken in turn.
+struct PeerPool {
+    conns: Vec<Arc<PoolConn>>,
+    next: AtomicUsize,
+}
+
+/// Builds the TCP transport.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpFactory(pub TcpConfig);
+
+impl TransportFactory for TcpFactory {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>> {
+        Ok(Arc::new(TcpTransport::new(
+            context.handle,
+            context.engine_id,
+            self.0,
+            context.shutdown,
+        )))
+    }
+}
+
+/// The TCP transport.
+pub struct TcpTransport {
+    rt: Handle,
+    local_engine_id: u64,
+    config: TcpConfig,
+    pools: Mutex<FxHashMap<u64, Arc<PeerPool>>>,
+    shutdown: CancellationToken,
+    /// Set by `shutdown`: what a submit checks (`CancellationToken::is_cancelled` takes a
+    /// mutex, which threads submitting side by side queue on).
+    closed: AtomicBool,
+    /// Connections watched by submitting threads' event loops (`event_loop`).
+    lanes: Lanes,
+}
+
+impl TcpTransport {
+    /// A transport whose connection actors run on `rt`.
+    pub fn new(
+        rt: Handle,
+        local_engine_id: u64,
+        config: TcpConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let mut config = config;
+        config.connections_per_peer = config.connections_per_peer.clamp(1, 64);
+        config.slice_size = config.slice_size.clamp(4096, MAX_DATA_PAYLOAD);
+        let lanes = Lanes {
+            rt: rt.clone(),
+            engine_id: local_engine_id,
+            connect_timeout: config.connect_timeout,
+            registry: Arc::default(),
+        };
+        Self {
+            rt,
+            local_engine_id,
+            config,
+            pools: Mutex::new(FxHashMap::default()),
+            shutdown,
+            closed: AtomicBool::new(false),
+            lanes,
+        }
+    }
+
+    fn pool(&self, peer: &Arc<Peer>) -> Arc<PeerPool> {
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools
+            .entry(peer.handle())
+            .or_insert_with(|| {
+                let conns = (0..self.config.connections_per_peer)
+                    .map(|_| {
+                        PoolConn::start(
+                            peer,
+                            &self.rt,
+                            self.shutdown.clone(),
+                            self.local_engine_id,
+                            self.config.connect_timeout,
+                        )
+                    })
+                    .collect();
+                Arc::new(PeerPool {
+                    conns,
+                    next: AtomicUsize::new(0),
+                })
+            })
+            .clone()
+    }
+
+    fn submit_attempt(&self, a: &Attempt) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let task = &a.task;
+        let req = task.request();
+        if req.peer.is_lost() {
+            return Err(req.peer.lost_error());
+        }
+        let token = req.descriptor.token_bytes()?;
+        let pool = self.pool(&req.peer);
+        let slice_size = self.config.slice_size;
+        let count = u32::try_from(req.slice_count(slice_size)).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "request of {} bytes has too many slices",
+                req.length
+            ))
+        })?;
+        task.expect_slices(a.attempt, count);
+        let slice_of = |piece: crate::request::Span| Slice {
+            task: task.clone(),
+            attempt: a.attempt,
+            opcode: req.opcode,
+            region: req.local.clone(),
+            local_offset: piece.local_offset,
+            buffer: req.remote_buffer,
+            remote_offset: piece.remote_offset,
+            len: piece.length,
+            token,
+        };
+        let conns = pool.conns.len();
+        if count == 1 && task.observer() == Observer::Progress && req.length <= LOOP_MAX {
+            // A small awaited request from a thread with an event loop: that loop watches
+            // the reply (`event_loop`), when its connection is ready.
+            let piece = req.slices(slice_size).next();
+            if let Some(piece) = piece {
+                if let Err(slice) = event_loop::try_send(&self.lanes, &req.peer, slice_of(piece)) {
+                    let first = pool.next.fetch_add(1, Ordering::Relaxed);
+                    pool.conns[first % conns].send(smallvec::smallvec![slice]);
+                }
+                return Ok(());
+            }
+        }
+        // Round robin from where the pool stands; with many slices (a gather, or a large
+        // request) each connection gets its share as one list, written together.
+        let first = pool.next.fetch_add(count as usize, Ordering::Relaxed);
+        let ways = conns.min(count as usize);
+        let mut shares: SmallVec<[Slices; 2]> = (0..ways).map(|_| Slices::new()).collect();
+        for (i, piece) in req.slices(slice_size).enumerate() {
+            shares[i % ways].push(slice_of(piece));
+        }
+        for (i, share) in shares.into_iter().enumerate() {
+            pool.conns[(first + i) % conns].send(share);
+        }
+        Ok(())
+    }
+
+    fn pools(&self) -> Vec<Arc<PeerPool>> {
+        let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.values().cloned().collect()
+    }
+}
+
+impl Transport for TcpTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Tcp
+    }
+
+    fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
+        attempts.iter().map(|a| self.submit_attempt(a)).collect()
+    }
+
+    fn submit_one(&self, attempt: &Attempt) -> Result<()> {
+        self.submit_attempt(attempt)
+    }
+
+    fn fail_peer(&self, peer: &Peer, error: Error) {
+        let pool = {
+            let pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+            pools.get(&peer.handle()).cloned()
+        };
+        self.lanes.registry.break_all(Some(peer.handle()), &error);
+        if let Some(pool) = pool {
+            for conn in &pool.conns {
+                conn.fail_all(&error);
+                conn.fail_queued(&error);
+                conn.cancel();
+            }
+        }
+    }
+
+    fn forget_peer(&self, peer: &Peer, error: Error) {
+        self.fail_peer(peer, error);
+        self.pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&peer.handle());
+    }
+
+    fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.shutdown.cancel();
+        self.lanes.registry.break_all(None, &Error::Closed);
+        for pool in self.pools() {
+            for conn in &pool.conns {
+                conn.fail_all(&Error::Closed);
+                conn.fail_queued(&Error::Closed);
+            }
+        }
+        self.pools.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}

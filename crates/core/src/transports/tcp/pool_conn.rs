@@ -1,0 +1,411 @@
+//! A connection of a peer's pool, run by the I/O threads. Each connection is an actor that
+//! connects on demand (with backoff after failures), writes slices straight from
+//! registered memory, and reads WRITE acks and READ payloads straight into registered
+//! memory. Many slices are in flight per connection. A reset, an EOF or a protocol
+//! violation fails every in-flight slice on that connection at once.
+//!
+//! When the connection is idle, the submitting thread writes a submission's frames itself:
+//! non-blocking `writev`s of what the socket takes at once, no thread hand-off. It does so
+//! for every polled submission (the batch API, tebench's workers: one op in flight then
+//! starts moving without waiting for another thread, which a stolen vCPU would delay), and
+//! for small ones of the Promise path (its caller is a JS thread). A request of many slices
+//! (a gather of blocks) gives each connection its share as one list, and those frames leave
+//! together in as few `writev` calls as the socket allows. Everything else (large Promise
+//! frames, frames behind others, the rest of a partial write) goes through the connection's
+//! writer task, which keeps frames in submission order and writes what it has queued in
+//! batches too.
+//!
+//! Replies are decoded by `reply::decode`, the same decoder the loop connections use.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use tokio::io::{AsyncReadExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::outgoing::{complete_prefix, write_frames, Frame, Queued, WriteState, BATCH_IOVECS};
+use super::reply::{self, Reply};
+use super::request::Slice;
+use crate::error::Error;
+use crate::net::{connect, read_header_bytes};
+use crate::segment::Peer;
+use crate::task::Observer;
+use crate::wire::ConnKind;
+
+const BACKOFF_START: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+const IO_BUFFER: usize = 64 << 10;
+/// Frames up to this payload size may be written by the submitting thread itself.
+const INLINE_MAX: u64 = 64 << 10;
+/// A submission's frames for one connection are written inline together up to this many
+/// payload bytes (a gather of small blocks: one `writev` instead of one per block).
+const INLINE_BATCH_MAX: u64 = 1 << 20;
+/// Frames the writer task takes from its queue for one `writev` round, at most.
+const WRITER_BATCH: usize = BATCH_IOVECS / 2;
+/// Payload bytes the writer task takes from its queue at once, at most (beyond the first
+/// frame).
+const WRITER_BATCH_BYTES: u64 = 1 << 20;
+
+/// One submission's slices for one connection (most often one slice: inline).
+pub(super) type Slices = SmallVec<[Slice; 1]>;
+
+#[derive(Default)]
+struct Inflight {
+    open: bool,
+    next_id: u64,
+    slices: HashMap<u64, Slice>,
+}
+
+/// One connection of a peer's pool.
+pub(super) struct PoolConn {
+    peer: Arc<Peer>,
+    inflight: Mutex<Inflight>,
+    write: Mutex<WriteState>,
+    /// Wakes the actor: work was queued.
+    work: Notify,
+    current: Mutex<CancellationToken>,
+}
+
+impl PoolConn {
+    /// A connection to `peer`, its actor spawned on `rt`: it connects when work arrives.
+    pub(super) fn start(
+        peer: &Arc<Peer>,
+        rt: &Handle,
+        shutdown: CancellationToken,
+        local_engine_id: u64,
+        connect_timeout: Duration,
+    ) -> Arc<Self> {
+        let conn = Arc::new(Self {
+            peer: peer.clone(),
+            inflight: Mutex::new(Inflight::default()),
+            write: Mutex::new(WriteState::default()),
+            work: Notify::new(),
+            current: Mutex::new(CancellationToken::new()),
+        });
+        rt.spawn(conn_actor(
+            conn.clone(),
+            shutdown,
+            local_engine_id,
+            connect_timeout,
+        ));
+        conn
+    }
+
+    /// Breaks the connection now (its actor fails what was in flight); the next work
+    /// connects again.
+    pub(super) fn cancel(&self) {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .cancel();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inflight> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_state(&self) -> MutexGuard<'_, WriteState> {
+        self.write.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers a slice as in flight and builds its frame; hands the slice back if the
+    /// connection is closing.
+    fn register(&self, slice: Slice) -> std::result::Result<Frame, Slice> {
+        let payload = match slice.payload() {
+            Ok(w) => w,
+            Err(e) => {
+                slice.task.attempt_failed(slice.attempt, e);
+                return Err(slice);
+            }
+        };
+        let mut inf = self.lock();
+        if !inf.open {
+            return Err(slice);
+        }
+        inf.next_id = inf.next_id.wrapping_add(1);
+        let id = inf.next_id;
+        let header = slice.header(id);
+        inf.slices.insert(id, slice);
+        Ok(Frame {
+            header,
+            payload,
+            written: 0,
+        })
+    }
+
+    fn take(&self, id: u64) -> Option<Slice> {
+        self.lock().slices.remove(&id)
+    }
+
+    /// Sends slices of one submission for this connection, in order. When the connection
+    /// is idle, this thread registers them and writes what the socket takes at once, in
+    /// as few `writev` calls as it allows; the writer task finishes the rest. That is
+    /// every submission of a polled task (its caller waits for it anyway, and one op in
+    /// flight then waits for no other thread to start moving), and small ones of the
+    /// Promise path (whose caller is a JS thread, which a long copy into the socket would
+    /// block). Otherwise they are queued for the writer task.
+    pub(super) fn send(&self, slices: Slices) {
+        let mut st = self.write_state();
+        let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty();
+        let small = slices.iter().all(|s| s.payload_len() <= INLINE_MAX)
+            && slices.iter().map(Slice::payload_len).sum::<u64>() <= INLINE_BATCH_MAX;
+        let polled = slices
+            .first()
+            .is_some_and(|s| s.task.observer() == Observer::Poll);
+        let half = match &st.half {
+            Some(h) if idle && (small || polled) => h.clone(),
+            _ => {
+                st.queue.extend(slices.into_iter().map(Queued::Fresh));
+                drop(st);
+                self.work.notify_one();
+                return;
+            }
+        };
+        // This thread is the connection's writer until it hands the rest back below; the
+        // copy into the socket runs outside the lock, so other submitters queue meanwhile
+        // instead of waiting for it.
+        st.inline_busy = true;
+        drop(st);
+        let mut frames: SmallVec<[Frame; 1]> = SmallVec::with_capacity(slices.len());
+        let mut unregistered = VecDeque::new();
+        let mut rest = slices.into_iter();
+        while let Some(slice) = rest.next() {
+            match self.register(slice) {
+                Ok(f) => frames.push(f),
+                Err(slice) => {
+                    // Closing: the actor decides for this one and the rest (reconnect or
+                    // fail); the registered ones are failed with the connection.
+                    unregistered.push_back(Queued::Fresh(slice));
+                    unregistered.extend(rest.by_ref().map(Queued::Fresh));
+                }
+            }
+        }
+        let _ = write_frames(&half, &mut frames);
+        let written = complete_prefix(&frames);
+        let mut st = self.write_state();
+        st.hand_back(&half, frames.into_iter().skip(written), unregistered);
+        if st.queue.is_empty() {
+            return;
+        }
+        drop(st);
+        self.work.notify_one();
+    }
+
+    /// Closes the connection's books and fails everything in flight with `error`.
+    pub(super) fn fail_all(&self, error: &Error) {
+        let drained: Vec<Slice> = {
+            let mut inf = self.lock();
+            inf.open = false;
+            inf.slices.drain().map(|(_, s)| s).collect()
+        };
+        for s in drained {
+            s.task.attempt_failed(s.attempt, error.clone());
+        }
+    }
+
+    /// Fails every slice still queued.
+    pub(super) fn fail_queued(&self, error: &Error) {
+        let queued: Vec<Queued> = self.write_state().queue.drain(..).collect();
+        for q in queued {
+            if let Queued::Fresh(s) = q {
+                s.task.attempt_failed(s.attempt, error.clone());
+            }
+        }
+    }
+
+    fn error_for_break(&self, cause: Error) -> Error {
+        if self.peer.is_lost() {
+            self.peer.lost_error()
+        } else {
+            cause
+        }
+    }
+}
+
+/// Owns one data connection's life: connect on demand, run, fail what was in flight when
+/// it breaks, and start again when more work arrives.
+async fn conn_actor(
+    conn: Arc<PoolConn>,
+    shutdown: CancellationToken,
+    local_engine_id: u64,
+    connect_timeout: Duration,
+) {
+    let mut backoff = BACKOFF_START;
+    let mut retry_at: Option<(Instant, Error)> = None;
+    loop {
+        // Wait for queued work.
+        while conn.write_state().queue.is_empty() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = conn.work.notified() => {}
+            }
+        }
+        if conn.peer.is_lost() {
+            conn.fail_queued(&conn.peer.lost_error());
+            continue;
+        }
+        if let Some((at, err)) = &retry_at {
+            if Instant::now() < *at {
+                conn.fail_queued(err);
+                continue;
+            }
+        }
+        let addr = conn.peer.descriptor().tcp_addr.clone();
+        let connected = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            c = connect(&addr, ConnKind::Data, local_engine_id, connect_timeout) => c,
+        };
+        let stream = match connected {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::debug!(peer = conn.peer.name(), error = %e, "data connect failed");
+                conn.fail_queued(&e);
+                retry_at = Some((Instant::now() + backoff, e));
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                continue;
+            }
+        };
+        backoff = BACKOFF_START;
+        retry_at = None;
+        let cancel = shutdown.child_token();
+        *conn.current.lock().unwrap_or_else(|p| p.into_inner()) = cancel.clone();
+        let (rd, wr) = stream.into_split();
+        let half = Arc::new(wr);
+        conn.lock().open = true;
+        conn.write_state().half = Some(half.clone());
+        let cause = tokio::select! {
+            _ = cancel.cancelled() => Error::Closed,
+            e = read_loop(&conn, BufReader::with_capacity(IO_BUFFER, rd)) => e,
+            e = write_loop(&conn, &half) => e,
+        };
+        let error = conn.error_for_break(cause);
+        tracing::debug!(peer = conn.peer.name(), error = %error, "data connection ended");
+        {
+            let mut st = conn.write_state();
+            st.half = None;
+            st.writer_busy = false;
+            // Partly written frames are registered: `fail_all` below fails them.
+            st.queue.retain(|q| matches!(q, Queued::Fresh(_)));
+        }
+        conn.fail_all(&error);
+    }
+}
+
+/// Takes the next frames to write from the queue: the front item and, behind it, more
+/// up to [`WRITER_BATCH`] frames and [`WRITER_BATCH_BYTES`] of payload, so that a queue
+/// of small frames leaves in one `writev`. Marks the writer busy while it holds any.
+fn next_batch(conn: &PoolConn) -> Vec<Frame> {
+    let mut frames = Vec::new();
+    let mut bytes = 0u64;
+    loop {
+        let next = {
+            let mut st = conn.write_state();
+            let full = frames.len() >= WRITER_BATCH || bytes >= WRITER_BATCH_BYTES;
+            let next = if full { None } else { st.take_for_writer() };
+            st.writer_busy = next.is_some() || !frames.is_empty();
+            next
+        };
+        let frame = match next {
+            None => return frames,
+            Some(Queued::Partial(frame)) => frame,
+            Some(Queued::Fresh(slice)) => {
+                if slice.task.status().is_terminal() || slice.task.attempt() != slice.attempt {
+                    continue; // canceled, failed or failed over: do not spend bandwidth on it
+                }
+                match conn.register(slice) {
+                    Ok(frame) => frame,
+                    Err(slice) => {
+                        let error = conn.error_for_break(Error::Io("connection closing".into()));
+                        slice.task.attempt_failed(slice.attempt, error);
+                        continue;
+                    }
+                }
+            }
+        };
+        bytes += (frame.total() - frame.written) as u64;
+        frames.push(frame);
+    }
+}
+
+/// Writes queued frames in order until the connection fails.
+async fn write_loop(conn: &PoolConn, half: &OwnedWriteHalf) -> Error {
+    loop {
+        let mut frames = next_batch(conn);
+        if frames.is_empty() {
+            conn.work.notified().await;
+            continue;
+        }
+        loop {
+            match write_frames(half, &mut frames) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if let Err(e) = half.writable().await {
+                        return Error::io("send", &e);
+                    }
+                }
+                Err(e) => return Error::io("send", &e),
+            }
+        }
+    }
+}
+
+async fn read_loop(conn: &PoolConn, mut r: BufReader<OwnedReadHalf>) -> Error {
+    loop {
+        let header = match read_header_bytes(&mut r).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Error::Io("connection closed by peer".into()),
+            Err(e) => {
+                if matches!(e, Error::Protocol(_)) {
+                    tracing::warn!(peer = conn.peer.name(), error = %e, "dropping data connection");
+                }
+                return e;
+            }
+        };
+        let (slice, reply) = match reply::decode(&header, |id| conn.take(id), Slice::asked) {
+            Ok(decoded) => decoded,
+            Err(broken) => {
+                let error = Error::from(broken.violation);
+                tracing::warn!(peer = conn.peer.name(), error = %error, "dropping data connection");
+                if let Some(slice) = broken.request {
+                    slice.task.attempt_failed(slice.attempt, error.clone());
+                }
+                return error;
+            }
+        };
+        match reply {
+            Reply::Written => slice.task.slice_done(slice.attempt, slice.len),
+            Reply::Read { .. } => {
+                let mut dst = match slice.destination() {
+                    Ok(w) => w,
+                    Err(e) => {
+                        slice.task.attempt_failed(slice.attempt, e.clone());
+                        return e;
+                    }
+                };
+                if let Err(e) = r.read_exact(dst.as_mut_slice()).await {
+                    let err = Error::io("receive READ payload", &e);
+                    slice.task.attempt_failed(slice.attempt, err.clone());
+                    return err;
+                }
+                slice.task.slice_done(slice.attempt, slice.len);
+            }
+            Reply::Refused { code, text_len } => {
+                let mut text = vec![0u8; text_len];
+                if let Err(e) = r.read_exact(&mut text).await {
+                    let err = Error::io("receive error text", &e);
+                    slice.task.attempt_failed(slice.attempt, err.clone());
+                    return err;
+                }
+                slice
+                    .task
+                    .attempt_failed(slice.attempt, reply::refusal(code, &text));
+            }
+        }
+    }
+}

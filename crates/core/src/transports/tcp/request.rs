@@ -1,0 +1,150 @@
+//! The request side of the tcp data protocol: one slice of a task, the one encoder of the
+//! request frame that carries it, and what its reply must match ([`reply::Asked`]). Both
+//! ways a slice travels (a pool connection, `pool_conn`; a JS thread's own connection,
+//! `loop_conn`) build their frames here.
+
+use std::sync::Arc;
+
+use super::reply::Asked;
+use crate::error::Result;
+use crate::kind::Opcode;
+use crate::lanes::Lent;
+use crate::memory::{Region, Window};
+use crate::task::Task;
+use crate::wire::{Header, Op, Token, HEADER_LEN};
+
+/// One slice of a task, queued or in flight.
+pub(super) struct Slice {
+    pub(super) task: Arc<Task>,
+    pub(super) attempt: u32,
+    pub(super) opcode: Opcode,
+    pub(super) region: Lent<Region>,
+    pub(super) local_offset: u64,
+    pub(super) buffer: u64,
+    pub(super) remote_offset: u64,
+    pub(super) len: u64,
+    pub(super) token: Token,
+}
+
+impl Slice {
+    /// Bytes of payload this slice's request frame carries.
+    pub(super) fn payload_len(&self) -> u64 {
+        match self.opcode {
+            Opcode::Write => self.len,
+            Opcode::Read => 0,
+        }
+    }
+
+    /// The request frame's payload (empty for a READ), checked to lie in the local region.
+    pub(super) fn payload(&self) -> Result<Window> {
+        Window::new(&self.region, self.local_offset, self.payload_len())
+    }
+
+    /// The request frame's header, sent as request `request_id` of its connection.
+    pub(super) fn header(&self, request_id: u64) -> [u8; HEADER_LEN] {
+        encode(
+            self.opcode,
+            self.buffer,
+            self.remote_offset,
+            self.len,
+            self.token,
+            request_id,
+        )
+    }
+
+    /// What the reply to this slice must match.
+    pub(super) fn asked(&self) -> Asked {
+        Asked {
+            opcode: self.opcode,
+            len: self.len,
+            room: (self.region.len() as u64).saturating_sub(self.local_offset),
+        }
+    }
+
+    /// Where a READ reply's payload lands: the slice's range of the local region.
+    pub(super) fn destination(&self) -> Result<Window> {
+        Window::new(&self.region, self.local_offset, self.len)
+    }
+}
+
+/// The header of a request frame: WRITE `len` payload bytes (which follow it) at
+/// `offset` of the target's buffer `buffer`, or READ `len` bytes from there, under the
+/// segment's `token`. The target echoes `request_id` in its reply.
+fn encode(
+    opcode: Opcode,
+    buffer: u64,
+    offset: u64,
+    len: u64,
+    token: Token,
+    request_id: u64,
+) -> [u8; HEADER_LEN] {
+    let mut h = Header::new(match opcode {
+        Opcode::Write => Op::WriteReq,
+        Opcode::Read => Op::ReadReq,
+    });
+    h.request_id = request_id;
+    h.buffer_id = buffer;
+    h.offset = offset;
+    h.length = len;
+    h.token = token;
+    h.encode()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::RegionTable;
+    use crate::task::tests::waiting_task;
+
+    fn slice(opcode: Opcode, local_offset: u64, len: u64) -> Slice {
+        let region = RegionTable::default().allocate(8192).expect("region");
+        Slice {
+            task: waiting_task().0,
+            attempt: 1,
+            opcode,
+            region: Lent::new(region),
+            local_offset,
+            buffer: 7,
+            remote_offset: 300,
+            len,
+            token: [5; 16],
+        }
+    }
+
+    #[test]
+    fn a_request_header_says_what_the_slice_asks() {
+        for (opcode, op, payload) in [
+            (Opcode::Write, Op::WriteReq, 4096),
+            (Opcode::Read, Op::ReadReq, 0),
+        ] {
+            let s = slice(opcode, 100, 4096);
+            let h = Header::decode(&s.header(42)).expect("header");
+            assert_eq!(
+                (h.op, h.request_id, h.buffer_id, h.offset, h.length, h.token),
+                (op, 42, 7, 300, 4096, [5; 16])
+            );
+            // A READ asks for its length and carries none of it.
+            assert_eq!(h.payload_len(), payload);
+            assert_eq!(s.payload_len(), payload);
+            assert_eq!(s.payload().expect("payload").len() as u64, payload);
+        }
+    }
+
+    #[test]
+    fn a_slice_asks_for_what_its_region_can_take() {
+        let s = slice(Opcode::Read, 100, 4096);
+        assert_eq!(
+            s.asked(),
+            Asked {
+                opcode: Opcode::Read,
+                len: 4096,
+                room: 8192 - 100
+            }
+        );
+        assert_eq!(s.destination().expect("dst").len(), 4096);
+        // An offset past the region's end leaves no room (and no window), not a wrap.
+        let s = slice(Opcode::Read, 9000, 4096);
+        assert_eq!(s.asked().room, 0);
+        assert!(s.destination().is_err());
+    }
+}
