@@ -2,7 +2,21 @@
 //! resetting and reconnecting them, attaching a peer, failing a link, and accepting a
 //! peer's endpoint (the target's side).
 
-use super::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use ferry_core::control::transport_request;
+use ferry_core::segment::Peer;
+use ferry_core::{Error, Result, TransportKind};
+
+use super::endpoint::Endpoint;
+use super::handshake::{self, ConnectRequest, EndpointInfo};
+use super::parse_gid;
+use super::peer_link::PeerLink;
+use super::published::PeerInfo;
+use super::{PassiveQp, Shared};
+use crate::provider::VerbsError;
 
 impl Shared {
     /// Moves the endpoint's QP to ERR, fails every slice on it with `error()`, forgets it
@@ -164,16 +178,9 @@ impl Shared {
 
     pub(super) async fn attach(self: Arc<Self>, peer: Arc<Peer>) -> Result<()> {
         let desc = peer.descriptor();
-        let info: PeerInfo = desc
-            .transport_info
-            .get("rdma")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-            .ok_or_else(|| {
-                Error::TransportUnavailable(format!(
-                    "rdma: {} publishes no rdma device",
-                    peer.name()
-                ))
-            })?;
+        let info = PeerInfo::published(&desc).ok_or_else(|| {
+            Error::TransportUnavailable(format!("rdma: {} publishes no rdma device", peer.name()))
+        })?;
         if info.provider != self.provider.name() {
             return Err(Error::TransportUnavailable(format!(
                 "rdma: {} uses the {} provider, this engine {}",
@@ -258,7 +265,12 @@ impl Shared {
             .ok_or_else(|| bad(format!("no device {}", req.device)))?;
         let remote_gid = parse_gid(&req.endpoint.gid)
             .ok_or_else(|| bad(format!("bad gid {:?}", req.endpoint.gid)))?;
-        if self.passive.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_PASSIVE {
+        if self
+            .passive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_full()
+        {
             return Err(bad("too many connections".into()));
         }
         // The target side posts nothing: one send slot is all it needs.
@@ -268,14 +280,7 @@ impl Shared {
         self.passive
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                (req.engine_id, req.slot),
-                PassiveQp {
-                    _qp: qp,
-                    _cq: cq,
-                    orphaned_since: None,
-                },
-            );
+            .insert(req.engine_id, req.slot, PassiveQp { _qp: qp, _cq: cq });
         serde_json::to_vec(&local).map_err(|e| bad(format!("encode: {e}")))
     }
 }

@@ -9,38 +9,48 @@
 //! failed post moves the queue pair to ERR, fails every slice on that endpoint at once
 //! (the engine fails them over), and reconnects the endpoint in the background with
 //! backoff. A peer declared lost by the control plane fails its slices at once.
+//!
+//! Decisions and bookkeeping make no verbs call and are tested alone: `published` (what
+//! descriptors carry), `passive` (the target side's queue pairs, capped, and released once
+//! their initiator engine has gone), `gid`, `config`, and the choices at the bottom of
+//! `device` and `submit`; `peer_link` holds the state towards one peer. The shells make the
+//! verbs calls: `device` (opening devices, making queue pairs), `submit` and `endpoint`
+//! (posting; `endpoint` also keeps the table of posted slices), `poller` (completions and
+//! deadlines), `links` and `handshake` (connection setup, reset, reconnect).
 
 mod config;
+mod device;
 mod endpoint;
 mod gid;
 mod handshake;
 mod links;
+mod passive;
+mod peer_link;
 mod poller;
+mod published;
+mod submit;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use ferry_core::control::transport_request;
 use ferry_core::memory::{Access, Region, RegionId};
-use ferry_core::segment::{Peer, SegmentDescriptor};
+use ferry_core::segment::Peer;
 use ferry_core::transport::{
     Attempt, BoxFuture, ControlPeers, Transport, TransportContext, TransportFactory,
 };
-use ferry_core::{Error, Opcode, Result, TransportKind};
-use serde::{Deserialize, Serialize};
+use ferry_core::{Error, Result, TransportKind};
 
 pub use config::{ProviderChoice, RdmaConfig};
 pub use gid::{choose_gid_index, gid_hex, parse_gid, GidEntry};
 
-use endpoint::{Endpoint, PushError, Work};
-use handshake::{Bringup, ConnectRequest, EndpointInfo};
+use device::Device;
+use passive::Passive;
+use peer_link::PeerLink;
+use published::{PeerDevice, PeerInfo, RemoteMr};
 
-use crate::provider::{
-    access, port_state, CompletionQueue, Context, Gid, MemoryRegion, ProtectionDomain, Provider,
-    QpCaps, QueuePair, VerbsError, WrOpcode,
-};
+use crate::provider::{access, CompletionQueue, MemoryRegion, Provider, QueuePair};
 
 /// Builds the RDMA transport for an engine.
 #[derive(Debug, Clone, Default)]
@@ -61,17 +71,6 @@ impl TransportFactory for RdmaFactory {
     }
 }
 
-/// An opened device with its protection domain.
-struct Device {
-    name: String,
-    ctx: Arc<dyn Context>,
-    pd: Arc<dyn ProtectionDomain>,
-    gid: Gid,
-    gid_index: u32,
-    lid: u16,
-    mtu: u32,
-}
-
 /// A local region registered on every device.
 pub(crate) struct LocalMr {
     region: Arc<Region>,
@@ -79,113 +78,10 @@ pub(crate) struct LocalMr {
     mrs: Vec<Arc<dyn MemoryRegion>>,
 }
 
-/// What a peer publishes (`transport_info["rdma"]` of its descriptor).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct PeerInfo {
-    provider: String,
-    devices: Vec<PeerDevice>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct PeerDevice {
-    name: String,
-    gid: String,
-    lid: u16,
-    mtu: u32,
-}
-
-/// What a buffer publishes (`transport_info["rdma"]` of a buffer).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct RemoteMr {
-    addr: u64,
-    /// One rkey per device of the peer, in its device order.
-    rkeys: Vec<u32>,
-}
-
 /// A queue pair created for a peer's handshake (the target side of a connection).
 struct PassiveQp {
     _qp: Arc<dyn QueuePair>,
     _cq: Arc<dyn CompletionQueue>,
-    /// Since when the initiator engine has held no control connection to this engine.
-    orphaned_since: Option<Instant>,
-}
-
-/// A queue pair in INIT, its completion queue, and what the peer needs to connect to it.
-type NewQueuePair = (Arc<dyn QueuePair>, Arc<dyn CompletionQueue>, EndpointInfo);
-
-/// Most passive queue pairs kept (a bound against peers that keep reconnecting).
-const MAX_PASSIVE: usize = 4096;
-
-/// The state towards one opened peer.
-struct PeerLink {
-    peer: Arc<Peer>,
-    /// The peer engine the endpoints were set up with.
-    engine_id: AtomicU64,
-    info: RwLock<Option<PeerInfo>>,
-    endpoints: RwLock<Vec<Arc<Endpoint>>>,
-    buffers: RwLock<HashMap<u64, (u64, RemoteMr)>>,
-    connecting: Mutex<Vec<bool>>,
-    next: AtomicU64,
-    down: Mutex<Option<String>>,
-    forgotten: AtomicBool,
-}
-
-impl PeerLink {
-    fn live(&self) -> Vec<Arc<Endpoint>> {
-        self.endpoints
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|e| !e.is_broken())
-            .cloned()
-            .collect()
-    }
-
-    /// Whether any endpoint is up (asked for every request: no allocation).
-    fn has_live(&self) -> bool {
-        self.endpoints
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .any(|e| !e.is_broken())
-    }
-
-    /// Why no endpoint is up ("connecting" while the first handshake runs).
-    fn down_reason(&self) -> String {
-        self.down
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| "connecting".into())
-    }
-
-    fn remove(&self, ep: &Arc<Endpoint>) -> bool {
-        let mut eps = self.endpoints.write().unwrap_or_else(|p| p.into_inner());
-        let before = eps.len();
-        eps.retain(|e| !Arc::ptr_eq(e, ep));
-        before != eps.len()
-    }
-
-    /// The peer's registration of `buffer` as the request's descriptor states it.
-    fn remote_mr(&self, desc: &SegmentDescriptor, buffer: u64) -> Option<RemoteMr> {
-        if let Some((engine, mr)) = self
-            .buffers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&buffer)
-        {
-            if *engine == desc.engine_id {
-                return Some(mr.clone());
-            }
-        }
-        let value = desc.buffer(buffer)?.transport_info.get("rdma")?;
-        let mr: RemoteMr = serde_json::from_value(value.clone()).ok()?;
-        self.buffers
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(buffer, (desc.engine_id, mr.clone()));
-        Some(mr)
-    }
 }
 
 struct Shared {
@@ -197,7 +93,7 @@ struct Shared {
     devices: Vec<Device>,
     regions: RwLock<HashMap<RegionId, Arc<LocalMr>>>,
     peers: RwLock<HashMap<u64, Arc<PeerLink>>>,
-    passive: Mutex<HashMap<(u64, u32), PassiveQp>>,
+    passive: Mutex<Passive<PassiveQp>>,
     /// Bumped whenever endpoints come or go, so the poller refreshes its list.
     generation: AtomicU64,
     control_peers: Arc<ControlPeers>,
@@ -211,84 +107,6 @@ pub struct RdmaTransport {
     poller: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-fn open_provider(config: &RdmaConfig) -> std::result::Result<Arc<dyn Provider>, String> {
-    if let Some(p) = &config.provider_instance {
-        return Ok(p.clone());
-    }
-    let env = std::env::var("FERRY_RDMA_PROVIDER").ok();
-    match config.provider.resolve(env.as_deref())? {
-        #[cfg(not(target_os = "linux"))]
-        ProviderChoice::Emulated => Err("the emulated verbs device is only built on Linux".into()),
-        #[cfg(target_os = "linux")]
-        ProviderChoice::Emulated => {
-            let spec = config
-                .emulated_faults
-                .clone()
-                .or_else(|| std::env::var("FERRY_RDMA_EMULATED_FAULTS").ok())
-                .unwrap_or_default();
-            let faults = crate::emulated::EmulatedFaults::parse(&spec)
-                .map_err(|e| format!("bad emulated fault spec {spec:?}: {e}"))?;
-            tracing::info!(
-                faults = %spec,
-                "rdma: using the EMULATED verbs device (software, for tests; not a NIC)"
-            );
-            Ok(Arc::new(crate::emulated::EmulatedProvider::new(faults)))
-        }
-        #[cfg(target_os = "linux")]
-        ProviderChoice::Ibverbs | ProviderChoice::Auto => crate::ibverbs::IbverbsProvider::load()
-            .map(|p| Arc::new(p) as Arc<dyn Provider>)
-            .map_err(|e| e.to_string()),
-        #[cfg(not(target_os = "linux"))]
-        ProviderChoice::Ibverbs | ProviderChoice::Auto => {
-            Err("libibverbs is only supported on Linux".into())
-        }
-    }
-}
-
-fn open_device(
-    provider: &dyn Provider,
-    name: &str,
-    config: &RdmaConfig,
-) -> std::result::Result<Device, VerbsError> {
-    let ctx = provider.open(name)?;
-    let port = ctx.query_port(config.port)?;
-    if port.state != port_state::ACTIVE {
-        return Err(VerbsError::Unavailable(format!(
-            "{name} port {} is not active (state {})",
-            config.port, port.state
-        )));
-    }
-    let gid_index = match config.gid_index {
-        Some(i) => i,
-        None => {
-            let entries: Vec<GidEntry> = (0..port.gid_table_len.min(64))
-                .filter_map(|index| {
-                    let gid = ctx.query_gid(config.port, index).ok()?;
-                    Some(GidEntry {
-                        index,
-                        gid,
-                        kind: gid::sysfs_gid_kind(name, config.port, index),
-                    })
-                })
-                .collect();
-            choose_gid_index(&entries, port.link_layer).ok_or_else(|| {
-                VerbsError::Unavailable(format!("{name} port {} has no usable GID", config.port))
-            })?
-        }
-    };
-    let gid = ctx.query_gid(config.port, gid_index)?;
-    let pd = ctx.alloc_pd()?;
-    Ok(Device {
-        name: name.to_string(),
-        ctx,
-        pd,
-        gid,
-        gid_index,
-        lid: port.lid,
-        mtu: port.active_mtu,
-    })
-}
-
 impl RdmaTransport {
     /// Opens the provider and the devices; the error says why RDMA cannot be used here.
     pub fn open(
@@ -296,41 +114,8 @@ impl RdmaTransport {
         context: TransportContext,
     ) -> std::result::Result<Self, String> {
         config.validate()?;
-        let provider = open_provider(&config)?;
-        let listed = provider.devices().map_err(|e| e.to_string())?;
-        let mut devices = Vec::new();
-        let mut skipped = Vec::new();
-        for d in &listed {
-            if !config.devices.is_empty() && !config.devices.contains(&d.name) {
-                continue;
-            }
-            match open_device(provider.as_ref(), &d.name, &config) {
-                Ok(dev) => devices.push(dev),
-                Err(e) => skipped.push(format!("{}: {e}", d.name)),
-            }
-        }
-        if devices.is_empty() {
-            let names: Vec<&str> = listed.iter().map(|d| d.name.as_str()).collect();
-            return Err(if listed.is_empty() {
-                "no RDMA device".to_string()
-            } else if skipped.is_empty() {
-                format!(
-                    "no RDMA device matches the allowlist {:?} (present: {names:?})",
-                    config.devices
-                )
-            } else {
-                format!("no usable RDMA device: {}", skipped.join("; "))
-            });
-        }
-        for d in &devices {
-            tracing::info!(
-                provider = provider.name(),
-                device = %d.name,
-                gid_index = d.gid_index,
-                gid = %gid_hex(&d.gid),
-                "rdma device in use"
-            );
-        }
+        let provider = device::open_provider(&config)?;
+        let devices = device::open_devices(provider.as_ref(), &config)?;
         let shared = Arc::new(Shared {
             config,
             provider,
@@ -378,22 +163,15 @@ impl Shared {
     /// Releases the target side of connections whose initiator engine has held no control
     /// connection here for `passive_grace` (it closed the segment or died).
     fn release_orphans(&self, now: Instant) {
-        let grace = self.config.passive_grace;
-        let mut passive = self.passive.lock().unwrap_or_else(|p| p.into_inner());
-        let before = passive.len();
-        passive.retain(|(engine, _), p| {
-            if self.control_peers.is_connected(*engine) {
-                p.orphaned_since = None;
-                return true;
-            }
-            let since = *p.orphaned_since.get_or_insert(now);
-            now.duration_since(since) < grace
-        });
-        if passive.len() != before {
-            tracing::debug!(
-                released = before - passive.len(),
-                "rdma: released queue pairs of departed peers"
-            );
+        let released = self
+            .passive
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release_orphans(now, self.config.passive_grace, |engine| {
+                self.control_peers.is_connected(engine)
+            });
+        if released > 0 {
+            tracing::debug!(released, "rdma: released queue pairs of departed peers");
         }
     }
 
@@ -409,143 +187,6 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .get(&peer)
             .cloned()
-    }
-
-    fn bringup(&self, dev: &Device) -> Bringup {
-        Bringup {
-            port: self.config.port,
-            gid_index: dev.gid_index.min(255) as u8,
-            ack_timeout: self.config.ack_timeout,
-            retry_cnt: self.config.retry_cnt,
-        }
-    }
-
-    /// A queue pair (with its own CQ) on `dev`, moved to INIT, and what the peer needs to
-    /// connect to it.
-    fn new_queue_pair(
-        &self,
-        dev: &Device,
-        send_slots: u32,
-    ) -> std::result::Result<NewQueuePair, VerbsError> {
-        let cq = dev.ctx.create_cq(send_slots * 2 + 16)?;
-        let qp = dev.pd.create_qp(
-            &cq,
-            &cq,
-            QpCaps {
-                max_send_wr: send_slots,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-            },
-        )?;
-        handshake::to_init(qp.as_ref(), self.bringup(dev))?;
-        let info = self.endpoint_info(dev, qp.as_ref());
-        Ok((qp, cq, info))
-    }
-
-    fn endpoint_info(&self, dev: &Device, qp: &dyn QueuePair) -> EndpointInfo {
-        EndpointInfo {
-            qpn: qp.qpn(),
-            psn: handshake::random_psn(),
-            gid: gid_hex(&dev.gid),
-            lid: dev.lid,
-            mtu: dev.mtu,
-        }
-    }
-
-    fn submit_one(self: &Arc<Self>, a: &Attempt) -> Result<()> {
-        let req = a.task.request();
-        let unavailable = |why: String| Error::TransportUnavailable(format!("rdma: {why}"));
-        let link = self
-            .link(req.peer.handle())
-            .ok_or_else(|| unavailable(format!("no endpoint to {}", req.peer.name())))?;
-        let eps = link.live();
-        if eps.is_empty() {
-            return Err(unavailable(format!(
-                "no connected endpoint to {}: {}",
-                req.peer.name(),
-                link.down_reason()
-            )));
-        }
-        let local = self
-            .regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&req.local.id())
-            .cloned()
-            .ok_or_else(|| unavailable(format!("region {} is not registered", req.local.id())))?;
-        let remote = link
-            .remote_mr(&req.descriptor, req.remote_buffer)
-            .ok_or_else(|| {
-                unavailable(format!(
-                    "buffer {} of {} has no rdma registration",
-                    req.remote_buffer,
-                    req.peer.name()
-                ))
-            })?;
-        let slice = self.config.slice_size as u64;
-        let slices_u32 = u32::try_from(req.slice_count(slice))
-            .map_err(|_| Error::InvalidArgument("request has too many slices".into()))?;
-        let opcode = match req.opcode {
-            Opcode::Write => WrOpcode::RdmaWrite,
-            Opcode::Read => WrOpcode::RdmaRead,
-        };
-        let local_base = local.region.as_ptr() as u64;
-        let start = link.next.fetch_add(1, Ordering::Relaxed) as usize;
-        let mut per_ep: Vec<Vec<Work>> = (0..eps.len()).map(|_| Vec::new()).collect();
-        for (i, piece) in req.slices(slice).enumerate() {
-            let e = (start + i) % eps.len();
-            let ep = &eps[e];
-            let (Some(mr), Some(rkey)) =
-                (local.mrs.get(ep.local_dev), remote.rkeys.get(ep.remote_dev))
-            else {
-                return Err(unavailable("device index out of range".into()));
-            };
-            per_ep[e].push(Work {
-                task: a.task.clone(),
-                attempt: a.attempt,
-                opcode,
-                local_addr: local_base + piece.local_offset,
-                lkey: mr.lkey(),
-                // A slice is at most `slice_size`, a u32.
-                len: piece.length as u32,
-                remote_addr: remote.addr.wrapping_add(piece.remote_offset),
-                rkey: *rkey,
-                local: local.clone(),
-            });
-        }
-        a.task.expect_slices(a.attempt, slices_u32);
-        let mut pushed_any = false;
-        for (ep, works) in eps.iter().zip(per_ep) {
-            if works.is_empty() {
-                continue;
-            }
-            match ep.push(works) {
-                Ok(()) => pushed_any = true,
-                Err(err) => {
-                    let (why, reset) = match err {
-                        PushError::Broken(why) => (why, false),
-                        PushError::Post { error, posted_any } => {
-                            pushed_any |= posted_any;
-                            (format!("post_send failed: {error}"), true)
-                        }
-                    };
-                    if reset {
-                        self.reset_endpoint(&link, ep, &why, || {
-                            Error::Io(format!("rdma endpoint reset: {why}"))
-                        });
-                    }
-                    if !pushed_any {
-                        return Err(unavailable(why));
-                    }
-                    a.task
-                        .attempt_failed(a.attempt, Error::Io(format!("rdma: {why}")));
-                    break;
-                }
-            }
-        }
-        self.wake_poller();
-        Ok(())
     }
 }
 

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use ferry_core::Error;
 
 use super::endpoint::Endpoint;
-use super::{PeerLink, Shared};
+use super::peer_link::PeerLink;
+use super::Shared;
 use crate::provider::{WcStatus, WorkCompletion};
 
 const SPINS: u32 = 64;
