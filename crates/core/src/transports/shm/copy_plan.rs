@@ -89,16 +89,16 @@ const INLINE_COPY_MAX: u64 = 1 << 20;
 /// copies this much of a request itself, beside the copy threads.
 const POLLED_INLINE_COPY_MAX: u64 = 8 << 20;
 
-/// The largest job of a shared plain copy: copies up to twice this size are cut in two
-/// halves, larger ones into jobs of this size, small enough that every helper gets some
-/// and large enough that taking one costs nothing next to copying it.
+/// The largest job of a split plain copy: copies up to twice this size are cut in two
+/// halves, larger ones into jobs of this size that the submitting thread and the copy
+/// threads take in turn.
 const CHUNK: u64 = 512 << 10;
 
 /// Plain copies up to this size are never shared: a hand-off costs a good part of their
 /// time.
 const MIN_SHARE_MIN: u64 = 64 << 10;
-/// Nor is a copy that fits a quarter of this size's L2 (the bound of [`plain_share_min`]'s
-/// size rule): a copy this large is shared whatever the cache.
+/// The L2's size never puts the threshold above this ([`plain_share_min`]): a copy this
+/// large is shared whatever the cache.
 const MAX_SHARE_MIN: u64 = 1 << 20;
 /// The threshold where the system does not tell the L2's size.
 const PLAIN_SHARE_MIN_UNKNOWN_L2: u64 = 128 << 10;
