@@ -39,7 +39,7 @@ fn factories(config: &EngineConfig) -> Vec<Arc<dyn TransportFactory>> {
     let mut all: Vec<Arc<dyn TransportFactory>> = vec![Arc::new(TcpFactory(config.tcp))];
     #[cfg(target_os = "linux")]
     all.push(Arc::new(crate::transports::shm::ShmFactory {
-        copy_threads: config.io_threads.clamp(1, 8),
+        io_threads: config.io_threads,
     }));
     all.extend(config.extra_transports.iter().cloned());
     all.into_iter()

@@ -36,8 +36,6 @@ mod block_submit;
 pub mod blocks;
 mod config;
 pub mod control;
-mod copy_speed;
-mod cpu_cache;
 mod dispatch;
 mod engine;
 mod error;

@@ -1,13 +1,12 @@
-//! The size of a core's own cache, as Linux describes it in sysfs: what decides whether a
-//! copy is worth sharing between cores (`transports::shm`). A copy whose source and
-//! destination fit one core's L2 runs at cache speed on that core, and a hand-off costs more
-//! than it brings; beyond that, two cores each keep half of it in their own L2.
+//! The size of a core's own cache, as Linux describes it in sysfs: one of the figures the
+//! copy plan reads of the machine (`copy_plan::Machine`), since a copy whose source and
+//! destination fit one core's L2 runs at cache speed on that core.
 
 use std::path::Path;
 
 /// The per-core (unified or data) level-2 cache of CPU 0, in bytes; `None` where sysfs does
 /// not say (another OS, a container without `/sys`).
-pub(crate) fn l2_bytes() -> Option<u64> {
+pub(super) fn l2_bytes() -> Option<u64> {
     let dir = Path::new("/sys/devices/system/cpu/cpu0/cache");
     std::fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
         let read = |name: &str| std::fs::read_to_string(entry.path().join(name)).ok();

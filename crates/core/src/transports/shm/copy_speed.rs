@@ -1,15 +1,14 @@
 //! How fast one core copies a block that stays in its own cache: with the L2's size
-//! (`cpu_cache`), what decides whether a copy is worth sharing between cores
-//! (`transports::shm`). The size alone does not tell it: a copy that fits one core's L2
-//! takes 2.7 µs at 256 KiB on a Zen 5 core and 6.8 µs on a Xeon whose L2 moves 39 GB/s,
-//! and only the second repays handing half of it to another core.
+//! (`cpu_cache`), what the copy plan reads of the machine (`copy_plan::Machine`). The size
+//! alone does not tell it: two cores with the same L2 may copy a block that fits it in
+//! times a factor of two or more apart, and only the slower repays handing half of it to
+//! another core.
 //!
 //! Measured once per process, on first use: a few copies of [`PROBE`] bytes between two
 //! page-aligned buffers of this thread (as a region and a mapping are), the median kept.
-//! Not the fastest: within a busy process the fastest of a few runs read up to 35 % above
-//! what the same core sustains (42-53 bytes/ns where the engine's own copies and a C
-//! memcpy loop moved 38-40), enough to put a threshold a power of two too high; whatever
-//! else runs on the machine slows only the runs it lands on.
+//! Not the fastest: within a busy process the fastest of a few runs reads well above what
+//! the same core sustains, enough to put a threshold a power of two too high; whatever else
+//! runs on the machine slows only the runs it lands on.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -26,7 +25,7 @@ const PAGE: usize = 4096;
 
 /// Bytes per nanosecond one core copies a cache-resident block at; `None` where the runs
 /// could not be timed (a clock that did not move).
-pub(crate) fn cached_copy_rate() -> Option<f64> {
+pub(super) fn cached_copy_rate() -> Option<f64> {
     static RATE: OnceLock<Option<f64>> = OnceLock::new();
     *RATE.get_or_init(measure)
 }

@@ -1,0 +1,417 @@
+//! The shared-memory transport, for peers on the same host (same machine id and boot id).
+//!
+//! Engine-owned regions are memfds sealed against resizing. A same-host initiator connects
+//! to the target's abstract unix socket, proves the segment token, and receives each
+//! buffer's memfd over SCM_RIGHTS; it maps every buffer once and copies straight into or out
+//! of the mapping: one copy, no target CPU. How a copy is made (on the submitting thread,
+//! shared with a small pool of copy threads, or handed to them) is decided by one pure
+//! policy, `copy_plan`, from the machine and the request; this module only carries it out.
+//!
+//! A dead process's memory stays mapped, so a copy into it would "succeed" silently. The
+//! transport therefore watches the target: a pidfd (exit) and the unix connection (EOF)
+//! report its death at once, after which every copy fails; each copy also checks the pidfd
+//! after it finishes (the one syscall of a copy: the checks before it read a flag), so no
+//! attempt completes into a dead target.
+//!
+//! Modules: `copy_plan` (the copy policy, pure), `cpu_cache` and `copy_speed` (the machine
+//! it reads), `serve` (the target's side), `attach` (the initiator's: connecting, receiving
+//! fds, mapping), `peer` (an attached peer and its death), `copy` (one copy, checked),
+//! `shared_copy` (a copy cut into jobs), `copy_threads` (the threads and their queue),
+//! `large_copiers` (which threads copy large blocks now).
+
+mod attach;
+mod copy;
+mod copy_plan;
+mod copy_speed;
+mod copy_threads;
+mod cpu_cache;
+mod large_copiers;
+mod peer;
+mod serve;
+mod shared_copy;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustc_hash::FxHashMap;
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::kind::TransportKind;
+use crate::linux::RemoteMapping;
+use crate::request::ValidatedRequest;
+use crate::segment::Peer;
+use crate::task::Observer;
+use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
+use attach::{connect_and_map, socket_of, Attached};
+use copy::{copy_spans, Copy};
+use copy_plan::{Caller, CopyPolicy, CopyRequest, Machine, Plan};
+use copy_threads::CopyThreads;
+use large_copiers::LargeCopiers;
+use peer::{watch, DeathHook, ShmPeer};
+use serve::{bind, serve, Gate};
+use shared_copy::Shared;
+
+/// How long either side waits for the other's token and replies.
+const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The shared-memory transport.
+pub struct ShmTransport {
+    /// This transport, for the futures of `attach`.
+    me: std::sync::Weak<ShmTransport>,
+    machine_id: String,
+    local_engine_id: u64,
+    /// Served to same-host peers (their memfds), behind the handshake and `token`.
+    gate: Arc<Gate>,
+    /// The abstract socket's name once `install` bound it.
+    socket: std::sync::OnceLock<String>,
+    /// Read on every request, without a lock or a reference taken (two threads submitting
+    /// must write no cache line in common); replaced whole on the rare attach and forget.
+    peers: ArcSwap<FxHashMap<u64, Arc<ShmPeer>>>,
+    /// How copies are made on this machine.
+    policy: CopyPolicy,
+    copy_threads: CopyThreads,
+    rt: Handle,
+    shutdown: CancellationToken,
+    /// Which threads copied large blocks lately: copy threads help only while a core is
+    /// free for them.
+    large_copiers: LargeCopiers,
+    /// Set by `shutdown`: what a submit checks (`CancellationToken::is_cancelled` takes a
+    /// mutex, which threads submitting side by side queue on).
+    closed: AtomicBool,
+    on_death: DeathHook,
+}
+
+impl ShmTransport {
+    /// A transport for the engine of `context`, which runs `io_threads` I/O threads.
+    fn new(context: TransportContext, io_threads: usize) -> Result<Arc<Self>> {
+        let machine = Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            l2: cpu_cache::l2_bytes(),
+            copy_rate: copy_speed::cached_copy_rate(),
+            io_threads,
+        };
+        let policy = CopyPolicy::new(&machine);
+        tracing::debug!(
+            cores = machine.cores,
+            l2 = machine.l2,
+            copy_rate_bytes_per_ns = machine.copy_rate,
+            copy_threads = policy.copy_threads(),
+            share_min = policy.plain_share_min(),
+            "shm: plain copies above share_min bytes are shared with the copy threads"
+        );
+        let copy_threads = CopyThreads::start(policy.copy_threads())?;
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            machine_id: context.machine_id,
+            local_engine_id: context.engine_id,
+            gate: Arc::new(Gate {
+                engine_id: context.engine_id,
+                regions: context.regions,
+                token: context.token,
+                secret: context.secret,
+                admission: context.admission,
+                any_uid: context.shm_any_uid,
+                timeout: context.frame_timeout,
+            }),
+            socket: std::sync::OnceLock::new(),
+            peers: ArcSwap::default(),
+            closed: AtomicBool::new(false),
+            policy,
+            copy_threads,
+            large_copiers: LargeCopiers::new(),
+            rt: context.handle,
+            shutdown: context.shutdown,
+            on_death: context.lost,
+        }))
+    }
+
+    fn peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
+        self.peers.load().get(&handle).cloned()
+    }
+
+    /// Puts `peer` under `handle` in the table (`None`: takes it out); returns the peer it
+    /// replaced.
+    fn replace_peer(&self, handle: u64, peer: Option<Arc<ShmPeer>>) -> Option<Arc<ShmPeer>> {
+        let mut old = None;
+        self.peers.rcu(|peers| {
+            let mut peers = FxHashMap::clone(peers);
+            old = match &peer {
+                Some(p) => peers.insert(handle, p.clone()),
+                None => peers.remove(&handle),
+            };
+            peers
+        });
+        old
+    }
+
+    /// Connects to a same-host peer and maps its buffers (again, on refresh). Peers on
+    /// another host, or without shm, are left alone.
+    async fn attach_peer(&self, peer: &Arc<Peer>) -> Result<()> {
+        let desc = peer.descriptor();
+        let Some(socket) = socket_of(&desc) else {
+            return Ok(());
+        };
+        if desc.machine_id != self.machine_id || desc.engine_id == self.local_engine_id {
+            return Ok(());
+        }
+        let token = desc.token_bytes()?;
+        let attached = connect_and_map(&socket, self.local_engine_id, &token, &desc).await?;
+        let Attached {
+            stream,
+            pidfd,
+            maps,
+            life,
+        } = attached;
+        let shm_peer = Arc::new(ShmPeer::new(
+            peer.clone(),
+            pidfd,
+            life,
+            maps,
+            self.shutdown.child_token(),
+        ));
+        if let Some(old) = self.replace_peer(peer.handle(), Some(shm_peer.clone())) {
+            old.let_go();
+        }
+        self.rt
+            .spawn(watch(shm_peer, stream, self.on_death.clone()));
+        Ok(())
+    }
+
+    /// Runs `f` on the peer and the mapping that `req` is copied with, once the transport
+    /// is open, the target not known dead, its buffer mapped and every span inside the
+    /// mapping; why not otherwise. Borrowed from the tables: no reference taken.
+    fn with_target<R>(
+        &self,
+        req: &ValidatedRequest,
+        f: impl FnOnce(&Arc<ShmPeer>, &Arc<RemoteMapping>) -> R,
+    ) -> Result<R> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let peers = self.peers.load();
+        let peer = peers.get(&req.peer.handle()).ok_or_else(|| {
+            Error::TransportUnavailable(format!("no shared memory with {}", req.peer.name()))
+        })?;
+        if !peer.known_alive() {
+            return Err(req.peer.lost_error_or("target process exited"));
+        }
+        let maps = peer.maps.load();
+        let mapping = maps.get(&req.remote_buffer).ok_or_else(|| {
+            Error::TransportUnavailable(format!(
+                "buffer {} of {} is not mapped",
+                req.remote_buffer,
+                req.peer.name()
+            ))
+        })?;
+        if let Some(s) = req
+            .spans()
+            .iter()
+            .find(|s| mapping.range_ptr(s.remote_offset, s.length).is_none())
+        {
+            return Err(Error::OutOfRange(format!(
+                "[{}+{}) outside the {}-byte mapping of buffer {}",
+                s.remote_offset,
+                s.length,
+                mapping.len(),
+                req.remote_buffer
+            )));
+        }
+        Ok(f(peer, mapping))
+    }
+
+    /// Copies attempt `a` as the copy plan says: on this thread, or split with the copy
+    /// threads.
+    fn submit_attempt(&self, a: &Attempt) -> Result<()> {
+        let req = a.task.request();
+        let caller = match a.task.observer() {
+            Observer::Poll => Caller::Polled,
+            Observer::Progress => Caller::Promise,
+        };
+        self.with_target(req, |peer, mapping| {
+            let split = match self.policy.plan(&copy_request(req, a.more_follow, caller)) {
+                Plan::Inline => None,
+                Plan::Split(split) => {
+                    // Every split copy counts as a large one, whether or not it stays inline.
+                    let others = self.large_copiers.others_copying();
+                    (!self.policy.inline_after_all(&split, others)).then_some(split)
+                }
+            };
+            let Some(split) = split else {
+                a.task.expect_slices(a.attempt, 1);
+                Copy {
+                    task: &a.task,
+                    attempt: a.attempt,
+                    peer,
+                    mapping,
+                    opcode: req.opcode,
+                    region: &req.local,
+                    spans: req.spans(),
+                }
+                .run();
+                return Ok(());
+            };
+            let shared = Shared::new(
+                a.task.clone(),
+                a.attempt,
+                peer.clone(),
+                mapping.clone(),
+                split.job,
+            )?;
+            let helpers = self.policy.helpers(shared.jobs());
+            self.copy_threads.share(shared, split.own_bytes, helpers)
+        })?
+    }
+}
+
+/// What the copy plan reads of `req`.
+fn copy_request(req: &ValidatedRequest, more_follow: bool, caller: Caller) -> CopyRequest {
+    CopyRequest {
+        length: req.length,
+        gathered: req.gathered().is_some(),
+        more_follow,
+        caller,
+    }
+}
+
+/// Builds the shared-memory transport.
+#[derive(Debug, Clone, Copy)]
+pub struct ShmFactory {
+    /// The engine's I/O threads: the copy plan derives the copy threads from them.
+    pub io_threads: usize,
+}
+
+impl TransportFactory for ShmFactory {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>> {
+        Ok(ShmTransport::new(context, self.io_threads)?)
+    }
+}
+
+impl Transport for ShmTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Shm
+    }
+
+    /// Binds the abstract socket that serves this engine's memfds to same-host peers.
+    fn install(&self) -> Result<()> {
+        let _guard = self.rt.enter();
+        let (listener, name) = bind(self.local_engine_id)?;
+        self.rt
+            .spawn(serve(listener, self.gate.clone(), self.shutdown.clone()));
+        let _ = self.socket.set(name);
+        Ok(())
+    }
+
+    fn describe(&self) -> Option<serde_json::Value> {
+        let socket = self.socket.get()?;
+        Some(serde_json::json!({ "socket": socket }))
+    }
+
+    /// Connects to a same-host peer and maps its buffers (again, on refresh).
+    fn attach(&self, peer: &Arc<Peer>) -> Option<BoxFuture<Result<()>>> {
+        let me = self.me.upgrade()?;
+        let peer = peer.clone();
+        Some(Box::pin(async move { me.attach_peer(&peer).await }))
+    }
+
+    fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
+        // Asked for every request: looked at under the lock, no reference taken.
+        let alive = self
+            .peers
+            .load()
+            .get(&peer.handle())
+            .map(|p| p.known_alive());
+        match alive {
+            Some(true) => Ok(()),
+            Some(false) => Err("the target process exited".into()),
+            None => {
+                let desc = peer.descriptor();
+                if desc.machine_id != self.machine_id {
+                    Err(format!(
+                        "{} is on another host (machine/boot id {:?}, here {:?})",
+                        peer.name(),
+                        desc.machine_id,
+                        self.machine_id
+                    ))
+                } else if socket_of(&desc).is_none() {
+                    Err(format!("{} does not offer shared memory", peer.name()))
+                } else {
+                    Err(format!("shared memory with {} is not set up", peer.name()))
+                }
+            }
+        }
+    }
+
+    fn serves(&self, region: &crate::memory::Region) -> bool {
+        // Only engine-owned (memfd) regions can be shared; user Buffers are served over
+        // the network transports.
+        region.mapping().is_some()
+    }
+
+    fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
+        attempts.iter().map(|a| self.submit_attempt(a)).collect()
+    }
+
+    fn submit_one(&self, attempt: &Attempt) -> Result<()> {
+        self.submit_attempt(attempt)
+    }
+
+    /// A copy that an attempt would make on the submitting thread alone (neither shared
+    /// nor handed off), made now. Whatever would stop an attempt before its copy (no
+    /// mapping, a target known dead, a range outside the mapping) is left to the attempt
+    /// to report: `None`, nothing copied.
+    fn complete_now(&self, request: &ValidatedRequest, more_follow: bool) -> Option<Result<()>> {
+        // Only a polled submission asks (`Transport::complete_now`).
+        let plan = self
+            .policy
+            .plan(&copy_request(request, more_follow, Caller::Polled));
+        if plan != Plan::Inline {
+            return None;
+        }
+        let copy = |peer: &Arc<ShmPeer>, mapping: &Arc<RemoteMapping>| {
+            copy_spans(
+                peer,
+                mapping,
+                &request.local,
+                request.opcode,
+                request.spans(),
+            )
+        };
+        self.with_target(request, copy)
+            .ok()
+            .map(|copied| copied.map(drop))
+    }
+
+    fn fail_peer(&self, peer: &Peer, _error: Error) {
+        // Copies are synchronous or queued; queued ones re-check liveness before copying.
+        if let Some(p) = self.peer(peer.handle()) {
+            p.mark_dead();
+        }
+    }
+
+    fn forget_peer(&self, peer: &Peer, error: Error) {
+        self.fail_peer(peer, error);
+        if let Some(p) = self.replace_peer(peer.handle(), None) {
+            // Unmap now: only copies already in flight keep their mapping until they end.
+            p.let_go();
+        }
+    }
+
+    fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.shutdown.cancel();
+        let peers = self.peers.swap(Arc::default());
+        for p in peers.values() {
+            p.mark_dead();
+            p.let_go();
+        }
+        self.copy_threads.stop();
+    }
+}
