@@ -36,7 +36,9 @@ trap 'exit 130' INT TERM # through the EXIT trap: the registry is stopped either
 fail() { echo "test-pack: FAIL: $*" >&2; exit 1; }
 step() { echo "test-pack: $*"; }
 
-for f in "$addon" dist/index.js dist/binding.d.ts dist/loader.js dist/bench/options.js dist/bench/tebench-output.js dist/bench/tebench.js; do
+# The API's modules (lib/*.ts), as they are built: code and declarations.
+lib_files=$(for f in lib/*.ts; do m=$(basename "$f" .ts); printf 'dist/lib/%s.d.ts dist/lib/%s.js ' "$m" "$m"; done)
+for f in "$addon" dist/index.js dist/binding.d.ts dist/loader.js dist/bench/options.js dist/bench/tebench-output.js dist/bench/tebench.js $lib_files; do
   [ -f "$f" ] || fail "$f missing: build first (npm run build:release && npm run build:ts)"
 done
 
@@ -65,7 +67,8 @@ platform_tgz=pack/$name-$platform-$version.tgz
 # The main tarball holds exactly these files, and a manifest with no scripts and every
 # platform package as an optional dependency.
 files=$(tar -tzf "$main_tgz" | sed 's|^package/||' | sort | tr '\n' ' ')
-want='LICENSE README.md binding.cjs dist/bench/options.js dist/bench/tebench-output.js dist/bench/tebench.js dist/binding.d.ts dist/index.d.ts dist/index.js dist/loader.js package.json '
+# shellcheck disable=SC2086 # $lib_files: one word per file
+want=$(printf '%s\n' LICENSE README.md binding.cjs dist/bench/options.js dist/bench/tebench-output.js dist/bench/tebench.js dist/binding.d.ts dist/index.d.ts dist/index.js dist/loader.js package.json $lib_files | sort | tr '\n' ' ')
 [ "$files" = "$want" ] || fail "$main_tgz holds: $files; expected: $want"
 [ "$(tar -tzf "$platform_tgz" | sort | tr '\n' ' ')" = "package/README.md package/$addon package/package.json " ] ||
   fail "$platform_tgz holds: $(tar -tzf "$platform_tgz" | tr '\n' ' ')"
