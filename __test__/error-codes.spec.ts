@@ -1,5 +1,5 @@
-// FerryErrorCode is a closed union: every `ERR_FERRY_*` code the Rust crates or index.ts
-// can produce must be a member (a code missing from it would reach users typed as one it
+// FerryErrorCode is a closed union: every `ERR_FERRY_*` code the Rust crates or the
+// TypeScript API (index.ts, lib/) can produce must be a member (a code missing from it would reach users typed as one it
 // is not), and every member must be one of them (no stale names). Read from the sources,
 // so a new code in Rust fails this test until the union names it.
 import test from 'ava'
@@ -18,10 +18,13 @@ function sources(dir: string, ext: string): string[] {
   })
 }
 
-/** Codes written as string literals in the crates' Rust sources and in index.ts. */
+/** The TypeScript API's sources: index.ts and its modules in lib/. */
+const apiSources = () => [path.join(root, 'index.ts'), ...sources(path.join(root, 'lib'), '.ts')]
+
+/** Codes written as string literals in the crates' Rust sources and in the TypeScript API. */
 function emittedCodes(): Map<string, string> {
   const where = new Map<string, string>()
-  for (const file of [...sources(path.join(root, 'crates'), '.rs'), path.join(root, 'index.ts')]) {
+  for (const file of [...sources(path.join(root, 'crates'), '.rs'), ...apiSources()]) {
     for (const m of fs.readFileSync(file, 'utf8').matchAll(CODE)) {
       if (!where.has(m[1])) where.set(m[1], path.relative(root, file))
     }
@@ -29,17 +32,19 @@ function emittedCodes(): Map<string, string> {
   return where
 }
 
-/** The members of `FerryErrorCode` in index.ts, as written (a non-literal member as `<type>`). */
+/** The members of `FerryErrorCode` where the TypeScript API declares it, as written (a non-literal member as `<type>`). */
 function unionMembers(): string[] {
-  const file = path.join(root, 'index.ts')
-  const sf = ts.createSourceFile(file, fs.readFileSync(file, 'utf8'), ts.ScriptTarget.Latest, true)
-  const alias = sf.statements.find((s): s is ts.TypeAliasDeclaration => ts.isTypeAliasDeclaration(s) && s.name.text === 'FerryErrorCode')
-  if (!alias) throw new Error('index.ts declares no FerryErrorCode')
-  const members = ts.isUnionTypeNode(alias.type) ? alias.type.types : [alias.type]
-  return members.map((m) => (ts.isLiteralTypeNode(m) && ts.isStringLiteral(m.literal) ? m.literal.text : `<${m.getText(sf)}>`))
+  for (const file of apiSources()) {
+    const sf = ts.createSourceFile(file, fs.readFileSync(file, 'utf8'), ts.ScriptTarget.Latest, true)
+    const alias = sf.statements.find((s): s is ts.TypeAliasDeclaration => ts.isTypeAliasDeclaration(s) && s.name.text === 'FerryErrorCode')
+    if (!alias) continue
+    const members = ts.isUnionTypeNode(alias.type) ? alias.type.types : [alias.type]
+    return members.map((m) => (ts.isLiteralTypeNode(m) && ts.isStringLiteral(m.literal) ? m.literal.text : `<${m.getText(sf)}>`))
+  }
+  throw new Error('neither index.ts nor lib/ declares FerryErrorCode')
 }
 
-test('every ERR_FERRY_ code the Rust side or index.ts emits is a member of FerryErrorCode', (t) => {
+test('every ERR_FERRY_ code the Rust side or the TypeScript API emits is a member of FerryErrorCode', (t) => {
   const members = new Set(unionMembers())
   const missing = [...emittedCodes()].filter(([code]) => !members.has(code)).map(([code, file]) => `${code} (${file})`)
   t.deepEqual(missing, [])

@@ -44,8 +44,14 @@ const [listing] = JSON.parse(
   execFileSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8' }),
 )
 const files = listing.files.map((f) => f.path).filter((f) => f !== 'package.json')
+// An entry is a file, or a pattern whose `*` stands for any part of one name (dist/lib/*.js).
+const escape = (s) => s.replace(/[.+?^${}()|[\]\\]/g, '\\$&')
+const matches = (pattern) => {
+  const re = new RegExp(`^${pattern.split('*').map(escape).join('[^/]*')}$`)
+  return files.filter((f) => re.test(f))
+}
 for (const wanted of manifest.files) {
-  if (!files.includes(wanted)) fail(`${wanted} is not built: run \`npm run build\` first`)
+  if (matches(wanted).length === 0) fail(`${wanted} is not built: run \`npm run build\` first`)
 }
 for (const needed of ['LICENSE', 'README.md']) {
   if (!files.includes(needed)) fail(`${needed} would not be packed`)

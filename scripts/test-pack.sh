@@ -36,8 +36,11 @@ trap 'exit 130' INT TERM # through the EXIT trap: the registry is stopped either
 fail() { echo "test-pack: FAIL: $*" >&2; exit 1; }
 step() { echo "test-pack: $*"; }
 
-for f in "$addon" dist/index.js dist/binding.d.ts dist/loader.js dist/bench/options.js dist/bench/tebench.js \
-  dist/bench/tebench/{config,engine-setup,fault,flags,initiator,interrupt,local,output,stripes,target}.js; do
+# The API's modules (lib/*.ts), as they are built: code and declarations.
+lib_files=$(for f in lib/*.ts; do m=$(basename "$f" .ts); printf 'dist/lib/%s.d.ts dist/lib/%s.js ' "$m" "$m"; done)
+tebench_files=$(for m in config engine-setup fault flags initiator interrupt local output stripes target; do printf 'dist/bench/tebench/%s.js ' "$m"; done)
+# shellcheck disable=SC2086 # one word per file
+for f in "$addon" dist/index.js dist/binding.d.ts dist/loader.js dist/bench/options.js dist/bench/tebench.js $tebench_files $lib_files; do
   [ -f "$f" ] || fail "$f missing: build first (npm run build:release && npm run build:ts)"
 done
 
@@ -66,7 +69,8 @@ platform_tgz=pack/$name-$platform-$version.tgz
 # The main tarball holds exactly these files, and a manifest with no scripts and every
 # platform package as an optional dependency.
 files=$(tar -tzf "$main_tgz" | sed 's|^package/||' | LC_ALL=C sort | tr '\n' ' ')
-want='LICENSE README.md binding.cjs dist/bench/options.js dist/bench/tebench.js dist/bench/tebench/config.js dist/bench/tebench/engine-setup.js dist/bench/tebench/fault.js dist/bench/tebench/flags.js dist/bench/tebench/initiator.js dist/bench/tebench/interrupt.js dist/bench/tebench/local.js dist/bench/tebench/output.js dist/bench/tebench/stripes.js dist/bench/tebench/target.js dist/binding.d.ts dist/index.d.ts dist/index.js dist/loader.js package.json '
+# shellcheck disable=SC2086 # one word per file
+want=$(printf '%s\n' LICENSE README.md binding.cjs dist/bench/options.js dist/bench/tebench.js $tebench_files dist/binding.d.ts dist/index.d.ts dist/index.js dist/loader.js package.json $lib_files | LC_ALL=C sort | tr '\n' ' ')
 [ "$files" = "$want" ] || fail "$main_tgz holds: $files; expected: $want"
 [ "$(tar -tzf "$platform_tgz" | sort | tr '\n' ' ')" = "package/README.md package/$addon package/package.json " ] ||
   fail "$platform_tgz holds: $(tar -tzf "$platform_tgz" | tr '\n' ' ')"

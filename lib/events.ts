@@ -1,0 +1,170 @@
+/**
+ * The engine's events: their payloads, and how the binding's events reach listeners — the
+ * `transportDisabled` events nobody heard yet kept for the first listener, and `peerLost`
+ * emitted once per loss, before any failure it explains.
+ */
+import type { EventEmitter } from 'node:events'
+import type * as Native from '../binding'
+import type { TransportName } from './status'
+
+/** A peer was declared lost (reset, EOF, or `peerTimeoutMs` of silence); its in-flight work failed. */
+export interface PeerLostEvent {
+  kind: 'peerLost'
+  segment: string
+  reason: string
+}
+
+/** A lost peer answers again; new transfers to it may succeed. */
+export interface PeerRecoveredEvent {
+  kind: 'peerRecovered'
+  segment: string
+}
+
+/** A task's attempt failed and it moved to another attempt. */
+export interface FailoverEvent {
+  kind: 'failover'
+  segment: string
+  from: TransportName
+  to: TransportName
+  /** Switches this task has made, this one included. */
+  attempt: number
+  reason: string
+}
+
+/**
+ * A transport was taken out of use: towards one peer by the rail monitor (`segment` and
+ * `untilMs` set: the pause ends at that time, ms since the epoch), or on this engine at
+ * start because it failed to install (no `segment`).
+ */
+export interface TransportDisabledEvent {
+  kind: 'transportDisabled'
+  transport: TransportName
+  segment?: string
+  reason: string
+  untilMs?: number
+}
+
+/** A notification that arrived: its data landed here before it was sent. */
+export interface Notification {
+  /** The sender's segment name (as it named itself on its authenticated connection). */
+  from: string
+  /** The sender's engine id. */
+  engineId: string
+  /** The payload. */
+  data: Buffer
+  /** Bytes of the transfer it rode on (0 for `engine.notify`). */
+  bytes: number
+}
+
+/** The receive queue (`notifyQueueSize`) was full: notifications were dropped and counted. Once per run of drops. */
+export interface NotificationsDroppedEvent {
+  kind: 'notificationsDropped'
+  /** The sender of the first dropped notification of this run. */
+  from: string
+  /** Notifications this engine dropped so far (`ferry_notifications_dropped_total`). */
+  total: number
+}
+
+/** Event name → payload. */
+export interface EngineEvents {
+  peerLost: PeerLostEvent
+  peerRecovered: PeerRecoveredEvent
+  failover: FailoverEvent
+  transportDisabled: TransportDisabledEvent
+  notification: Notification
+  notificationsDropped: NotificationsDroppedEvent
+}
+
+/** Any engine event about peers and transports (the notification events are typed apart). */
+export type EngineEvent = Exclude<EngineEvents[keyof EngineEvents], Notification | NotificationsDroppedEvent>
+
+/** Emits an event on the engine (its EventEmitter's own `emit`). */
+export type Emit = (name: keyof EngineEvents, payload: EngineEvents[keyof EngineEvents]) => boolean
+
+function toEvent(e: Native.EngineEventJs): EngineEvent | undefined {
+  const segment = e.segment ?? undefined
+  switch (e.kind) {
+    case 'peerLost':
+      return { kind: 'peerLost', segment: segment ?? '', reason: e.reason ?? '' }
+    case 'peerRecovered':
+      return { kind: 'peerRecovered', segment: segment ?? '' }
+    case 'failover':
+      return {
+        kind: 'failover',
+        segment: segment ?? '',
+        from: e.from as TransportName,
+        to: e.to as TransportName,
+        attempt: e.attempt ?? 0,
+        reason: e.reason ?? '',
+      }
+    case 'transportDisabled':
+      return {
+        kind: 'transportDisabled',
+        transport: e.transport as TransportName,
+        segment,
+        reason: e.reason ?? '',
+        untilMs: e.untilMs ?? undefined,
+      }
+    default:
+      return undefined
+  }
+}
+
+/** The binding's peer and transport events, relayed to the engine's listeners. */
+export class EventRelay {
+  #unheard: TransportDisabledEvent[] = []
+  /** Segments whose `peerLost` was emitted and that have not recovered since. */
+  readonly #lost = new Set<string>()
+
+  constructor(
+    private readonly emitter: EventEmitter,
+    private readonly emit: Emit,
+  ) {}
+
+  /** A listener is being added (`newListener`): kept `transportDisabled` events go to it. */
+  listenerAdded(name: string | symbol): void {
+    if (name !== 'transportDisabled' || this.#unheard.length === 0) return
+    // After the listener is in place (newListener runs before it is added).
+    process.nextTick(() => {
+      for (const e of this.#unheard.splice(0)) this.emit('transportDisabled', e)
+    })
+  }
+
+  /** One event from the binding. */
+  deliver(raw: Native.EngineEventJs): void {
+    const event = toEvent(raw)
+    if (!event) return
+    if (event.kind === 'transportDisabled' && this.emitter.listenerCount('transportDisabled') === 0) {
+      if (this.#unheard.length < 64) this.#unheard.push(event)
+      return
+    }
+    if (event.kind === 'peerLost') {
+      this.#announceLoss(event.segment, event.reason)
+      return
+    }
+    if (event.kind === 'peerRecovered') this.#lost.delete(event.segment)
+    this.emit(event.kind, event)
+  }
+
+  /** Emits `peerLost` for `segment` unless it was emitted for this loss already. */
+  #announceLoss(segment: string, reason: string): void {
+    if (this.#lost.has(segment)) return
+    this.#lost.add(segment)
+    this.emit('peerLost', { kind: 'peerLost', segment, reason })
+  }
+
+  /**
+   * The core emits `peerLost` before it fails the work the loss explains, but the event and
+   * a Promise's settlement reach JS through different native queues, in either order. So a
+   * status that shows such a failure emits the event first if it has not arrived yet (the
+   * native one is then not emitted again).
+   */
+  explainLosses(tasks: ReadonlyArray<{ code?: string | null; message?: string | null }>): void {
+    for (const t of tasks) {
+      if (t.code !== 'ERR_FERRY_PEER_LOST' || typeof t.message !== 'string') continue
+      // The core's wording: "peer <segment> lost: <reason>".
+      const m = /^peer (.+?) lost: (.*)$/s.exec(t.message)
+      if (m) this.#announceLoss(m[1], m[2])
+    }
+  }
+}

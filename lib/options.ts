@@ -1,0 +1,32 @@
+/**
+ * Engine options: their types (each field's default and bounds live in the core's
+ * `EngineConfig`) and their form for the binding.
+ */
+import type * as Native from '../binding'
+
+/**
+ * Engine settings. Every field is optional; each one's default and bounds are declared
+ * once, in the core (`EngineConfig`), and documented in the README. A key that is not an
+ * option (a typo such as `peerTimeoutMS`) is refused with `ERR_FERRY_INVALID_ARGUMENT`.
+ */
+export type EngineOptions = Omit<Native.EngineOptions, 'authSecret' | 'authSecretHex'> & {
+  /** The cluster secret (a string or its bytes, at least 32 bytes); see the README. */
+  authSecret?: string | Uint8Array
+}
+/** RDMA transport settings. Every field is optional. */
+export type RdmaOptions = Native.RdmaOptions
+/** Fault injection on one transport (seeded, reproducible). */
+export type FaultOptions = Native.FaultOptions
+
+/** The options as the binding takes them: a secret given as bytes goes as hex. */
+export function toNativeOptions(options: EngineOptions): Native.EngineOptions {
+  const { authSecret, ...rest } = options
+  return authSecret instanceof Uint8Array
+    ? { ...rest, authSecretHex: Buffer.from(authSecret.buffer, authSecret.byteOffset, authSecret.byteLength).toString('hex') }
+    : authSecret === undefined ? rest : { ...rest, authSecret }
+}
+
+/** How many notifications one `notifications()` iterator holds: the engine's receive queue size. */
+export function notifyQueueSize(options: EngineOptions): number {
+  return typeof options.notifyQueueSize === 'number' ? options.notifyQueueSize : 1024
+}
