@@ -168,7 +168,7 @@ impl Inner {
 /// verdict, so that `PeerLost` is always emitted before the work it explains fails. An
 /// injected fault says nothing about the peer.
 fn may_mean_peer_died(error: &Error) -> bool {
-    !crate::transports::fault::is_injected(error)
+    !crate::error::is_injected(error)
         && matches!(
             error,
             Error::PeerLost { .. } | Error::Connect { .. } | Error::Io(_) | Error::Timeout

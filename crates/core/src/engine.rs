@@ -30,9 +30,9 @@ use crate::batch::BatchTable;
 use crate::block_submit::BlockSubmission;
 use crate::blocks::{BlockOutcome, Blocks};
 use crate::config::EngineConfig;
+use crate::deadlines::Deadlines;
 use crate::error::{Error, Result};
 use crate::events::{EventHub, EventSink};
-use crate::failover::Deadlines;
 use crate::handle::Handles;
 use crate::health::HealthTable;
 use crate::kind::TransportKind;
@@ -91,14 +91,14 @@ pub(crate) struct Inner {
     pub(crate) transports: Vec<(TransportKind, Arc<dyn Transport>)>,
     /// For each transport that is not enabled, the message that says so (and why).
     pub(crate) not_enabled: Vec<(TransportKind, Arc<str>)>,
-    pub(crate) deadlines: Arc<Deadlines>,
+    pub(crate) deadlines: Arc<Deadlines<Task>>,
     /// Error history per (peer, transport): failing paths rank last for a cooldown.
     pub(crate) health: HealthTable<Rail>,
     /// Set once any error was recorded, so successes skip the table until then.
     pub(crate) health_dirty: Arc<AtomicBool>,
     /// Operations of `transfer` in flight, for `cancel` and `close`: each holds its tasks
     /// once they are made (the completion hook takes them out).
-    pub(crate) ops: Mutex<FxHashMap<u64, crate::notify::Holder>>,
+    pub(crate) ops: Mutex<FxHashMap<u64, crate::task::Holder>>,
     pub(crate) next_op: AtomicU64,
     pub(crate) stats: Arc<Stats>,
     /// Runtime threads (workers and blocking pool) that are running now.
@@ -121,7 +121,7 @@ pub(crate) struct Stats {
     pub(crate) failovers: AtomicU64,
     pub(crate) attempt_timeouts: AtomicU64,
     pub(crate) transports_disabled: AtomicU64,
-    pub(crate) notify: Arc<crate::notify::NotifyCounters>,
+    pub(crate) notify: Arc<crate::metrics::NotifyCounters>,
 }
 
 /// How long `close` waits for futures started with `Engine::spawn` to end once the engine
@@ -575,7 +575,7 @@ impl Engine {
     /// every submission: a sender that notifies faster than its targets acknowledge bounds
     /// its backlog with it. Meaningful while the engine is open.
     ///
-    /// [`NotifyCounters::in_flight`]: crate::notify::NotifyCounters::in_flight
+    /// [`NotifyCounters::in_flight`]: crate::metrics::NotifyCounters::in_flight
     pub fn notifications_in_flight(&self) -> u64 {
         self.shell.stats.notify.in_flight()
     }

@@ -38,6 +38,7 @@ mod config;
 pub mod control;
 mod copy_speed;
 mod cpu_cache;
+mod deadlines;
 mod dispatch;
 mod engine;
 mod error;
