@@ -12,6 +12,7 @@ use crate::kind::{Kinds, TransportKind};
 use crate::lanes::Striped;
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
+use crate::task_slots::Spares;
 use crate::wake::Wake;
 
 /// Runs once when every task of a group is terminal (the Promise path).
@@ -245,6 +246,11 @@ struct Locked {
     deadline: Option<(Arc<Deadlines<Task>>, DeadlineKey)>,
 }
 
+thread_local! {
+    /// This thread's emptied task slots, for its next tasks (`task_slots`).
+    static SPARES: Spares<Task> = const { Spares::new() };
+}
+
 /// One transfer task.
 ///
 /// Each attempt has a number; slices carry it, and completions or failures of an attempt
@@ -290,27 +296,36 @@ impl Task {
         pinned: bool,
     ) -> Arc<Self> {
         let Told { group, wake } = told;
-        crate::task_slots::place(Self {
-            status: AtomicU8::new(TransferStatus::Waiting.raw()),
-            progress: AtomicU64::new(0),
-            transferred: AtomicU64::new(0),
-            transport: AtomicU8::new(0),
-            attempts: AtomicU32::new(0),
-            corrupt: AtomicU32::new(0),
-            state: Mutex::new(Locked {
-                attempt: AttemptState {
-                    candidates,
-                    pinned,
-                    ..AttemptState::default()
-                },
-                deadline: None,
-            }),
-            observer,
-            group,
-            wake,
-            lane,
-            request,
-        })
+        crate::task_slots::place(
+            &SPARES,
+            Self {
+                status: AtomicU8::new(TransferStatus::Waiting.raw()),
+                progress: AtomicU64::new(0),
+                transferred: AtomicU64::new(0),
+                transport: AtomicU8::new(0),
+                attempts: AtomicU32::new(0),
+                corrupt: AtomicU32::new(0),
+                state: Mutex::new(Locked {
+                    attempt: AttemptState {
+                        candidates,
+                        pinned,
+                        ..AttemptState::default()
+                    },
+                    deadline: None,
+                }),
+                observer,
+                group,
+                wake,
+                lane,
+                request,
+            },
+        )
+    }
+
+    /// Lets `task` go, keeping its memory for this thread's next task when nobody else
+    /// holds it (`task_slots`).
+    pub(crate) fn recycle(task: Arc<Self>) {
+        crate::task_slots::recycle(&SPARES, task);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Locked> {
@@ -535,6 +550,11 @@ impl Task {
 pub(crate) mod tests {
     use super::*;
     use crate::kind::Opcode;
+
+    /// Spare task slots the calling thread holds.
+    pub(crate) fn spares() -> usize {
+        crate::task_slots::count(&SPARES)
+    }
 
     /// A waiting task of a sample request, and the group it reports to (which it holds).
     pub(crate) fn waiting_task() -> (Arc<Task>, Arc<Group>) {
