@@ -8,10 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::attempt::{on_failure, Failure, Next};
-use crate::engine::Inner;
 use crate::error::Error;
 use crate::events::EngineEvent;
 use crate::failover::Trampoline;
+use crate::inner::Inner;
 use crate::kind::TransportKind;
 use crate::lazy_now::LazyNow;
 use crate::task::{Driver, Task};

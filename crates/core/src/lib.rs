@@ -48,6 +48,7 @@ mod events;
 pub mod failover;
 pub mod handle;
 pub mod health;
+mod inner;
 mod kind;
 mod lanes;
 mod lazy_now;

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::batch::{Batch, Entry};
-use crate::engine::Inner;
 use crate::error::{Error, Result};
+use crate::inner::Inner;
 use crate::lanes::Lent;
 use crate::lazy_now::LazyNow;
 use crate::memory::Region;

@@ -27,8 +27,9 @@ pub use inbox::{InboxSignal, InboxWaker, Notification, NotifyOutcome};
 
 use crate::block_submit::BlockSubmission;
 use crate::blocks::{BlockOutcome, Blocks, Gathered};
-use crate::engine::{Engine, Inner};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::inner::Inner;
 use crate::request::{Request, Validate};
 use crate::status::TransferStatus;
 use crate::task::{Task, TaskSnapshot};
