@@ -27,7 +27,7 @@ use tokio::runtime::Handle;
 
 use super::tcp::Slice;
 use crate::error::{Error, Result};
-use crate::event_loop::{self, Interest, Watch, Watcher};
+use crate::event_loop::watch::{self as event_loop, Interest, Watch, Watcher};
 use crate::kind::Opcode;
 use crate::memory::Window;
 use crate::net::connect;
