@@ -137,10 +137,11 @@ mod tests {
     use TransportKind::*;
 
     fn state(candidates: &[TransportKind], pinned: bool) -> AttemptState {
-        let mut st = AttemptState::default();
-        st.candidates = candidates.into();
-        st.pinned = pinned;
-        st
+        AttemptState {
+            candidates: candidates.into(),
+            pinned,
+            ..AttemptState::default()
+        }
     }
 
     fn failure(error: &Error, transport: TransportKind) -> Failure<'_> {

@@ -240,7 +240,6 @@ pub trait Driver: Send + Sync {
 
 /// What the task's lock guards: the failover bookkeeping, and the current attempt's
 /// registered deadline, removed when the attempt ends.
-#[derive(Default)]
 struct Locked {
     attempt: AttemptState,
     deadline: Option<(Arc<Deadlines<Task>>, DeadlineKey)>,
@@ -296,30 +295,28 @@ impl Task {
         pinned: bool,
     ) -> Arc<Self> {
         let Told { group, wake } = told;
-        crate::task_slots::place(
-            &SPARES,
-            Self {
-                status: AtomicU8::new(TransferStatus::Waiting.raw()),
-                progress: AtomicU64::new(0),
-                transferred: AtomicU64::new(0),
-                transport: AtomicU8::new(0),
-                attempts: AtomicU32::new(0),
-                corrupt: AtomicU32::new(0),
-                state: Mutex::new(Locked {
-                    attempt: AttemptState {
-                        candidates,
-                        pinned,
-                        ..AttemptState::default()
-                    },
-                    deadline: None,
-                }),
-                observer,
-                group,
-                wake,
-                lane,
-                request,
-            },
-        )
+        let task = Self {
+            status: AtomicU8::new(TransferStatus::Waiting.raw()),
+            progress: AtomicU64::new(0),
+            transferred: AtomicU64::new(0),
+            transport: AtomicU8::new(0),
+            attempts: AtomicU32::new(0),
+            corrupt: AtomicU32::new(0),
+            state: Mutex::new(Locked {
+                attempt: AttemptState {
+                    candidates,
+                    pinned,
+                    ..AttemptState::default()
+                },
+                deadline: None,
+            }),
+            observer,
+            group,
+            wake,
+            lane,
+            request,
+        };
+        crate::task_slots::place(&SPARES, task)
     }
 
     /// Lets `task` go, keeping its memory for this thread's next task when nobody else
