@@ -181,9 +181,9 @@ export function rustTokens(src) {
 // ---- Rust: one file's declarations --------------------------------------------------------
 
 const OPEN = { '(': ')', '[': ']', '{': '}' };
-const ITEM_KEYWORDS = new Set([
-  'fn', 'struct', 'enum', 'trait', 'type', 'const', 'static', 'union', 'impl', 'mod', 'use',
-  'extern', 'macro_rules',
+/** Keywords followed by the name of the item they define (`macro_rules!` by `!` first). */
+const DEFINING = new Set([
+  'fn', 'struct', 'enum', 'trait', 'type', 'const', 'static', 'union', 'mod', 'macro_rules',
 ]);
 
 /** Index just past the group opened at `i` (a bracket token). */
@@ -280,14 +280,14 @@ function readScopes(toks, modPath, file, scopes) {
     const key = p.join('::');
     if (!scopes.has(key)) {
       scopes.set(key, {
-        path: p, file, fileMods: new Map(), inline: new Set(), imports: [], defines: new Set(),
-        uses: [], codePaths: [],
+        path: p, file, fileMods: new Set(), inline: new Set(), imports: [], defines: new Set(),
+        codePaths: [],
       });
     }
     return scopes.get(key);
   };
   scope(modPath);
-  // Scope stack: [{ path, closeAt: brace depth that ends it }].
+  // Inline modules open: [{ path, depth: the brace depth inside it }].
   const stack = [{ path: modPath, depth: 0 }];
   let depth = 0;
   let attrs = [];
@@ -314,7 +314,7 @@ function readScopes(toks, modPath, file, scopes) {
     if (t === 'mod' && /^[A-Za-z_]/.test(toks[i + 1]?.t ?? '') && (toks[i + 2]?.t === ';' || toks[i + 2]?.t === '{')) {
       const name = toks[i + 1].t;
       if (toks[i + 2].t === ';') {
-        scope(cur.path).fileMods.set(name, {});
+        scope(cur.path).fileMods.add(name);
         i += 3;
       } else {
         scope(cur.path).inline.add(name);
@@ -331,7 +331,7 @@ function readScopes(toks, modPath, file, scopes) {
       i = next;
       continue;
     }
-    if (ITEM_KEYWORDS.has(t) && t !== 'impl' && t !== 'use' && t !== 'extern') {
+    if (DEFINING.has(t)) {
       const name = t === 'macro_rules' ? toks[i + 2]?.t : toks[i + 1]?.t;
       if (name && /^[A-Za-z_]/.test(name)) scope(cur.path).defines.add(name);
     }
@@ -385,7 +385,7 @@ function readCrate(srcDir) {
     readScopes(toks, modPath, file, scopes);
     for (const sc of scopes.values()) {
       if (sc.file !== file) continue;
-      for (const name of sc.fileMods.keys()) {
+      for (const name of sc.fileMods) {
         const attr = pathAttrs.find((m) => m[2] === name);
         // Inline modules own a folder named after them under the file's folder.
         const base = sc.path.length > modPath.length
@@ -416,7 +416,7 @@ function resolver(scopes) {
   const isModule = (p) => Boolean(get(p));
   const children = (p) => {
     const sc = get(p);
-    return sc ? new Set([...sc.fileMods.keys(), ...sc.inline]) : new Set();
+    return sc ? new Set([...sc.fileMods, ...sc.inline]) : new Set();
   };
 
   /**
