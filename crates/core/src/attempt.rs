@@ -6,11 +6,25 @@
 use std::time::Instant;
 
 use crate::error::Error;
-use crate::failover::{decide, Decision, FailReason, FailoverPolicy};
+use crate::failover::{decide, Decision, FailReason, FailoverPolicy, Observer};
 use crate::health::HealthTable;
-use crate::kind::TransportKind;
+use crate::kind::{Kinds, TransportKind};
 use crate::status::TransferStatus;
-use crate::task::{AttemptState, Observer};
+
+/// Per-task failover bookkeeping, guarded by the task's lock (`Task::with_state`).
+#[derive(Debug, Default)]
+pub struct AttemptState {
+    /// Why the task did not complete (set when it ends).
+    pub error: Option<Error>,
+    /// Ranked transports this task may use.
+    pub candidates: Kinds,
+    /// Whether fallback is forbidden (`requireTransport`).
+    pub pinned: bool,
+    /// Switches made so far.
+    pub switches: u32,
+    /// The last attempt whose failure was handled (first failure of an attempt wins).
+    pub failed_attempt: u32,
+}
 
 /// A (peer, transport) rail: the key of the engine's health table.
 pub(crate) type Rail = (u64, TransportKind);
@@ -123,10 +137,11 @@ mod tests {
     use TransportKind::*;
 
     fn state(candidates: &[TransportKind], pinned: bool) -> AttemptState {
-        let mut st = AttemptState::default();
-        st.candidates = candidates.into();
-        st.pinned = pinned;
-        st
+        AttemptState {
+            candidates: candidates.into(),
+            pinned,
+            ..AttemptState::default()
+        }
     }
 
     fn failure(error: &Error, transport: TransportKind) -> Failure<'_> {

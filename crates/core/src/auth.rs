@@ -21,14 +21,13 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::{Error, Result};
+pub use crate::wire::MAC_LEN;
 use crate::wire::{Header, Op, HEADER_LEN};
 
 type HmacSha256 = Hmac<Sha256>;
 
 /// Shortest secret accepted (bytes).
 pub const MIN_SECRET_LEN: usize = 32;
-/// Length of a proof (an HMAC-SHA256 tag).
-pub const MAC_LEN: usize = 32;
 /// `flags` bit of a Hello that announces the sender holds the secret.
 pub const HELLO_AUTH: u16 = 1;
 /// Environment variable naming a file that holds the secret.

@@ -420,7 +420,7 @@ impl BatchTable {
     pub(crate) fn recycle(&self, mut batch: Arc<Batch>, mut entries: Vec<Entry>) {
         for entry in entries.drain(..) {
             if let Entry::Task(task) = entry {
-                crate::task_slots::recycle(task);
+                Task::recycle(task);
             }
         }
         let Some(b) = Arc::get_mut(&mut batch) else {

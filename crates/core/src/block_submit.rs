@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use crate::blocks::{BlockMap, BlockOutcome, Blocks, Gathered, GATHER};
-use crate::engine::Inner;
 use crate::error::{Error, Result};
+use crate::inner::Inner;
 
 /// A block list submitted to a batch: its tasks and which blocks each covers.
 #[derive(Debug, Clone)]

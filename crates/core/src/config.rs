@@ -1,6 +1,12 @@
 //! Engine settings: what each one means, its default, its bounds. Options are declared
 //! once, here; the binding converts JS values into these fields and takes its defaults
-//! from `Default`.
+//! from `Default`. The settings types of a concern whose module imports them are defined
+//! here, in a submodule each (`etcd`, `fault`, `notify`), so that `config` imports no
+//! module it configures.
+
+pub(crate) mod etcd;
+pub(crate) mod fault;
+pub(crate) mod notify;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,9 +18,10 @@ use crate::error::{Error, Result};
 use crate::failover::FailoverPolicy;
 use crate::health::RailPolicy;
 use crate::kind::TransportKind;
-use crate::metadata::EtcdConfig;
 use crate::transport::TransportFactory;
-use crate::transports::fault::FaultSpec;
+use etcd::EtcdConfig;
+use fault::FaultSpec;
+use notify::NotifyConfig;
 
 /// Engine settings. `Default` gives the embedded, loopback-only default.
 #[derive(Debug, Clone)]
@@ -62,7 +69,7 @@ pub struct EngineConfig {
     /// (`frameTimeoutMs`); a handshake too.
     pub frame_timeout: Duration,
     /// Notifications: the receive queue's size and the payload cap.
-    pub notify: crate::notify::NotifyConfig,
+    pub notify: NotifyConfig,
 }
 
 impl Default for EngineConfig {
@@ -85,7 +92,7 @@ impl Default for EngineConfig {
             shm_any_uid: false,
             connections: ConnLimits::default(),
             frame_timeout: Duration::from_secs(30),
-            notify: crate::notify::NotifyConfig::default(),
+            notify: NotifyConfig::default(),
         }
     }
 }

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::attempt::{on_failure, Failure, Next};
-use crate::engine::Inner;
 use crate::error::Error;
 use crate::events::EngineEvent;
 use crate::failover::Trampoline;
+use crate::inner::Inner;
 use crate::kind::TransportKind;
 use crate::lazy_now::LazyNow;
 use crate::task::{Driver, Task};
@@ -168,7 +168,7 @@ impl Inner {
 /// verdict, so that `PeerLost` is always emitted before the work it explains fails. An
 /// injected fault says nothing about the peer.
 fn may_mean_peer_died(error: &Error) -> bool {
-    !crate::transports::fault::is_injected(error)
+    !crate::error::is_injected(error)
         && matches!(
             error,
             Error::PeerLost { .. } | Error::Connect { .. } | Error::Io(_) | Error::Timeout

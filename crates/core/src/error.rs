@@ -6,6 +6,15 @@ use crate::status::TransferStatus;
 /// Result alias for the core.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How every injected error's message starts: those of the fault transport, and a
+/// completion it has a task report as failed.
+pub const INJECTED: &str = "fault injection: ";
+
+/// Whether `error` was injected (not a sign of anything about the peer).
+pub fn is_injected(error: &Error) -> bool {
+    matches!(error, Error::Io(m) if m.starts_with(INJECTED))
+}
+
 /// Everything that can go wrong in Ferry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -178,6 +187,11 @@ impl Error {
 
     pub(crate) fn io(context: &str, err: &std::io::Error) -> Self {
         Self::Io(format!("{context}: {err}"))
+    }
+
+    /// An injected failure (`is_injected` tells it apart): `what` happened by design.
+    pub(crate) fn injected(what: impl std::fmt::Display) -> Self {
+        Self::Io(format!("{INJECTED}{what}"))
     }
 }
 

@@ -199,7 +199,7 @@ pub(crate) fn secure(
 /// where the cause is only that etcd hung up, what usually explains it.
 pub(crate) fn connect_failed(
     endpoints: &[String],
-    cfg: &crate::EtcdConfig,
+    tls_config: Option<&EtcdTls>,
     e: &etcd_client::Error,
 ) -> Error {
     let mut why = describe(e);
@@ -219,7 +219,7 @@ pub(crate) fn connect_failed(
         why.push_str(
             " (etcd closed the connection: if it serves TLS, set a CA file or use https:// endpoints)",
         );
-    } else if closed && cfg.tls.as_ref().is_none_or(|t| t.identity.is_none()) {
+    } else if closed && tls_config.is_none_or(|t| t.identity.is_none()) {
         why.push_str(
             " (etcd closed the connection after the TLS handshake: if it requires client \
              certificates (--client-cert-auth), set a client certificate and key)",
@@ -267,18 +267,17 @@ mod tests {
     #[test]
     fn a_hang_up_in_any_wording_gets_the_hint() {
         let plain = ["http://127.0.0.1:1".to_string()];
-        let cfg = crate::EtcdConfig::default();
         for why in [
             "hyper::Error(Canceled, \"connection closed\")",
             "hyper::Error(Io, Kind(ConnectionReset))",
             "Custom { kind: BrokenPipe, error: \"stream closed because of a broken pipe\" }",
         ] {
             let e = etcd_client::Error::InvalidArgs(why.into());
-            let text = connect_failed(&plain, &cfg, &e).to_string();
+            let text = connect_failed(&plain, None, &e).to_string();
             assert!(text.contains("set a CA file"), "{text}");
         }
         let e = etcd_client::Error::InvalidArgs("invalid user ID or password".into());
-        let text = connect_failed(&plain, &cfg, &e).to_string();
+        let text = connect_failed(&plain, None, &e).to_string();
         assert!(!text.contains("set a CA file"), "{text}");
     }
 

@@ -1,4 +1,4 @@
-//! Failover decisions and attempt deadlines. Pure code: the engine supplies the ranked
+//! Failover decisions. Pure code: the engine supplies the ranked
 //! candidates, the budget used so far and the time.
 //!
 //! Ferry's departures from TENT: submit-stage failures fail over like completion failures
@@ -8,13 +8,10 @@
 //! `enableAutoFailoverOnPoll` off, polled (batch) tasks never fail over, while the Promise
 //! path still does.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+pub use crate::deadlines::{DeadlineEntry, DeadlineKey, Deadlines};
 use crate::kind::TransportKind;
-use crate::task::{Observer, Task};
 
 /// Largest `max_failover_attempts` accepted. Failover is iterative (see [`Trampoline`]),
 /// so any budget is safe for the stack; this bound keeps a task that keeps failing from
@@ -40,6 +37,15 @@ impl Default for FailoverPolicy {
             attempt_timeout: Some(Duration::from_secs(10)),
         }
     }
+}
+
+/// How a task is observed, which decides whether failover may run for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observer {
+    /// Submitted to a batch and polled (`enableAutoFailoverOnPoll` governs failover).
+    Poll,
+    /// Awaited through the Promise path (always fails over while the budget lasts).
+    Progress,
 }
 
 /// What to do after an attempt failed.
@@ -101,101 +107,6 @@ pub fn decide(
     match next {
         Some(k) => Decision::Retry(k),
         None => Decision::Fail(FailReason::NoCandidate),
-    }
-}
-
-/// A registered deadline: the task (not kept alive) and its attempt number.
-pub type DeadlineEntry = (Weak<Task>, u32);
-
-/// Identifies a registered deadline, for `Deadlines::remove`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DeadlineKey {
-    bucket: u64,
-    seq: u64,
-}
-
-/// Attempt deadlines, ordered by coarse time bucket: registering and removing are map
-/// operations under a lock, and the sweeper takes only the entries that have expired.
-///
-/// An attempt that ends removes its entry (`Task` does so as it ends or moves to another
-/// attempt), so the map holds the attempts in flight, not every attempt of the last
-/// timeout period: an entry's `Weak<Task>` keeps the task's allocation, and at a few
-/// hundred thousand transfers a second and a 10 s deadline that was hundreds of MB.
-pub struct Deadlines {
-    epoch: Instant,
-    tick: Duration,
-    next: AtomicU64,
-    entries: Mutex<BTreeMap<DeadlineKey, DeadlineEntry>>,
-}
-
-impl std::fmt::Debug for Deadlines {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Deadlines")
-            .field("tick", &self.tick)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Deadlines {
-    /// Deadlines resolved to `tick`.
-    pub fn new(epoch: Instant, tick: Duration) -> Self {
-        Self {
-            epoch,
-            tick: tick.max(Duration::from_millis(1)),
-            next: AtomicU64::new(0),
-            entries: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// The sweep period.
-    pub fn tick(&self) -> Duration {
-        self.tick
-    }
-
-    fn bucket(&self, at: Instant) -> u64 {
-        let since = at.saturating_duration_since(self.epoch);
-        // Round up: an entry never fires before its deadline.
-        since.as_nanos().div_ceil(self.tick.as_nanos()) as u64
-    }
-
-    /// Registers `attempt` of `task` to expire at `deadline`.
-    pub fn add(&self, task: Weak<Task>, attempt: u32, deadline: Instant) -> DeadlineKey {
-        let key = DeadlineKey {
-            bucket: self.bucket(deadline),
-            seq: self.next.fetch_add(1, Ordering::Relaxed),
-        };
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.insert(key, (task, attempt));
-        key
-    }
-
-    /// Forgets a deadline (its attempt ended); returns whether it was still registered.
-    pub fn remove(&self, key: DeadlineKey) -> bool {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        entries.remove(&key).is_some()
-    }
-
-    /// Takes every entry whose deadline is at or before `now`.
-    pub fn expired(&self, now: Instant) -> Vec<DeadlineEntry> {
-        let cut = now.saturating_duration_since(self.epoch).as_nanos() / self.tick.as_nanos();
-        let first_later = DeadlineKey {
-            bucket: cut as u64 + 1,
-            seq: 0,
-        };
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let later = entries.split_off(&first_later);
-        let due = std::mem::replace(&mut *entries, later);
-        due.into_values().collect()
-    }
-
-    /// Entries still waiting (for tests and metrics).
-    pub fn len(&self) -> usize {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// Whether nothing is waiting.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -340,20 +251,6 @@ mod tests {
     }
 
     #[test]
-    fn deadlines_fire_at_or_after_their_time_only() {
-        let epoch = Instant::now();
-        let d = Deadlines::new(epoch, Duration::from_millis(10));
-        d.add(Weak::new(), 1, epoch + Duration::from_millis(25));
-        d.add(Weak::new(), 2, epoch + Duration::from_millis(95));
-        assert!(d.expired(epoch + Duration::from_millis(24)).is_empty());
-        assert_eq!(d.expired(epoch + Duration::from_millis(30)).len(), 1);
-        assert!(d.expired(epoch + Duration::from_millis(90)).is_empty());
-        assert_eq!(d.len(), 1);
-        assert_eq!(d.expired(epoch + Duration::from_millis(100)).len(), 1);
-        assert!(d.is_empty());
-    }
-
-    #[test]
     fn trampoline_runs_nested_work_iteratively_and_in_order() {
         thread_local! {
             static T: Trampoline<u32> = Trampoline::default();
@@ -374,24 +271,5 @@ mod tests {
         let again = std::cell::Cell::new(0);
         T.with(|t| t.run(7, |n| again.set(n)));
         assert_eq!(again.get(), 7);
-    }
-
-    #[test]
-    fn removed_deadlines_never_fire_and_hold_nothing() {
-        let epoch = Instant::now();
-        let d = Deadlines::new(epoch, Duration::from_millis(10));
-        let at = epoch + Duration::from_millis(25);
-        let keys: Vec<_> = (0..1000).map(|i| d.add(Weak::new(), i, at)).collect();
-        let kept = d.add(Weak::new(), 7, at);
-        for k in &keys {
-            assert!(d.remove(*k));
-        }
-        assert!(!d.remove(keys[0]), "removed once");
-        assert_eq!(d.len(), 1);
-        let due = d.expired(epoch + Duration::from_millis(30));
-        assert_eq!(due.len(), 1);
-        assert_eq!(due[0].1, 7);
-        assert!(!d.remove(kept), "an expired entry is gone");
-        assert!(d.is_empty());
     }
 }

@@ -176,9 +176,44 @@ pub struct NotifyMetrics {
     pub queued: u64,
 }
 
+/// Notification counters (`notify`; kept with the engine's other counters, readable after
+/// close).
+#[derive(Debug, Default)]
+pub struct NotifyCounters {
+    /// Notifications handed to an outbox.
+    pub sent: AtomicU64,
+    /// Notifications the target acknowledged (queued or dropped there).
+    pub delivered: AtomicU64,
+    /// Notifications whose delivery failed (peer lost, closed, refused, timed out).
+    pub failed: AtomicU64,
+    /// Notifications queued here for the application.
+    pub received: AtomicU64,
+    /// Notifications dropped here because the queue was full.
+    pub dropped: AtomicU64,
+}
+
+impl NotifyCounters {
+    /// Notifications whose delivery ended: delivered or failed.
+    pub fn ended(&self) -> u64 {
+        let delivered = self.delivered.load(Ordering::Relaxed);
+        delivered.saturating_add(self.failed.load(Ordering::Relaxed))
+    }
+
+    /// Notifications handed to an outbox whose delivery has not ended yet
+    /// (sent − delivered − failed). Three relaxed atomic loads: an estimate for bounding a
+    /// backlog, not a snapshot. The ends are read before `sent` (a notification is counted
+    /// sent before its end is), and the difference saturates at 0; a failure counted for a
+    /// notification that never reached an outbox (its segment unknown or closed) makes it
+    /// read lower, never higher.
+    pub fn in_flight(&self) -> u64 {
+        let ended = self.ended();
+        self.sent.load(Ordering::Relaxed).saturating_sub(ended)
+    }
+}
+
 impl NotifyMetrics {
     /// Reads the counters, with `queued` waiting now.
-    pub fn read(c: &crate::notify::NotifyCounters, queued: u64) -> Self {
+    pub fn read(c: &NotifyCounters, queued: u64) -> Self {
         use std::sync::atomic::Ordering::Relaxed;
         Self {
             sent: c.sent.load(Relaxed),

@@ -6,9 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use crate::control::{fetch_descriptor, run_link, LinkConfig, LinkEvents};
-use crate::engine::{Inner, SegmentInfo};
+use crate::engine::SegmentInfo;
 use crate::error::{Error, Result};
 use crate::events::EngineEvent;
+use crate::inner::Inner;
 use crate::kind::TransportKind;
 use crate::liveness::LossReason;
 use crate::metadata::Registry;

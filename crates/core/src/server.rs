@@ -23,6 +23,7 @@ use crate::net::{
     read_frame_within, read_header_within, server_handshake, tune_accepted, write_all_pair,
     write_frame, Refused,
 };
+use crate::notify::serve::{serve_notify, Receiving};
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
 use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
@@ -190,7 +191,12 @@ async fn serve(mut stream: TcpStream, from: SocketAddr, local: Arc<LocalSegment>
         }
         ConnKind::Data => serve_data(stream, &local).await,
         ConnKind::Notify => {
-            crate::notify::serve::serve_notify(stream, &local, hello.request_id).await
+            let receiving = Receiving {
+                inbox: &local.notify_inbox,
+                max_bytes: local.notify_max_bytes,
+                frame_timeout: local.frame_timeout,
+            };
+            serve_notify(stream, receiving, hello.request_id).await
         }
         ConnKind::Shm => Err(Error::Protocol(
             "shm connections go to the shm socket".into(),

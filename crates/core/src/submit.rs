@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use crate::batch::{Batch, Entry};
-use crate::engine::Inner;
 use crate::error::{Error, Result};
+use crate::inner::Inner;
 use crate::lanes::Lent;
 use crate::lazy_now::LazyNow;
 use crate::memory::Region;
@@ -229,14 +229,14 @@ impl Inner {
         self: &Arc<Self>,
         batch: u64,
         requests: &[R],
-        then: Option<crate::notify::Then>,
+        then: Option<crate::task::Then>,
     ) -> Result<usize> {
         self.check_open()?;
         let b = self.batches.get(batch).map_err(|e| self.or_closed(e))?;
         b.check_room(batch, requests.len())?;
         let now = LazyNow::new();
         let prepared = self.prepare(requests, &now)?;
-        let Some((holder, run)) = then.map(crate::notify::hook) else {
+        let Some((holder, run)) = then.map(crate::task::hook) else {
             return self.submit_polled(batch, &b, prepared, &now);
         };
         let group = Group::new(prepared.len(), run);

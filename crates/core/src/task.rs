@@ -4,12 +4,15 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+pub use crate::attempt::AttemptState;
+use crate::deadlines::{DeadlineKey, Deadlines};
 use crate::error::Error;
-use crate::failover::{DeadlineKey, Deadlines};
+pub use crate::failover::Observer;
 use crate::kind::{Kinds, TransportKind};
 use crate::lanes::Striped;
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
+use crate::task_slots::Spares;
 use crate::wake::Wake;
 
 /// Runs once when every task of a group is terminal (the Promise path).
@@ -39,6 +42,23 @@ impl Group {
             }
         }
     }
+}
+
+/// What `submit_transfer_then` runs once every task of the submission ended.
+pub(crate) type Then = Box<dyn FnOnce(&[Arc<Task>]) + Send>;
+
+/// Where a submission's completion hook finds its tasks (filled before they start).
+pub(crate) type Holder = Arc<Mutex<Vec<Arc<Task>>>>;
+
+/// The holder a submission's completion hook reads its tasks from.
+pub(crate) fn hook(then: Then) -> (Holder, Box<dyn FnOnce() + Send>) {
+    let holder: Holder = Arc::default();
+    let held = holder.clone();
+    let run = Box::new(move || {
+        let tasks = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
+        then(&tasks);
+    });
+    (holder, run)
 }
 
 /// Who is told when a task ends.
@@ -218,30 +238,16 @@ pub trait Driver: Send + Sync {
     fn attempt_succeeded(&self, _task: &Task, _attempt: u32) {}
 }
 
-/// How a task is observed, which decides whether failover may run for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Observer {
-    /// Submitted to a batch and polled (`enableAutoFailoverOnPoll` governs failover).
-    Poll,
-    /// Awaited through the Promise path (always fails over while the budget lasts).
-    Progress,
+/// What the task's lock guards: the failover bookkeeping, and the current attempt's
+/// registered deadline, removed when the attempt ends.
+struct Locked {
+    attempt: AttemptState,
+    deadline: Option<(Arc<Deadlines<Task>>, DeadlineKey)>,
 }
 
-/// Per-task failover bookkeeping, guarded by the task's lock.
-#[derive(Debug, Default)]
-pub struct AttemptState {
-    /// Why the task did not complete (set when it ends).
-    pub error: Option<Error>,
-    /// Ranked transports this task may use.
-    pub candidates: Kinds,
-    /// Whether fallback is forbidden (`requireTransport`).
-    pub pinned: bool,
-    /// Switches made so far.
-    pub switches: u32,
-    /// The last attempt whose failure was handled (first failure of an attempt wins).
-    pub failed_attempt: u32,
-    /// The current attempt's registered deadline, removed when the attempt ends.
-    deadline: Option<(Arc<Deadlines>, DeadlineKey)>,
+thread_local! {
+    /// This thread's emptied task slots, for its next tasks (`task_slots`).
+    static SPARES: Spares<Task> = const { Spares::new() };
 }
 
 /// One transfer task.
@@ -258,7 +264,7 @@ pub struct Task {
     attempts: AtomicU32,
     /// Attempt whose completion the fault layer turns into a failure (0 = none).
     corrupt: AtomicU32,
-    state: Mutex<AttemptState>,
+    state: Mutex<Locked>,
     observer: Observer,
     group: Option<Arc<Group>>,
     /// Rung as the task ends: its batch's waiters (`Engine::wait_batch`).
@@ -289,27 +295,37 @@ impl Task {
         pinned: bool,
     ) -> Arc<Self> {
         let Told { group, wake } = told;
-        crate::task_slots::place(Self {
+        let task = Self {
             status: AtomicU8::new(TransferStatus::Waiting.raw()),
             progress: AtomicU64::new(0),
             transferred: AtomicU64::new(0),
             transport: AtomicU8::new(0),
             attempts: AtomicU32::new(0),
             corrupt: AtomicU32::new(0),
-            state: Mutex::new(AttemptState {
-                candidates,
-                pinned,
-                ..AttemptState::default()
+            state: Mutex::new(Locked {
+                attempt: AttemptState {
+                    candidates,
+                    pinned,
+                    ..AttemptState::default()
+                },
+                deadline: None,
             }),
             observer,
             group,
             wake,
             lane,
             request,
-        })
+        };
+        crate::task_slots::place(&SPARES, task)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, AttemptState> {
+    /// Lets `task` go, keeping its memory for this thread's next task when nobody else
+    /// holds it (`task_slots`).
+    pub(crate) fn recycle(task: Arc<Self>) {
+        crate::task_slots::recycle(&SPARES, task);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Locked> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -340,7 +356,7 @@ impl Task {
 
     /// Runs `f` on the failover bookkeeping.
     pub fn with_state<R>(&self, f: impl FnOnce(&mut AttemptState) -> R) -> R {
-        f(&mut self.lock())
+        f(&mut self.lock().attempt)
     }
 
     /// Starts a new attempt on `transport`; returns its number, or `None` if the task is
@@ -367,7 +383,7 @@ impl Task {
     /// Records the deadline registered for `attempt`, which the task removes from
     /// `deadlines` when that attempt ends (the task ends or moves to another attempt). One
     /// that comes too late — the task ended, or began another attempt — is removed at once.
-    pub fn set_deadline(&self, attempt: u32, deadlines: &Arc<Deadlines>, key: DeadlineKey) {
+    pub fn set_deadline(&self, attempt: u32, deadlines: &Arc<Deadlines<Task>>, key: DeadlineKey) {
         let stale = {
             let mut st = self.lock();
             if self.status().is_terminal() || self.attempt() != attempt {
@@ -425,13 +441,7 @@ impl Task {
 
     fn attempt_succeeded(self: &Arc<Self>, attempt: u32) {
         if self.corrupt.load(Ordering::Acquire) == attempt {
-            self.attempt_failed(
-                attempt,
-                Error::Io(format!(
-                    "{}completion reported as failed",
-                    crate::transports::fault::INJECTED
-                )),
-            );
+            self.attempt_failed(attempt, Error::injected("completion reported as failed"));
             return;
         }
         if self.finish(TransferStatus::Completed, None) {
@@ -452,10 +462,10 @@ impl Task {
         }
         {
             let mut st = self.lock();
-            if st.failed_attempt >= attempt {
+            if st.attempt.failed_attempt >= attempt {
                 return;
             }
-            st.failed_attempt = attempt;
+            st.attempt.failed_attempt = attempt;
         }
         match self.lane.driver.get().and_then(|l| l.driver.upgrade()) {
             Some(driver) => driver.attempt_failed(self, attempt, error),
@@ -478,7 +488,7 @@ impl Task {
             if self.status().is_terminal() {
                 return false;
             }
-            st.error = error;
+            st.attempt.error = error;
             self.status.store(status.raw(), Ordering::Release);
             st.deadline.take()
         };
@@ -513,7 +523,7 @@ impl Task {
     pub fn snapshot(&self) -> TaskSnapshot {
         let status = self.status();
         let error = if status.is_terminal() && status != TransferStatus::Completed {
-            self.lock().error.clone()
+            self.lock().attempt.error.clone()
         } else {
             None
         };
@@ -529,7 +539,7 @@ impl Task {
 
     /// The error, if the task ended without completing.
     pub fn error(&self) -> Option<Error> {
-        self.lock().error.clone()
+        self.lock().attempt.error.clone()
     }
 }
 
@@ -537,6 +547,11 @@ impl Task {
 pub(crate) mod tests {
     use super::*;
     use crate::kind::Opcode;
+
+    /// Spare task slots the calling thread holds.
+    pub(crate) fn spares() -> usize {
+        crate::task_slots::count(&SPARES)
+    }
 
     /// A waiting task of a sample request, and the group it reports to (which it holds).
     pub(crate) fn waiting_task() -> (Arc<Task>, Arc<Group>) {

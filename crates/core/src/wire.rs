@@ -24,6 +24,9 @@ pub const MAX_ERROR_PAYLOAD: u64 = 4096;
 pub const MAX_NOTIFY_PAYLOAD: u64 = 64 << 10;
 /// Largest sender name in `NotifyOpen`.
 pub const MAX_NOTIFY_NAME: u64 = 1024;
+/// Payload of the handshake's `AuthChallenge` and `AuthProof` frames: one MAC, an
+/// HMAC-SHA256 tag (`auth` makes and checks it).
+pub const MAC_LEN: usize = 32;
 
 /// Access token: 128 random bits per segment.
 pub type Token = [u8; 16];
@@ -132,7 +135,7 @@ impl Op {
             Self::Error => MAX_ERROR_PAYLOAD,
             Self::Notify => MAX_NOTIFY_PAYLOAD,
             Self::NotifyOpen => MAX_NOTIFY_NAME,
-            Self::AuthChallenge | Self::AuthProof => crate::auth::MAC_LEN as u64,
+            Self::AuthChallenge | Self::AuthProof => MAC_LEN as u64,
             Self::ReadReq => MAX_DATA_PAYLOAD, // requested length, not payload
             _ => 0,
         }

@@ -12,7 +12,20 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use super::{Notification, NotifyCounters};
+use crate::metrics::NotifyCounters;
+
+/// A notification as the target receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// The sender's segment name, as it named itself on its authenticated connection.
+    pub from: String,
+    /// The sender's engine id, as established by the handshake.
+    pub engine_id: u64,
+    /// The payload.
+    pub data: Vec<u8>,
+    /// Bytes of the call it rode on (0 for one sent alone).
+    pub bytes: u64,
+}
 
 /// Senders whose last sequence number is kept. An engine is a sender to at most this many
 /// peers' worth of dedup state; past it the oldest entry is forgotten (a resend from that

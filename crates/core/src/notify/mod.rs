@@ -18,84 +18,21 @@ pub(crate) mod inbox;
 pub(crate) mod outbox;
 pub(crate) mod serve;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-pub use inbox::{InboxSignal, InboxWaker, NotifyOutcome};
+pub use crate::config::notify::NotifyConfig;
+pub use crate::metrics::NotifyCounters;
+pub use inbox::{InboxSignal, InboxWaker, Notification, NotifyOutcome};
 
 use crate::block_submit::BlockSubmission;
 use crate::blocks::{BlockOutcome, Blocks, Gathered};
-use crate::engine::{Engine, Inner};
+use crate::engine::Engine;
 use crate::error::{Error, Result};
+use crate::inner::Inner;
 use crate::request::{Request, Validate};
 use crate::status::TransferStatus;
 use crate::task::{Task, TaskSnapshot};
-
-/// A notification as the target receives it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notification {
-    /// The sender's segment name, as it named itself on its authenticated connection.
-    pub from: String,
-    /// The sender's engine id, as established by the handshake.
-    pub engine_id: u64,
-    /// The payload.
-    pub data: Vec<u8>,
-    /// Bytes of the call it rode on (0 for one sent alone).
-    pub bytes: u64,
-}
-
-/// Notification settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotifyConfig {
-    /// Notifications the receive queue holds (`notifyQueueSize`); past it they are dropped
-    /// and counted.
-    pub queue_size: usize,
-    /// Largest payload sent or accepted (`notifyMaxBytes`).
-    pub max_bytes: usize,
-}
-
-impl Default for NotifyConfig {
-    fn default() -> Self {
-        Self {
-            queue_size: 1024,
-            max_bytes: 4096,
-        }
-    }
-}
-
-/// Notification counters (kept with the engine's other counters, readable after close).
-#[derive(Debug, Default)]
-pub struct NotifyCounters {
-    /// Notifications handed to an outbox.
-    pub sent: AtomicU64,
-    /// Notifications the target acknowledged (queued or dropped there).
-    pub delivered: AtomicU64,
-    /// Notifications whose delivery failed (peer lost, closed, refused, timed out).
-    pub failed: AtomicU64,
-    /// Notifications queued here for the application.
-    pub received: AtomicU64,
-    /// Notifications dropped here because the queue was full.
-    pub dropped: AtomicU64,
-}
-
-impl NotifyCounters {
-    /// Notifications whose delivery ended: delivered or failed.
-    pub fn ended(&self) -> u64 {
-        let delivered = self.delivered.load(Ordering::Relaxed);
-        delivered.saturating_add(self.failed.load(Ordering::Relaxed))
-    }
-
-    /// Notifications handed to an outbox whose delivery has not ended yet
-    /// (sent − delivered − failed). Three relaxed atomic loads: an estimate for bounding a
-    /// backlog, not a snapshot. The ends are read before `sent` (a notification is counted
-    /// sent before its end is), and the difference saturates at 0; a failure counted for a
-    /// notification that never reached an outbox (its segment unknown or closed) makes it
-    /// read lower, never higher.
-    pub fn in_flight(&self) -> u64 {
-        let ended = self.ended();
-        self.sent.load(Ordering::Relaxed).saturating_sub(ended)
-    }
-}
 
 /// Checks a payload against this engine's cap.
 fn check_size(data: &[u8], max: usize) -> Result<()> {
@@ -369,21 +306,4 @@ impl Engine {
             l.local.notify_inbox.set_waker(waker);
         }
     }
-}
-
-/// What `submit_transfer_then` runs once every task of the submission ended.
-pub(crate) type Then = Box<dyn FnOnce(&[Arc<Task>]) + Send>;
-
-/// Where a submission's completion hook finds its tasks (filled before they start).
-pub(crate) type Holder = Arc<Mutex<Vec<Arc<Task>>>>;
-
-/// The holder a submission's completion hook reads its tasks from.
-pub(crate) fn hook(then: Then) -> (Holder, Box<dyn FnOnce() + Send>) {
-    let holder: Holder = Arc::default();
-    let held = holder.clone();
-    let run = Box::new(move || {
-        let tasks = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
-        then(&tasks);
-    });
-    (holder, run)
 }

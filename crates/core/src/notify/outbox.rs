@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::inbox::NotifyOutcome;
-use super::NotifyCounters;
 use crate::error::{Error, Result};
+use crate::metrics::NotifyCounters;
 use crate::net::{connect, read_frame, write_frame};
 use crate::segment::Peer;
 use crate::wire::{ConnKind, Header, Op, RejectCode};

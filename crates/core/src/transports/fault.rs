@@ -5,32 +5,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::runtime::Handle;
 
+pub use crate::config::fault::FaultSpec;
+pub use crate::error::{is_injected, INJECTED};
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::memory::{Region, RegionId};
 use crate::segment::Peer;
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
-
-/// What to inject. `Default` injects nothing.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct FaultSpec {
-    /// Probability that submitting a request fails (0.0..=1.0).
-    pub submit_failure_rate: f64,
-    /// After this many submitted requests, every submission fails.
-    pub fail_after_submits: Option<u64>,
-    /// Probability that a completed attempt is reported FAILED instead.
-    pub corrupt_completion_rate: f64,
-    /// Delay before each submission reaches the real transport.
-    pub delay: Option<Duration>,
-    /// The transport fails to install and is never selected.
-    pub fail_install: bool,
-    /// Seed of the random choices.
-    pub seed: u64,
-}
 
 /// SplitMix64: tiny, seedable, and good enough to draw fault decisions.
 struct Rng(u64);
@@ -44,14 +28,6 @@ impl Rng {
         z ^= z >> 31;
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
-}
-
-/// How every injected error's message starts.
-pub const INJECTED: &str = "fault injection: ";
-
-/// Whether `error` was injected (not a sign of anything about the peer).
-pub fn is_injected(error: &Error) -> bool {
-    matches!(error, Error::Io(m) if m.starts_with(INJECTED))
 }
 
 /// Builds `inner`'s transport wrapped with fault injection.
@@ -112,7 +88,7 @@ impl FaultTransport {
     }
 
     fn injected(what: &str, kind: TransportKind) -> Error {
-        Error::Io(format!("{INJECTED}{what} on {}", kind.name()))
+        Error::injected(format_args!("{what} on {}", kind.name()))
     }
 }
 

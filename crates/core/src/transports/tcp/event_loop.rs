@@ -28,7 +28,7 @@ use tokio::runtime::Handle;
 use super::loop_conn::{LoopConn, Readiness};
 use super::request::Slice;
 use crate::error::{Error, Result};
-use crate::event_loop::{self, Interest, Watch};
+use crate::event_loop::watch::{self as event_loop, Interest, Watch};
 use crate::net::connect;
 use crate::segment::Peer;
 use crate::wire::ConnKind;

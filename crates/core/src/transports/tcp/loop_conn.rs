@@ -17,7 +17,7 @@ use super::event_loop::{forget, Key};
 use super::reply::{self, Reply};
 use super::request::Slice;
 use crate::error::{Error, Result};
-use crate::event_loop::{Interest, Watcher};
+use crate::event_loop::watch::{Interest, Watcher};
 use crate::memory::Window;
 use crate::segment::Peer;
 use crate::wire::{RejectCode, HEADER_LEN};
