@@ -95,10 +95,27 @@ test('a child that uses its parent while the parent uses it is a cycle (super::)
 test('a cycle among TypeScript modules fails, in any folder of modules next to index.ts', (t) => {
   const r = check(withTree(t, {
     'loader.ts': "import { helper } from './lib/helper'\nexport function load(): number {\n  return helper()\n}\n",
-    'lib/helper.ts': "import type { x } from '../index'\nexport function helper(): number {\n  return 1\n}\nexport type X = typeof x\n",
+    'lib/helper.ts': "import { x } from '../index'\nexport function helper(): number {\n  return 1\n}\nexport const y = x\n",
   }))
   t.is(r.status, 1)
   t.regex(r.err, /index\.ts → loader\.ts → lib\/helper\.ts → index\.ts/)
+})
+
+test('a TypeScript import that keeps one value closes a cycle; a type-only one (erased) does not', (t) => {
+  const tree = (helper: string) => ({
+    'index.ts': "export { load } from './loader'\n",
+    'loader.ts': "import { helper } from './lib/helper'\nexport function load(): number {\n  return helper()\n}\n",
+    'lib/helper.ts': `${helper}\nexport function helper(): number {\n  return 1\n}\n`,
+  })
+  for (const erased of ["import type { load } from '../index'", "import { type load } from '../index'", "export type { load } from '../index'"]) {
+    const r = check(withTree(t, tree(erased)))
+    t.is(r.status, 0, `${erased}: ${r.err}`)
+  }
+  for (const kept of ["import { load, type X } from '../index'", "import * as all from '../index'", "export { load } from '../index'", "import '../index'", "const all = require('../index')"]) {
+    const r = check(withTree(t, tree(kept)))
+    t.is(r.status, 1, kept)
+    t.regex(r.err, /lib\/helper\.ts → index\.ts/, kept)
+  }
 })
 
 test('TypeScript imports in comments and test files make no edge', (t) => {

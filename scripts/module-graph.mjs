@@ -565,13 +565,44 @@ function typescript() {
   return ts;
 }
 
-/** The relative imports of one TypeScript file, with their lines. */
+/**
+ * The relative imports of one TypeScript file that reach its JavaScript, with their lines.
+ * Type-only imports (`import type …`, or every named element marked `type`) are erased by
+ * the compiler and left out: a public API whose types name each other (`Engine.allocate()`
+ * returns a `Region`, `Region.engine` is an `Engine`) is one strongly connected web at the
+ * type level wherever its classes live, while the order modules load in, and what each
+ * needs from the others, is decided by the imports that remain.
+ */
 export function tsImports(src) {
-  const info = typescript().preProcessFile(src, true, true);
-  const lineOf = (pos) => src.slice(0, pos).split('\n').length;
-  return info.importedFiles
-    .filter((f) => f.fileName.startsWith('./') || f.fileName.startsWith('../'))
-    .map((f) => ({ spec: f.fileName, line: lineOf(f.pos) }));
+  const t = typescript();
+  const file = t.createSourceFile('x.ts', src, t.ScriptTarget.Latest, false, t.ScriptKind.TS);
+  const lineOf = (pos) => file.getLineAndCharacterOfPosition(pos).line + 1;
+  const out = [];
+  const relative = (spec) => spec.startsWith('./') || spec.startsWith('../');
+  const typeOnlyImport = (clause) => {
+    if (!clause) return false; // `import './x'`: loaded for its effects
+    if (clause.isTypeOnly) return true;
+    const b = clause.namedBindings;
+    return !clause.name && b !== undefined && t.isNamedImports(b) && b.elements.length > 0 && b.elements.every((e) => e.isTypeOnly);
+  };
+  const typeOnlyExport = (d) =>
+    d.isTypeOnly || (d.exportClause !== undefined && t.isNamedExports(d.exportClause) && d.exportClause.elements.length > 0 && d.exportClause.elements.every((e) => e.isTypeOnly));
+  const visit = (node) => {
+    if (t.isImportDeclaration(node) && t.isStringLiteral(node.moduleSpecifier)) {
+      if (!typeOnlyImport(node.importClause)) out.push({ spec: node.moduleSpecifier.text, pos: node.getStart(file) });
+    } else if (t.isExportDeclaration(node) && node.moduleSpecifier && t.isStringLiteral(node.moduleSpecifier)) {
+      if (!typeOnlyExport(node)) out.push({ spec: node.moduleSpecifier.text, pos: node.getStart(file) });
+    } else if (t.isImportEqualsDeclaration(node) && !node.isTypeOnly && t.isExternalModuleReference(node.moduleReference)) {
+      const e = node.moduleReference.expression;
+      if (t.isStringLiteral(e)) out.push({ spec: e.text, pos: node.getStart(file) });
+    } else if (t.isCallExpression(node) && node.arguments.length === 1 && t.isStringLiteral(node.arguments[0]) &&
+      ((t.isIdentifier(node.expression) && node.expression.text === 'require') || node.expression.kind === t.SyntaxKind.ImportKeyword)) {
+      out.push({ spec: node.arguments[0].text, pos: node.getStart(file) });
+    }
+    t.forEachChild(node, visit);
+  };
+  visit(file);
+  return out.filter((i) => relative(i.spec)).map((i) => ({ spec: i.spec, line: lineOf(i.pos) }));
 }
 
 function resolveTs(root, fromRel, spec) {

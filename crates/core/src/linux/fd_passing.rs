@@ -14,7 +14,7 @@ use std::os::unix::net::UnixStream;
 
 use tokio::io::Interest;
 
-use super::invalid_input;
+use super::invalid::invalid_input;
 
 /// Most descriptors one message may carry (the kernel's `SCM_MAX_FD`).
 pub const MAX_FDS_PER_MESSAGE: usize = 253;

@@ -19,9 +19,8 @@
 //! each says what contract that `unsafe` relies on.
 #![cfg(target_os = "linux")]
 
-use std::io;
-
 mod fd_passing;
+mod invalid;
 mod peer;
 mod placement;
 mod remote_mapping;
@@ -32,8 +31,3 @@ pub use fd_passing::{recv_fds, recv_fds_async, send_fds, send_fds_async, MAX_FDS
 pub use peer::{peer_pid, peer_uid, Pidfd};
 pub use placement::{map_shared, ALIAS_SPAN};
 pub use remote_mapping::{RangeError, RemoteMapping, POPULATE_LIMIT};
-
-/// An `InvalidInput` error for an argument the caller (or a peer) got wrong.
-fn invalid_input(msg: &str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, msg)
-}

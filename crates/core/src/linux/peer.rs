@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use super::invalid_input;
+use super::invalid::invalid_input;
 
 /// The pid of the process at the other end of a unix socket (`SO_PEERCRED`), as seen in our
 /// pid namespace. For a connected socket that is the process that called `connect` (or

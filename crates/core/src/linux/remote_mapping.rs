@@ -11,7 +11,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
-use super::invalid_input;
+use super::invalid::invalid_input;
 use super::placement::map_shared;
 
 /// Largest peer mapping whose pages are populated when mapped (1 GiB).

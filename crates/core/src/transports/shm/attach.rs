@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 use tokio::net::UnixStream;
 
 use super::peer::Mappings;
-use super::AUTH_TIMEOUT;
+use super::serve::AUTH_TIMEOUT;
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::life_word::PeerLifeWord;

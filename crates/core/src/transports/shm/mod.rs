@@ -32,7 +32,6 @@ mod shared_copy;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
@@ -54,9 +53,6 @@ use large_copiers::LargeCopiers;
 use peer::{watch, DeathHook, ShmPeer};
 use serve::{bind, serve, Gate};
 use shared_copy::Shared;
-
-/// How long either side waits for the other's token and replies.
-const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The shared-memory transport.
 pub struct ShmTransport {

@@ -12,7 +12,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-use super::AUTH_TIMEOUT;
 use crate::admission::Admission;
 use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
@@ -21,6 +20,9 @@ use crate::linux::send_fds_async;
 use crate::memory::RegionTable;
 use crate::net::{server_handshake, Refused};
 use crate::wire::{token_eq, ConnKind, Token};
+
+/// How long either side of an shm connection waits for the other's token and replies.
+pub(super) const AUTH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Binds the abstract unix socket that serves this engine's memfds.
 pub(super) fn bind(engine_id: u64) -> Result<(UnixListener, String)> {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 use tokio::runtime::Handle;
 
-use super::loop_conn::{LoopConn, Readiness};
+use super::loop_conn::{Key, LoopConn, Readiness};
 use super::request::Slice;
 use crate::error::{Error, Result};
 use crate::event_loop::watch::{self as event_loop, Interest, Watch};
@@ -99,9 +99,6 @@ pub(crate) struct Lanes {
     pub registry: Arc<Registry>,
 }
 
-/// (engine, peer): a thread's loop connections are keyed by both.
-pub(super) type Key = (u64, u64);
-
 /// A thread's connection to one peer, in whatever state it is.
 #[derive(Default)]
 struct Entry {
@@ -163,7 +160,7 @@ pub(super) fn try_send(
                 None => return None,
                 Some(Ok(stream)) => {
                     entry.connecting = None;
-                    let conn = Arc::new(LoopConn::new(key, peer.clone(), stream));
+                    let conn = Arc::new(LoopConn::new(key, forget, peer.clone(), stream));
                     match event_loop.watch(conn.fd(), conn.clone()) {
                         Ok(watch) => {
                             lanes.registry.add(&conn);
@@ -251,7 +248,7 @@ pub(crate) fn break_this_thread() {
 }
 
 /// Forgets this thread's entry for `conn` (it broke; the loop stops watching it).
-pub(super) fn forget(conn: &LoopConn) {
+fn forget(conn: &LoopConn) {
     // `try_with`: at thread exit the table may already be gone.
     let _ = ENTRIES.try_with(|entries| {
         let mut entries = entries.borrow_mut();

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use super::event_loop::{forget, Key};
 use super::reply::{self, Reply};
 use super::request::Slice;
 use crate::error::{Error, Result};
@@ -73,9 +72,18 @@ struct State {
     body: Option<Body>,
 }
 
+/// (engine, peer): a thread's loop connections are keyed by both.
+pub(super) type Key = (u64, u64);
+
+/// What a connection calls on its loop's thread once it stops being watched (it broke):
+/// the thread's table of connections forgets it. Passed in, not imported, so that the
+/// table (`event_loop`, which holds connections) stays above the connection.
+pub(super) type OnStop = fn(&LoopConn);
+
 /// One loop connection.
 pub(super) struct LoopConn {
     key: Key,
+    on_stop: OnStop,
     peer: Arc<Peer>,
     sock: std::net::TcpStream,
     state: Mutex<State>,
@@ -105,9 +113,15 @@ pub(super) struct Sent {
 }
 
 impl LoopConn {
-    pub(super) fn new(key: Key, peer: Arc<Peer>, sock: std::net::TcpStream) -> Self {
+    pub(super) fn new(
+        key: Key,
+        on_stop: OnStop,
+        peer: Arc<Peer>,
+        sock: std::net::TcpStream,
+    ) -> Self {
         Self {
             key,
+            on_stop,
             peer,
             sock,
             state: Mutex::new(State {
@@ -391,7 +405,7 @@ impl Watcher for LoopConn {
             }
         };
         if interest == Interest::Stop {
-            forget(self);
+            (self.on_stop)(self);
         }
         settle.settle();
         interest
@@ -441,7 +455,7 @@ mod tests {
             })
             .expect("range");
         Rig {
-            conn: LoopConn::new((1, 1), peer, near),
+            conn: LoopConn::new((1, 1), |_| {}, peer, near),
             region,
             _far: far,
         }
