@@ -6,12 +6,12 @@ use ferry_core::blocks::{BlockOutcome, Blocks, PerBlock};
 use ferry_core::handle::{HandleKind, Handles};
 use ferry_core::{Error, Opcode, TransportHint};
 use napi::bindgen_prelude::{
-    Buffer, FromNapiValue, Object, TypedArray, TypedArrayType, Uint32Array, Uint8ArraySlice,
-    Unknown,
+    Buffer, FromNapiValue, Object, TypedArray, TypedArrayType, Uint32Array, Unknown,
 };
-use napi::{Env, JsValue, ValueType};
+use napi::{Env, ValueType};
 use napi_derive::napi;
 
+use crate::buffer::OutBytes;
 use crate::convert::{internal, js_error, transport};
 use crate::js::{exact_u64, to_u64};
 use crate::notify::NotifyResult;
@@ -116,16 +116,14 @@ pub struct BlockSubmissionJs {
 
 /// The values of a Float64Array (each a non-negative integer below 2^53) or of a
 /// BigUint64Array.
-fn u64s(env: &Env, value: Unknown, what: &str) -> Result<Vec<u64>, Error> {
+fn u64s(value: Unknown, what: &str) -> Result<Vec<u64>, Error> {
     let not_array =
         || Error::InvalidArgument(format!("{what} must be a Float64Array or a BigUint64Array"));
     if value.get_type().map_err(|_| not_array())? != ValueType::Object {
         return Err(not_array());
     }
-    // SAFETY: `value` is a live object value of `env`, the env of this call; the view's
-    // bytes are read before the call returns, while JS cannot run.
-    let array =
-        unsafe { TypedArray::from_napi_value(env.raw(), value.raw()) }.map_err(|_| not_array())?;
+    // The view's bytes are read in place before the call returns, while JS cannot run.
+    let array = TypedArray::from_unknown(value).map_err(|_| not_array())?;
     let words = array.arraybuffer.chunks_exact(8);
     match array.typed_array_type {
         TypedArrayType::BigUint64 => Ok(words
@@ -148,25 +146,23 @@ fn u64s(env: &Env, value: Unknown, what: &str) -> Result<Vec<u64>, Error> {
 }
 
 /// A field that is a number (one for all blocks) or a typed array (one per block).
-fn per_block(env: &Env, value: Unknown, what: &str) -> Result<PerBlock<u64>, Error> {
+fn per_block(value: Unknown, what: &str) -> Result<PerBlock<u64>, Error> {
     if matches!(value.get_type(), Ok(ValueType::Number)) {
-        // SAFETY: `value` was just checked to be a number of the live env.
-        let v = unsafe { f64::from_napi_value(env.raw(), value.raw()) }
+        let v = f64::from_unknown(value)
             .map_err(|e| Error::InvalidArgument(format!("{what}: {}", e.reason)))?;
         return Ok(PerBlock::One(to_u64(v, what)?));
     }
-    u64s(env, value, what).map(PerBlock::Each)
+    u64s(value, what).map(PerBlock::Each)
 }
 
 /// Handles (one or per block) decoded as this engine's ids of `kind`.
 fn ids(
-    env: &Env,
     value: Unknown,
     what: &str,
     kind: HandleKind,
     handles: &Handles,
 ) -> Result<PerBlock<u64>, Error> {
-    Ok(match per_block(env, value, what)? {
+    Ok(match per_block(value, what)? {
         PerBlock::One(h) => PerBlock::One(handles.decode(kind, h)?),
         PerBlock::Each(hs) => PerBlock::Each(
             hs.into_iter()
@@ -198,45 +194,46 @@ fn transport_field(list: &Object, name: &str) -> Result<Option<ferry_core::Trans
 }
 
 /// The block list of a call (`NativeBlockList`), every field converted and checked for type.
-fn blocks(env: &Env, handles: &Handles, opcode: &str, list: &Object) -> Result<Blocks, Error> {
+fn blocks(handles: &Handles, opcode: &str, list: &Object) -> Result<Blocks, Error> {
     let hint = TransportHint::from_fields(
         transport_field(list, "transport")?,
         transport_field(list, "requireTransport")?,
     )
     .map_err(Error::InvalidArgument)?;
     let remote_buffer = match field(list, "remoteBuffer")? {
-        Some(v) => per_block(env, v, "remoteBuffer")?,
+        Some(v) => per_block(v, "remoteBuffer")?,
         None => PerBlock::One(0),
     };
     Ok(Blocks {
         opcode: Opcode::parse(opcode)?,
         local: ids(
-            env,
             required(list, "local")?,
             "local",
             HandleKind::Region,
             handles,
         )?,
         segment: ids(
-            env,
             required(list, "remote")?,
             "remote",
             HandleKind::Segment,
             handles,
         )?,
         remote_buffer,
-        local_offsets: u64s(env, required(list, "localOffsets")?, "localOffsets")?,
-        remote_offsets: u64s(env, required(list, "remoteOffsets")?, "remoteOffsets")?,
-        lengths: per_block(env, required(list, "lengths")?, "lengths")?,
+        local_offsets: u64s(required(list, "localOffsets")?, "localOffsets")?,
+        remote_offsets: u64s(required(list, "remoteOffsets")?, "remoteOffsets")?,
+        lengths: per_block(required(list, "lengths")?, "lengths")?,
         hint,
     })
 }
 
-/// The caller's status array, written in place.
-fn status_bytes<'a>(out: &'a mut Uint8ArraySlice) -> &'a mut [u8] {
-    // SAFETY: the slice views the caller's Uint8Array for this synchronous call on the JS
-    // thread, where no JS runs and no other reference to those bytes exists.
-    unsafe { out.as_mut() }
+/// The caller's status array, written in place; refused when it shares memory with
+/// `starts`, which is read meanwhile.
+fn status_bytes<'a>(out: &'a mut OutBytes, starts: &[u32]) -> napi::Result<&'a mut [u8], String> {
+    out.bytes_beside(starts).ok_or_else(|| {
+        js_error(Error::InvalidArgument(
+            "out must not share memory with starts".into(),
+        ))
+    })
 }
 
 /// A batch id and a task index from JS.
@@ -266,7 +263,7 @@ impl NativeEngine {
         notify: Option<Buffer>,
     ) -> napi::Result<Object<'env>, String> {
         let engine = self.core();
-        let list = blocks(env, &engine.handles(), &opcode, &list).map_err(js_error)?;
+        let list = blocks(&engine.handles(), &opcode, &list).map_err(js_error)?;
         let (early, settle) = Early::<BlocksOutcome>::new();
         let (op, requests) = match notify {
             None => engine.transfer_blocks(&list, move |outcome| {
@@ -297,7 +294,6 @@ impl NativeEngine {
     )]
     pub fn submit_blocks(
         &self,
-        env: Env,
         batch: f64,
         opcode: String,
         list: Object,
@@ -305,7 +301,7 @@ impl NativeEngine {
     ) -> napi::Result<BlockSubmissionJs, String> {
         let engine = self.core();
         let batch = to_u64(batch, "batch").map_err(js_error)?;
-        let list = blocks(&env, &engine.handles(), &opcode, &list).map_err(js_error)?;
+        let list = blocks(&engine.handles(), &opcode, &list).map_err(js_error)?;
         let sub = match notify {
             None => engine.submit_blocks(batch, &list),
             Some(data) => engine.submit_blocks_notify(batch, &list, data.to_vec()),
@@ -323,12 +319,12 @@ impl NativeEngine {
         &self,
         batch: f64,
         first_task: f64,
-        mut out: Uint8ArraySlice,
+        #[napi(ts_arg_type = "Uint8Array")] mut out: OutBytes,
     ) -> napi::Result<u32, String> {
         let (batch, first) = batch_and_task(batch, first_task)?;
         let n = self
             .core()
-            .transfer_status_into(batch, first, status_bytes(&mut out));
+            .transfer_status_into(batch, first, status_bytes(&mut out, &[])?);
         n.map(|n| n as u32).map_err(js_error)
     }
 
@@ -340,12 +336,11 @@ impl NativeEngine {
         batch: f64,
         first_task: f64,
         starts: &[u32],
-        mut out: Uint8ArraySlice,
+        #[napi(ts_arg_type = "Uint8Array")] mut out: OutBytes,
     ) -> napi::Result<u32, String> {
         let (batch, first) = batch_and_task(batch, first_task)?;
-        let open = self
-            .core()
-            .block_status_into(batch, first, starts, status_bytes(&mut out));
+        let out = status_bytes(&mut out, starts)?;
+        let open = self.core().block_status_into(batch, first, starts, out);
         open.map(|n| n as u32).map_err(js_error)
     }
 }

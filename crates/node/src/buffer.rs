@@ -1,18 +1,25 @@
-//! The binding's buffer handling: JS Buffers over windows of engine-owned regions, and
-//! user memory kept alive while registered. The only unsafe code of the binding that
-//! touches memory lives here.
+//! Memory that both JS and Rust touch, and the contracts that make it sound — with ffi.rs,
+//! the only `unsafe` of the binding:
+//!
+//! - `RegionBuffer`: a JS Buffer over a window of an engine-owned region (an external
+//!   Buffer); it holds the region, so the memory stays mapped until the Buffer is collected.
+//! - `register_shared`: JS memory registered with the engine — only a view over a
+//!   SharedArrayBuffer, which JS cannot detach or resize, held referenced while registered.
+//! - `OutBytes`: a Uint8Array argument the call writes in place, the only Rust view of its
+//!   bytes during that call.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ferry_core::{Error, Region};
+use ferry_core::{Access, Engine, Error, Region};
 use napi::bindgen_prelude::{
-    Buffer, FromNapiValue, Function, JsObjectValue, Object, ToNapiValue, TypeName, Unknown,
-    ValueType,
+    Buffer, FromNapiValue, Function, JsObjectValue, Object, ToNapiValue, TypeName, Uint8ArraySlice,
+    Unknown, ValidateNapiValue, ValueType,
 };
 use napi::{sys, Env, JsValue};
 
+use crate::ffi;
 use crate::js::exact_u64;
 
 /// The Buffer limit assumed where the runtime's own cannot be read: Node 20's 4 GiB, the
@@ -38,7 +45,7 @@ pub(crate) fn max_view_bytes(env: &Env) -> u64 {
     let read = read_max_length(env);
     // A getter or function that threw leaves its exception pending; it is not this
     // call's error, and a pending exception would fail every napi call after it.
-    let _ = take_exception(env.raw());
+    let _ = take_exception(env);
     let limit = read.unwrap_or(FALLBACK_MAX_VIEW_BYTES);
     MAX_VIEW_BYTES.store(limit, Ordering::Relaxed);
     limit
@@ -49,8 +56,7 @@ fn as_object(value: Unknown<'_>) -> Option<Object<'_>> {
     if value.get_type().ok()? != ValueType::Object {
         return None;
     }
-    // SAFETY: `value` was just checked to be an object value of its live env.
-    unsafe { value.cast() }.ok()
+    Object::from_unknown(value).ok()
 }
 
 /// `process.getBuiltinModule('node:buffer').constants.MAX_LENGTH`, if every step is there
@@ -62,50 +68,27 @@ fn read_max_length(env: &Env) -> Option<u64> {
     if get.get_type().ok()? != ValueType::Function {
         return None;
     }
-    // SAFETY: `get` was just checked to be a function value of the live env.
-    let get: Function<&str, Unknown> = unsafe { get.cast() }.ok()?;
+    let get: Function<&str, Unknown> = Function::from_unknown(get).ok()?;
     let module = as_object(get.apply(process, "node:buffer").ok()?)?;
     let constants = as_object(module.get::<Unknown>("constants").ok()??)?;
     let max = constants.get::<Unknown>("MAX_LENGTH").ok()??;
     if max.get_type().ok()? != ValueType::Number {
         return None;
     }
-    // SAFETY: `max` was just checked to be a number value of the live env.
-    let max: f64 = unsafe { max.cast() }.ok()?;
+    let max = f64::from_unknown(max).ok()?;
     exact_u64(max).filter(|&m| m > 0)
 }
 
 /// Clears the exception pending in `env`, if any, and returns its message (where it has
 /// a string one).
-fn take_exception(env: sys::napi_env) -> Option<String> {
-    let mut pending = false;
-    // SAFETY: `env` is the live env of the current call; the out-pointer is a valid local.
-    let status = unsafe { sys::napi_is_exception_pending(env, &mut pending) };
-    if status != sys::Status::napi_ok || !pending {
-        return None;
-    }
-    let mut exception = std::ptr::null_mut();
-    // SAFETY: as above; clearing a pending exception is what this call is for.
-    let status = unsafe { sys::napi_get_and_clear_last_exception(env, &mut exception) };
-    if status != sys::Status::napi_ok || exception.is_null() {
-        return None;
-    }
-    // SAFETY: `exception` was just returned for this env.
-    let exception = unsafe { Unknown::from_napi_value(env, exception) }.ok()?;
+fn take_exception(env: &Env) -> Option<String> {
+    let exception = ffi::clear_exception(env)?;
     let message = as_object(exception)
         .and_then(|e| e.get::<Unknown>("message").ok().flatten())
         .filter(|m| m.get_type().ok() == Some(ValueType::String))
-        // SAFETY: `m` was just checked to be a string value of the live env.
-        .and_then(|m| unsafe { m.cast::<String>() }.ok());
+        .and_then(|m| String::from_unknown(m).ok());
     // Reading `message` may itself have thrown (a getter); that one is dropped too.
-    let mut again = std::ptr::null_mut();
-    // SAFETY: as above.
-    unsafe {
-        sys::napi_is_exception_pending(env, &mut pending);
-        if pending {
-            sys::napi_get_and_clear_last_exception(env, &mut again);
-        }
-    }
+    let _ = ffi::clear_exception(env);
     message
 }
 
@@ -156,7 +139,7 @@ impl RegionBuffer {
         // `hint` is not freed here: Node runs the finalizer itself on a refusal it made
         // (a length over its limit), so freeing it too would free it twice. One `Arc`
         // leaked on a failure before that point is the safe side.
-        let why = take_exception(env.raw())
+        let why = take_exception(env)
             .unwrap_or_else(|| format!("napi status {status}: external buffers unavailable"));
         Err(Error::InvalidArgument(format!(
             "this runtime refused a Buffer of {len} bytes over the region ({why}): view the region in windows (region.view(offset, length))"
@@ -190,33 +173,70 @@ impl ToNapiValue for RegionBuffer {
 /// Keeps registered user memory alive. napi's `Buffer` (which takes any ArrayBufferView)
 /// is `Send` and releases its reference on the JS thread whichever thread drops it; the
 /// mutex makes it `Sync`.
-pub(crate) struct HeldMemory(#[allow(dead_code)] Mutex<Buffer>);
+struct HeldMemory(#[allow(dead_code)] Mutex<Buffer>);
 
-/// Pointer and length of user memory that may be registered, plus what keeps it alive.
+/// Registers user memory with `engine`: a view over memory JS cannot take back.
 ///
 /// Only memory whose backing store JS cannot detach is accepted: a TypedArray, DataView or
 /// Buffer over a `SharedArrayBuffer` (a shared `WebAssembly.Memory`'s buffer included).
 /// A plain ArrayBuffer can be detached (`structuredClone(ab, { transfer: [ab] })`,
 /// `ab.transfer()`) and its memory freed or handed to another owner while a reference to
 /// it is held, so a transfer into it would write memory the engine no longer owns.
-pub(crate) fn hold_shared(
-    env: &Env,
+pub(crate) fn register_shared(
+    engine: &Engine,
     value: Unknown,
-) -> Result<(*mut u8, usize, HeldMemory), Error> {
+    access: Access,
+) -> Result<Arc<Region>, Error> {
     let refuse = |why: &str| {
         Error::InvalidArgument(format!(
             "registerMemory takes a TypedArray, DataView or Buffer over a SharedArrayBuffer: {why}; use engine.allocate(n), or Buffer.from(new SharedArrayBuffer(n))"
         ))
     };
-    let raw_env = env.raw();
+    let view = view_memory(&value).map_err(refuse)?;
+    if !view.shared {
+        return Err(refuse(
+            "its buffer is a plain ArrayBuffer, which JS can detach while the engine uses it",
+        ));
+    }
+    if view.byte_len == 0 || view.data.is_null() {
+        return Err(Error::InvalidArgument(
+            "cannot register an empty buffer".into(),
+        ));
+    }
+    // napi's Buffer takes any view (Node's Buffer::HasInstance is IsArrayBufferView) and
+    // holds a reference to it.
+    let held = Buffer::from_unknown(value)
+        .map_err(|e| refuse(&format!("cannot hold it ({})", e.reason)))?;
+    let held = HeldMemory(Mutex::new(held));
+    // SAFETY: `data`/`byte_len` describe the view's shared backing store, which `held`
+    // keeps referenced for as long as the region exists; a SharedArrayBuffer can be
+    // neither detached nor resized, so the memory stays where it is.
+    unsafe { engine.register_memory(view.data, view.byte_len, access, Box::new(held)) }
+}
+
+/// The bytes an ArrayBufferView (a TypedArray, a DataView, a Buffer) shows, as Node-API
+/// reports them. The pointer is only an address: using it past this call takes keeping the
+/// view's memory alive and in place (`register_shared`).
+struct ViewMemory {
+    data: *mut u8,
+    byte_len: usize,
+    /// Its buffer is a SharedArrayBuffer, which JS can neither detach nor resize (not a
+    /// plain ArrayBuffer, which it can).
+    shared: bool,
+}
+
+/// What `value` shows, if it is an ArrayBuffer view; otherwise why not. Upholds: every
+/// query is made on `value`'s own live env, each checked to apply before it is made.
+fn view_memory(value: &Unknown) -> Result<ViewMemory, &'static str> {
+    let env = value.value().env;
     let raw = value.raw();
     let mut is_typed = false;
     let mut is_view = false;
-    // SAFETY: `raw` is a live value of `raw_env`, the env of this call; the out-pointers
-    // are valid locals.
+    // SAFETY: `raw` is a live value of `env`, the env of this call; the out-pointers are
+    // valid locals.
     unsafe {
-        sys::napi_is_typedarray(raw_env, raw, &mut is_typed);
-        sys::napi_is_dataview(raw_env, raw, &mut is_view);
+        sys::napi_is_typedarray(env, raw, &mut is_typed);
+        sys::napi_is_dataview(env, raw, &mut is_view);
     }
     let mut arraybuffer = std::ptr::null_mut();
     let mut data = std::ptr::null_mut();
@@ -228,7 +248,7 @@ pub(crate) fn hold_shared(
         // SAFETY: `raw` is a typed array (checked above); out-pointers are valid locals.
         let status = unsafe {
             sys::napi_get_typedarray_info(
-                raw_env,
+                env,
                 raw,
                 &mut kind,
                 &mut elements,
@@ -238,7 +258,7 @@ pub(crate) fn hold_shared(
             )
         };
         if status != sys::Status::napi_ok {
-            return Err(refuse("its typed array info is unavailable"));
+            return Err("its typed array info is unavailable");
         }
         byte_len = elements.saturating_mul(element_size(kind));
     } else if is_view {
@@ -246,7 +266,7 @@ pub(crate) fn hold_shared(
         // SAFETY: `raw` is a DataView (checked above); out-pointers are valid locals.
         let status = unsafe {
             sys::napi_get_dataview_info(
-                raw_env,
+                env,
                 raw,
                 &mut byte_len,
                 &mut data,
@@ -255,31 +275,21 @@ pub(crate) fn hold_shared(
             )
         };
         if status != sys::Status::napi_ok {
-            return Err(refuse("its DataView info is unavailable"));
+            return Err("its DataView info is unavailable");
         }
     } else {
-        return Err(refuse("got no ArrayBuffer view"));
+        return Err("got no ArrayBuffer view");
     }
     // A view's buffer is an ArrayBuffer or a SharedArrayBuffer; `napi_is_arraybuffer` is
     // true only for the former (V8's IsArrayBuffer excludes shared ones).
     let mut detachable = true;
     // SAFETY: `arraybuffer` was returned by the info call above for this env.
-    let status = unsafe { sys::napi_is_arraybuffer(raw_env, arraybuffer, &mut detachable) };
-    if status != sys::Status::napi_ok || detachable {
-        return Err(refuse(
-            "its buffer is a plain ArrayBuffer, which JS can detach while the engine uses it",
-        ));
-    }
-    if byte_len == 0 || data.is_null() {
-        return Err(Error::InvalidArgument(
-            "cannot register an empty buffer".into(),
-        ));
-    }
-    // SAFETY: `raw` is an ArrayBufferView of this env; napi's Buffer takes any view
-    // (Node's Buffer::HasInstance is IsArrayBufferView) and holds a reference to it.
-    let held = unsafe { Buffer::from_napi_value(raw_env, raw) }
-        .map_err(|e| refuse(&format!("cannot hold it ({})", e.reason)))?;
-    Ok((data.cast(), byte_len, HeldMemory(Mutex::new(held))))
+    let status = unsafe { sys::napi_is_arraybuffer(env, arraybuffer, &mut detachable) };
+    Ok(ViewMemory {
+        data: data.cast(),
+        byte_len,
+        shared: status == sys::Status::napi_ok && !detachable,
+    })
 }
 
 /// Bytes per element of a napi typed array kind.
@@ -298,5 +308,84 @@ fn element_size(kind: sys::napi_typedarray_type) -> usize {
         // A kind this binding does not know (a newer Node's Float16Array): bytes per
         // element unknown, so nothing is registered.
         _ => 0,
+    }
+}
+
+/// A Uint8Array argument that the call writes in place (a status array). Unlike napi's
+/// `Uint8ArraySlice` it is not `Copy`, so the call holds one view of those bytes; declare
+/// it to TypeScript as `Uint8Array` (`ts_arg_type`).
+pub struct OutBytes<'env>(Uint8ArraySlice<'env>);
+
+impl OutBytes<'_> {
+    /// The bytes, to write for as long as `self` is borrowed, or `None` when they share
+    /// memory with `read` (the call's other typed-array argument, if any, read meanwhile).
+    /// Upholds: no other Rust reference to these bytes lives meanwhile — the call's
+    /// arguments are the only ones made from JS memory, this one is not copied, and the
+    /// one it could overlap is checked — and no JS runs during the synchronous call.
+    pub(crate) fn bytes_beside(&mut self, read: &[u32]) -> Option<&mut [u8]> {
+        let out = self.0.as_ptr() as usize..self.0.as_ptr() as usize + self.0.len();
+        let other = read.as_ptr() as usize..read.as_ptr() as usize + std::mem::size_of_val(read);
+        if overlap(&out, &other) {
+            return None;
+        }
+        // SAFETY: as the doc says: the slice views the caller's Uint8Array for this
+        // synchronous call on the JS thread, and no other reference to its bytes exists.
+        Some(unsafe { self.0.as_mut() })
+    }
+}
+
+/// Whether two address ranges share a byte.
+fn overlap(a: &std::ops::Range<usize>, b: &std::ops::Range<usize>) -> bool {
+    !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end
+}
+
+impl FromNapiValue for OutBytes<'_> {
+    unsafe fn from_napi_value(env: sys::napi_env, value: sys::napi_value) -> napi::Result<Self> {
+        // SAFETY: the caller's contract (a live env and value) is passed on unchanged.
+        unsafe { Uint8ArraySlice::from_napi_value(env, value) }.map(Self)
+    }
+}
+
+impl TypeName for OutBytes<'_> {
+    fn type_name() -> &'static str {
+        Uint8ArraySlice::type_name()
+    }
+    fn value_type() -> ValueType {
+        Uint8ArraySlice::value_type()
+    }
+}
+
+impl ValidateNapiValue for OutBytes<'_> {
+    unsafe fn validate(
+        env: sys::napi_env,
+        value: sys::napi_value,
+    ) -> napi::Result<sys::napi_value> {
+        // SAFETY: the caller's contract (a live env and value) is passed on unchanged.
+        unsafe { Uint8ArraySlice::validate(env, value) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_bytes_overlap_is_any_shared_byte() {
+        assert!(overlap(&(0..8), &(7..9)));
+        assert!(overlap(&(4..6), &(0..16)));
+        assert!(!overlap(&(0..8), &(8..16)));
+        assert!(!overlap(&(8..16), &(0..8)));
+        // An empty view shares nothing, wherever it points.
+        assert!(!overlap(&(4..4), &(0..16)));
+        assert!(!overlap(&(0..16), &(4..4)));
+    }
+
+    #[test]
+    fn element_sizes_follow_the_typed_array_kind() {
+        assert_eq!(element_size(sys::TypedarrayType::uint8_array), 1);
+        assert_eq!(element_size(sys::TypedarrayType::int16_array), 2);
+        assert_eq!(element_size(sys::TypedarrayType::float32_array), 4);
+        assert_eq!(element_size(sys::TypedarrayType::biguint64_array), 8);
+        assert_eq!(element_size(99), 0);
     }
 }

@@ -99,8 +99,7 @@ fn value_at<'a>(root: &Unknown<'a>, path: &str) -> Option<Unknown<'a>> {
         if current.get_type().ok()? != ValueType::Object {
             return None;
         }
-        // SAFETY: `current` was just checked to be an object value of the live env.
-        let obj: Object = unsafe { current.cast() }.ok()?;
+        let obj = Object::from_unknown(current).ok()?;
         current = obj.get::<Unknown>(step).ok()??;
     }
     Some(current)
@@ -137,8 +136,7 @@ fn unknown_key(
     if given.get_type()? != ValueType::Object || known.get_type()? != ValueType::Object {
         return Ok(None);
     }
-    // SAFETY: both were just checked to be object values of the live env.
-    let (given, known): (Object, Object) = unsafe { (given.cast()?, known.cast()?) };
+    let (given, known) = (Object::from_unknown(*given)?, Object::from_unknown(*known)?);
     let is_array = given.is_array()?;
     for key in Object::keys(&given)? {
         let Some(value) = given.get::<Unknown>(&key)? else {
@@ -180,14 +178,11 @@ where
             )))
         }
     }
-    // SAFETY: `value` is a live value of `env`, which is the env of this call.
-    let converted = unsafe { T::from_napi_value(env.raw(), value.raw()) }
-        .map_err(|e| conversion_error(e, &value, what))?;
-    // SAFETY: writing a value back into the same live env.
-    let known = unsafe { T::to_napi_value(env.raw(), converted.clone()) }
-        .map_err(|e| Error::InvalidArgument(format!("{what}: {}", e.reason)))?;
-    // SAFETY: `known` was just created in this env.
-    let known = unsafe { Unknown::from_napi_value(env.raw(), known) }
+    let converted = T::from_unknown(value).map_err(|e| conversion_error(e, &value, what))?;
+    // Written back into the same env, it has exactly the keys the struct declares.
+    let known = converted
+        .clone()
+        .into_unknown(env)
         .map_err(|e| Error::InvalidArgument(format!("{what}: {}", e.reason)))?;
     match unknown_key(&value, &known, "") {
         Ok(None) => Ok(converted),

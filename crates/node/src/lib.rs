@@ -9,6 +9,7 @@ mod blocks;
 mod buffer;
 mod callback;
 mod convert;
+mod ffi;
 mod js;
 mod notify;
 mod one;
@@ -27,7 +28,7 @@ use napi::bindgen_prelude::{AsyncTask, Function, Object, Unknown};
 use napi::{Env, Status, Task};
 use napi_derive::napi;
 
-use crate::buffer::{hold_shared, RegionBuffer};
+use crate::buffer::{register_shared, RegionBuffer};
 use crate::convert::{
     internal, js_error, requests, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions,
     OpenResult, RegionInfo, SegmentDesc, TaskStatus, TransferRequest,
@@ -205,7 +206,6 @@ impl NativeEngine {
     )]
     pub fn register_memory(
         &self,
-        env: Env,
         memory: Unknown,
         read_only: Option<bool>,
     ) -> napi::Result<RegionInfo, String> {
@@ -214,15 +214,7 @@ impl NativeEngine {
         } else {
             Access::ReadWrite
         };
-        let (ptr, len, held) = hold_shared(&env, memory).map_err(js_error)?;
-        // SAFETY: `ptr`/`len` describe the view's shared backing store, which `held`
-        // keeps referenced for as long as the region exists; a SharedArrayBuffer can be
-        // neither detached nor resized, so the memory stays where it is.
-        let region = unsafe {
-            self.engine
-                .register_memory(ptr, len, access, Box::new(held))
-        }
-        .map_err(js_error)?;
+        let region = register_shared(&self.engine, memory, access).map_err(js_error)?;
         Ok(self.region_info(&region))
     }
 

@@ -4,8 +4,7 @@
 
 use ferry_core::task::TaskSnapshot;
 use ferry_core::{TransferStatus, TransportKind};
-use napi::bindgen_prelude::{Either, ToNapiValue};
-use napi::sys;
+use napi::bindgen_prelude::Either;
 
 use crate::convert::{TaskStatus, TransferRequest};
 
@@ -88,9 +87,4 @@ impl Default for OneOutcome {
     }
 }
 
-impl ToNapiValue for OneOutcome {
-    unsafe fn to_napi_value(env: sys::napi_env, val: Self) -> napi::Result<sys::napi_value> {
-        // SAFETY: the caller's `env` is passed on unchanged, as napi's conversions require.
-        unsafe { Either::to_napi_value(env, val.0) }
-    }
-}
+crate::ffi::to_napi_value_by_field!(OneOutcome);

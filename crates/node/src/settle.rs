@@ -7,6 +7,7 @@
 //! engine back (a reply the loop read, `uv_loop`) settles when that callback ends, inside a
 //! callback scope of its own: no queue, no wake-up, and the Promise's reactions run before
 //! the loop polls again. The threadsafe function keeps Node alive only while Promises wait.
+//! The napi calls behind all this are `ffi::JsThread`'s.
 //!
 //! A Promise that is dropped without settling keeps Node's event loop alive forever, so the
 //! guard resolves it with a default value when the operation it belonged to was never
@@ -14,45 +15,29 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::ptr;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
+use std::sync::Arc;
 
-use napi::bindgen_prelude::{Either, FromNapiValue, ToNapiValue};
-use napi::{sys, Env};
+use napi::bindgen_prelude::{Either, ToNapiValue, Unknown};
+use napi::Env;
+
+use crate::ffi::{Deferred, JsThread, OnWake, WakeQueue};
 
 /// Makes a settled value on the JS thread.
-type Job = Box<dyn FnOnce(sys::napi_env) -> napi::Result<sys::napi_value> + Send>;
+type Job = Box<dyn for<'env> FnOnce(&'env Env) -> napi::Result<Unknown<'env>> + Send>;
 
 /// What other threads reach a port through.
-struct Shared {
-    thread: ThreadId,
-    queue: Mutex<Queue>,
-}
-
-struct Queue {
-    jobs: Vec<(u64, Job)>,
-    /// The environment is gone: outcomes are dropped, the function is never called again.
-    closed: bool,
-    /// The port's threadsafe function (a raw napi handle).
-    tsfn: usize,
-}
+type Queue = WakeQueue<(u64, Job)>;
 
 /// One JS thread's port.
 struct Port {
-    env: sys::napi_env,
-    tsfn: sys::napi_threadsafe_function,
-    shared: Arc<Shared>,
-    waiting: RefCell<HashMap<u64, sys::napi_deferred>>,
+    thread: JsThread,
+    queue: Arc<Queue>,
+    waiting: RefCell<HashMap<u64, Deferred>>,
     next_id: Cell<u64>,
     /// Outcomes produced during a loop callback, settled when it ends.
     ready: RefCell<Vec<(u64, Job)>>,
-    /// The resource and async context of the callback scopes `flush` opens.
-    resource: sys::napi_ref,
-    async_context: sys::napi_async_context,
 }
 
 thread_local! {
@@ -61,107 +46,23 @@ thread_local! {
     static IN_LOOP_CALLBACK: Cell<bool> = const { Cell::new(false) };
 }
 
-fn check(status: sys::napi_status, what: &str) -> napi::Result<()> {
-    if status == sys::Status::napi_ok {
-        Ok(())
-    } else {
-        Err(napi::Error::from_reason(format!(
-            "{what} failed ({status})"
-        )))
-    }
-}
-
 /// This thread's port, made on first use.
 fn port(env: &Env) -> napi::Result<Rc<Port>> {
     if let Some(p) = PORT.with(|p| p.borrow().clone()) {
         return Ok(p);
     }
-    let raw = env.raw();
-    let mut name = ptr::null_mut();
-    let mut tsfn = ptr::null_mut();
-    let mut resource = ptr::null_mut();
-    let mut resource_ref = ptr::null_mut();
-    let mut async_context = ptr::null_mut();
-    let label = "ferry";
-    // SAFETY: called on the JS thread with its live `env`; every out-pointer is a local.
-    unsafe {
-        check(
-            sys::napi_create_string_utf8(
-                raw,
-                label.as_ptr().cast(),
-                label.len() as isize,
-                &mut name,
-            ),
-            "napi_create_string_utf8",
-        )?;
-        check(
-            sys::napi_create_threadsafe_function(
-                raw,
-                ptr::null_mut(),
-                ptr::null_mut(),
-                name,
-                0,
-                1,
-                ptr::null_mut(),
-                None,
-                ptr::null_mut(),
-                Some(call_js),
-                &mut tsfn,
-            ),
-            "napi_create_threadsafe_function",
-        )?;
-        check(
-            sys::napi_unref_threadsafe_function(raw, tsfn),
-            "napi_unref_threadsafe_function",
-        )?;
-        check(
-            sys::napi_create_object(raw, &mut resource),
-            "napi_create_object",
-        )?;
-        check(
-            sys::napi_create_reference(raw, resource, 1, &mut resource_ref),
-            "napi_create_reference",
-        )?;
-        check(
-            sys::napi_async_init(raw, resource, name, &mut async_context),
-            "napi_async_init",
-        )?;
-    }
-    let shared = Arc::new(Shared {
-        thread: std::thread::current().id(),
-        queue: Mutex::new(Queue {
-            jobs: Vec::new(),
-            closed: false,
-            tsfn: tsfn as usize,
-        }),
-    });
+    // When the environment goes, the port is forgotten (its Promises can no longer be
+    // settled), after the queue is closed.
+    let (thread, queue) = JsThread::new::<_, Wake>(env, "ferry", || {
+        PORT.with(|p| p.borrow_mut().take());
+    })?;
     let port = Rc::new(Port {
-        env: raw,
-        tsfn,
-        shared: shared.clone(),
+        thread,
+        queue,
         waiting: RefCell::default(),
         next_id: Cell::new(0),
         ready: RefCell::default(),
-        resource: resource_ref,
-        async_context,
     });
-    env.add_env_cleanup_hook(shared, |shared| {
-        // The environment goes: no call of the function after this, and the port is
-        // forgotten (its Promises can no longer be settled).
-        let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
-        q.closed = true;
-        q.jobs.clear();
-        // SAFETY: the function was made by `port` and is released once, here, under the
-        // queue's lock that every caller of it takes and checks `closed` under.
-        unsafe {
-            sys::napi_release_threadsafe_function(
-                q.tsfn as sys::napi_threadsafe_function,
-                sys::ThreadsafeFunctionReleaseMode::abort,
-            );
-        }
-        drop(q);
-        PORT.with(|p| p.borrow_mut().take());
-    })?;
     PORT.with(|p| *p.borrow_mut() = Some(port.clone()));
     Ok(port)
 }
@@ -172,116 +73,46 @@ impl Port {
         let Some(deferred) = self.waiting.borrow_mut().remove(&id) else {
             return;
         };
-        let env = self.env;
-        // SAFETY: on the JS thread, inside a handle scope (the threadsafe function's call or
-        // `flush`'s), with this port's live `env`; `deferred` is settled once (removed above).
-        unsafe {
-            match job(env) {
-                Ok(value) => {
-                    sys::napi_resolve_deferred(env, deferred, value);
-                }
-                Err(e) => {
-                    let mut msg = ptr::null_mut();
-                    let mut error = ptr::null_mut();
-                    let text = e.reason;
-                    sys::napi_create_string_utf8(
-                        env,
-                        text.as_ptr().cast(),
-                        text.len() as isize,
-                        &mut msg,
-                    );
-                    sys::napi_create_error(env, ptr::null_mut(), msg, &mut error);
-                    sys::napi_reject_deferred(env, deferred, error);
-                }
-            }
+        match job(self.thread.env()) {
+            Ok(value) => self.thread.resolve(deferred, value),
+            Err(e) => self.thread.reject(deferred, &e.reason),
         }
         if self.waiting.borrow().is_empty() {
-            // SAFETY: on the JS thread; the function lives as long as the port.
-            unsafe { sys::napi_unref_threadsafe_function(env, self.tsfn) };
+            self.thread.keep_alive(false);
         }
     }
 
     /// Settles what a loop callback produced, in a callback scope whose end runs the
-    /// Promises' reactions.
+    /// Promises' reactions. If that scope cannot be opened (the environment is closing),
+    /// the outcomes go through the queue instead.
     fn flush(&self) {
         let ready = std::mem::take(&mut *self.ready.borrow_mut());
         if ready.is_empty() {
             return;
         }
-        let env = self.env;
-        let mut handles = ptr::null_mut();
-        let mut scope = ptr::null_mut();
-        let mut resource = ptr::null_mut();
-        // SAFETY: on the JS thread, from a libuv callback (no JS on the stack); the scopes
-        // are closed below in reverse order. If the callback scope cannot be opened (the
-        // environment is closing), the outcomes go through the queue instead.
-        unsafe {
-            sys::napi_open_handle_scope(env, &mut handles);
-            sys::napi_get_reference_value(env, self.resource, &mut resource);
-            if sys::napi_open_callback_scope(env, resource, self.async_context, &mut scope)
-                != sys::Status::napi_ok
-            {
-                sys::napi_close_handle_scope(env, handles);
-                for (id, job) in ready {
-                    queue(&self.shared, id, job);
-                }
-                return;
-            }
+        let unsettled = self.thread.in_callback_scope(ready, |ready| {
             for (id, job) in ready {
                 self.settle(id, job);
             }
-            sys::napi_close_callback_scope(env, scope);
-            sys::napi_close_handle_scope(env, handles);
+        });
+        if let Err(ready) = unsettled {
+            for item in ready {
+                self.queue.push(item);
+            }
         }
     }
 }
 
 /// The threadsafe function's call: settles everything queued.
-unsafe extern "C" fn call_js(
-    env: sys::napi_env,
-    _f: sys::napi_value,
-    _ctx: *mut c_void,
-    _data: *mut c_void,
-) {
-    if env.is_null() {
-        return; // the environment is being torn down
-    }
-    let Some(port) = PORT.with(|p| p.borrow().clone()) else {
-        return;
-    };
-    let jobs = std::mem::take(
-        &mut port
-            .shared
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .jobs,
-    );
-    // Called from Node: no panic may unwind out of it.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        for (id, job) in jobs {
-            port.settle(id, job);
-        }
-    }));
-}
+struct Wake;
 
-/// Queues an outcome for the JS thread and wakes it if the queue was empty.
-fn queue(shared: &Shared, id: u64, job: Job) {
-    let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
-    if q.closed {
-        return;
-    }
-    let wake = q.jobs.is_empty();
-    q.jobs.push((id, job));
-    if wake {
-        // SAFETY: the function is live: it is released only with `closed` set, under this
-        // lock. A non-blocking call on an unbounded queue only fails when closing.
-        unsafe {
-            sys::napi_call_threadsafe_function(
-                q.tsfn as sys::napi_threadsafe_function,
-                ptr::null_mut(),
-                sys::ThreadsafeFunctionCallMode::nonblocking,
-            );
+impl OnWake for Wake {
+    fn on_wake(_env: &Env) {
+        let Some(port) = PORT.with(|p| p.borrow().clone()) else {
+            return;
+        };
+        for (id, job) in port.queue.take() {
+            port.settle(id, job);
         }
     }
 }
@@ -302,7 +133,7 @@ pub(crate) fn in_loop_callback<R>(f: impl FnOnce() -> R) -> R {
 }
 
 pub(crate) struct Settle<T: ToNapiValue + Default + Send + 'static> {
-    shared: Option<Arc<Shared>>,
+    queue: Option<Arc<Queue>>,
     id: u64,
     _value: PhantomData<fn(T)>,
 }
@@ -311,15 +142,7 @@ impl<T: ToNapiValue + Default + Send + 'static> Settle<T> {
     /// A Promise, and what settles it.
     pub(crate) fn new(env: &Env) -> napi::Result<(Self, napi::bindgen_prelude::Object<'_>)> {
         let port = port(env)?;
-        let mut deferred = ptr::null_mut();
-        let mut promise = ptr::null_mut();
-        // SAFETY: on the JS thread with its live `env`; out-pointers are locals.
-        unsafe {
-            check(
-                sys::napi_create_promise(port.env, &mut deferred, &mut promise),
-                "napi_create_promise",
-            )?;
-        }
+        let (deferred, promise) = port.thread.promise(env)?;
         let id = port.next_id.get().wrapping_add(1);
         port.next_id.set(id);
         let first = {
@@ -328,18 +151,15 @@ impl<T: ToNapiValue + Default + Send + 'static> Settle<T> {
             waiting.len() == 1
         };
         if first {
-            // SAFETY: on the JS thread; the function lives as long as the port.
-            unsafe { sys::napi_ref_threadsafe_function(port.env, port.tsfn) };
+            port.thread.keep_alive(true);
         }
-        // SAFETY: `promise` is a live value of this `env`, made just above.
-        let object = unsafe { napi::bindgen_prelude::Object::from_napi_value(port.env, promise)? };
         Ok((
             Self {
-                shared: Some(port.shared.clone()),
+                queue: Some(port.queue.clone()),
                 id,
                 _value: PhantomData,
             },
-            object,
+            promise,
         ))
     }
 
@@ -349,22 +169,19 @@ impl<T: ToNapiValue + Default + Send + 'static> Settle<T> {
     }
 
     fn deliver(&mut self, value: T) {
-        let Some(shared) = self.shared.take() else {
+        let Some(queue) = self.queue.take() else {
             return;
         };
-        let job: Job = Box::new(move |env| {
-            // SAFETY: jobs run in `Port::settle`, on the JS thread, inside a handle scope,
-            // with its live `env`: what `to_napi_value` requires.
-            unsafe { T::to_napi_value(env, value) }
-        });
-        let here = std::thread::current().id() == shared.thread && IN_LOOP_CALLBACK.with(Cell::get);
+        let job: Job = Box::new(move |env| value.into_unknown(env));
+        let here =
+            std::thread::current().id() == queue.js_thread() && IN_LOOP_CALLBACK.with(Cell::get);
         if here {
             if let Some(port) = PORT.with(|p| p.borrow().clone()) {
                 port.ready.borrow_mut().push((self.id, job));
                 return;
             }
         }
-        queue(&shared, self.id, job);
+        queue.push((self.id, job));
     }
 }
 
