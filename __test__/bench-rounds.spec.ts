@@ -33,6 +33,11 @@ function options(over: Partial<SuiteOptions> = {}): SuiteOptions {
     soakTransfers: 1,
     soakSampleEvery: 1,
     cases: [],
+    scaleThreads: [],
+    scaleSizes: [4096],
+    scaleOps: ['write'],
+    scaleTransports: ['tcp'],
+    ioThreads: 0,
     ...over,
   }
 }

@@ -65,7 +65,8 @@ export const SHARED = {
 const TRUE = new Set(['true', '1', 'yes', 't', 'y'])
 const FALSE = new Set(['false', '0', 'no', 'f', 'n'])
 
-function parseSize(name: string, text: string): number {
+/** A byte count with an optional K/M/G/T suffix (`4K`, `1MiB`); a UsageError naming `--name` otherwise. */
+export function parseSize(name: string, text: string): number {
   const m = /^(\d+)([kKmMgGtT]?)[iI]?[bB]?$/.exec(text.trim())
   if (!m) throw new UsageError(`--${name}: expected a whole number of bytes (K/M/G suffix allowed), got "${text}"`)
   const mult = { '': 1, k: KiB, m: KiB ** 2, g: KiB ** 3, t: KiB ** 4 }[m[2].toLowerCase() as '' | 'k' | 'm' | 'g' | 't']

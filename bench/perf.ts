@@ -3,12 +3,22 @@
  *
  *   npm run perf -- --suite tcp [--repeat 3] [--duration 5] [--warmup 1] [--lat-ops 20000] ...
  *   npm run perf -- --suite shm,failover --repeat 3 --duration 3
+ *   npm run perf -- --suite scale --threads 1,2,4,8,16 [--sizes 4K,64K,1M,16M] [--ops write,read]
  *
  * Suites: `tcp` (tcp transport over loopback vs iperf3 and a pure-Node round trip), `shm`
  * (shared-memory transport to a same-host peer vs a one-thread memcpy, plus 4 KiB write
  * latency), `failover` (shm WRITE throughput with a share of shm completions failing over to
  * tcp, vs the same engine setup without faults), `blocks` (many 4 KiB / 64 KiB blocks per call
- * through the vectorized API, over shm vs memcpy and over tcp vs pure Node).
+ * through the vectorized API, over shm vs memcpy and over tcp vs pure Node), `scale` (tebench's
+ * native loop on 1, 2, 4, … submitting threads, tcp and shm, 4 KiB to 16 MiB blocks, vs N
+ * iperf3 client/server pairs side by side and memcpy on N threads; a table at the end). The
+ * tcp suite's write-4KiB-rtt case compares one 4 KiB WRITE in flight with a bare C round trip
+ * (bench/baselines/tcp_rtt.c), blocking and polling.
+ *
+ * It runs from source under tsx, or compiled (tsc) with plain `node dist/bench/perf.js`: the
+ * child processes then run their compiled .js too (lib/children.ts), and with
+ * FERRY_PERF_BIN_DIR set the C baselines are taken prebuilt from there instead of compiled
+ * (scripts/scale-check.sh packs it all for a machine with no Node, compiler or network).
  *
  * Prints one JSON line per case on stdout (the only thing written there) and progress on
  * stderr. Each figure is compared with a baseline measured in the same invocation (these
@@ -28,11 +38,12 @@ import { BLOCKS_CASES, blocksSuite } from './suites/blocks'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
 import { notifySuite } from './suites/notify'
+import { SCALE_SIZES, SCALE_TRANSPORTS, scaleSuite } from './suites/scale'
 import { shmSuite } from './suites/shm'
 import { soakSuite } from './suites/soak'
 import { tcpSuite } from './suites/tcp'
 import type { Suite, SuiteOptions } from './suites/types'
-import { helpLines, parseFlags, SHARED, UsageError, type Schema } from './options'
+import { helpLines, parseFlags, parseSize, SHARED, UsageError, type Schema } from './options'
 
 const suites: Record<string, Suite> = {
   tcp: tcpSuite,
@@ -43,6 +54,7 @@ const suites: Record<string, Suite> = {
   auth: authSuite,
   blocks: blocksSuite,
   notify: notifySuite,
+  scale: scaleSuite,
 }
 
 const MiB = 1 << 20
@@ -105,6 +117,16 @@ const OPTIONS = {
   'soak-warmup': { type: 'integer', default: 200_000, min: 1, help: 'soak: transfers per case before the first reading' },
   'soak-transfers': { type: 'integer', default: 2_000_000, min: 1, help: 'soak: transfers per case after the warm-up' },
   'soak-sample-every': { type: 'integer', default: 250_000, min: 1, help: 'soak: a memory sample every N transfers' },
+  threads: {
+    type: 'string',
+    default: '',
+    metavar: 'N[,N]',
+    help: 'scale: submitting thread counts; empty = 1, 2, 4, … up to the cores',
+  },
+  sizes: { type: 'string', default: '4K,64K,1M,16M', metavar: 'SIZE[,SIZE]', help: 'scale: block sizes (K/M suffixes)' },
+  ops: { type: 'string', default: 'write', metavar: 'OP[,OP]', help: 'scale: write, read or both (write,read)' },
+  transports: { type: 'string', default: SCALE_TRANSPORTS.join(','), metavar: 'T[,T]', help: 'scale: tcp, shm or both' },
+  'io-threads': { type: 'integer', default: 0, min: 0, max: 64, help: "scale: both engines' ioThreads; 0 = the engine's default" },
   json: { type: 'boolean', default: true, help: 'JSON lines on stdout (the default and only format)' },
   help: { type: 'boolean', default: false, aliases: ['h'], help: 'this text' },
 } as const satisfies Schema
@@ -135,7 +157,12 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
               READ vs iperf3 -l 1M (>= 0.7)
     notify    notifications/s (engine.notify, --window outstanding) and the
               latency a notification adds to a 4 KiB WRITE (p50, p99), with
-              and without alternating in the same run (shm and tcp)`
+              and without alternating in the same run (shm and tcp)
+    scale     tebench's native loop on --threads submitting threads (batch
+              1, fixed addressing) for --transports × --sizes × --ops, vs N
+              iperf3 client/server pairs side by side (tcp; -l = the block,
+              at most 1M) and memcpy on N threads (shm); GB/s, ratio and
+              speed-up over the fewest threads, then a table on stderr`
 
 const USAGE = [
   `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]`,
@@ -158,6 +185,13 @@ const commaList = (list: string) =>
     .split(',')
     .map((x) => x.trim())
     .filter(Boolean)
+
+/** The names of a comma list, each checked against `known`; at least one. */
+function oneOf<T extends string>(flag: string, names: string[], known: readonly T[]): T[] {
+  const bad = names.filter((n) => !known.includes(n as T))
+  if (bad.length || names.length === 0) throw new UsageError(`--${flag}: expected ${known.join(', ')} (comma-separated), got "${names.join(',')}"`)
+  return [...new Set(names)] as T[]
+}
 
 function parseArgs(argv: string[]): Cli {
   const { values: v } = parseFlags(OPTIONS, argv)
@@ -185,7 +219,20 @@ function parseArgs(argv: string[]): Cli {
     soakTransfers: v['soak-transfers'],
     soakSampleEvery: v['soak-sample-every'],
     cases: commaList(v.case),
+    scaleThreads: commaList(v.threads).map((t) => {
+      if (!/^\d+$/.test(t) || Number(t) < 1 || Number(t) > 1024) throw new UsageError(`--threads: expected thread counts 1..1024, got "${t}"`)
+      return Number(t)
+    }),
+    scaleSizes: commaList(v.sizes).map((x) => {
+      const n = parseSize('sizes', x)
+      if (n < 1 || n > 1 << 30) throw new UsageError(`--sizes: expected sizes of 1 B .. 1 GiB, got "${x}"`)
+      return n
+    }),
+    scaleOps: oneOf('ops', commaList(v.ops), ['write', 'read'] as const),
+    scaleTransports: oneOf('transports', commaList(v.transports), SCALE_TRANSPORTS),
+    ioThreads: v['io-threads'],
   }
+  if (options.scaleSizes.length === 0) options.scaleSizes = [...SCALE_SIZES]
   if (v.help) return { suites: [], options, help: true }
   const names = v.suite === 'all' ? Object.keys(suites) : commaList(v.suite)
   if (names.length === 0) throw new UsageError('--suite needs a name')

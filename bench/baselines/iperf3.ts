@@ -46,6 +46,11 @@ export function haveIperf3(): boolean {
 export interface Iperf3Session {
   /** One client run of `seconds` (whole seconds, at least 1) after `warmupSeconds` omitted. */
   run(seconds: number, warmupSeconds: number): Promise<Iperf3Result>
+  /**
+   * Starts the server now (else the first run starts it) and waits until it listens; a
+   * failure is logged, and the next run starts a fresh server.
+   */
+  prepare(): Promise<void>
   /** Kills the server. Safe to call more than once. */
   close(): Promise<void>
 }
@@ -186,6 +191,16 @@ export function startIperf3Loopback(length = '1M'): Iperf3Session {
   }
 
   return {
+    async prepare() {
+      if (!available || closed) return
+      try {
+        if (!server) server = await startServer()
+        await server.listening(runs + 1, 10_000)
+      } catch (err) {
+        log(`iperf3 server failed to start: ${(err as Error).message}`)
+        await stopServer()
+      }
+    },
     async run(seconds, warmupSeconds) {
       if (!available) {
         return { gbps: null, label, note: 'iperf3 not found on PATH (Debian: apt-get install iperf3); baseline skipped' }

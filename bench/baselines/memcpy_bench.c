@@ -12,16 +12,26 @@
 // shuffles instead (block i: src + l[i]*BLOCK -> dst + r[i]*BLOCK, l and r the shuffles of
 // seeds L and R), the stream of the `blocks` suite (bench/suites/blocks.ts, same LCG).
 //
-//   memcpy_bench [--shuffle L,R] WORKING_SET BLOCK SECONDS [WARMUP]
-//                                                     one run: one JSON line, then exit
-//   memcpy_bench WORKING_SET BLOCK                    serve: prints {"ready":...} once the
-//       buffers are touched, then answers each stdin line "run SECONDS WARMUP" with one JSON
-//       line {"gbps","bytes","seconds","blocks"}; exits at EOF or on "exit"
+// With --threads N, N threads copy at once, each through a source and a destination of its
+// own (WORKING_SET bytes each, pre-touched by the main thread, as the engine's regions are
+// by its JS thread), block after block, from a common start to a common deadline; GB/s =
+// all threads' bytes / (last thread's end - first thread's start). This is the `scale`
+// suite's baseline (bench/suites/scale.ts). Its loop reads the clock once per 64 KiB
+// copied rather than once per block, so that a 4 KiB block's copy is not measured with a
+// clock read beside it; the one-thread form above keeps its loop as it was.
 //
-// Build: gcc -O2 -o memcpy_bench memcpy_bench.c   (the suite compiles it at run time)
+//   memcpy_bench [--shuffle L,R | --threads N] WORKING_SET BLOCK SECONDS [WARMUP]
+//                                                     one run: one JSON line, then exit
+//   memcpy_bench [--threads N] WORKING_SET BLOCK      serve: prints {"ready":...} once the
+//       buffers are touched, then answers each stdin line "run SECONDS WARMUP" with one JSON
+//       line {"gbps","bytes","seconds","blocks"} (with --threads also "threads",
+//       "thread_gbps_min", "thread_gbps_max"); exits at EOF or on "exit"
+//
+// Build: gcc -O2 -pthread -o memcpy_bench memcpy_bench.c   (the suites compile it at run time)
 // Adapted from /work/shared/baselines/memcpy_bench.c (same copy loop; time-bounded, one
 // thread, one working set, JSON out).
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,7 +93,99 @@ static size_t copy_for(double seconds, double *secs) {
   return bytes;
 }
 
+// --threads: one worker's buffers and what its last run measured.
+struct worker {
+  pthread_t tid;
+  char *src, *dst;
+  size_t off;
+  size_t bytes;
+  double t_first, t_last;
+};
+static struct worker *workers;
+static size_t nthreads;
+static double warm_end, run_end;
+static pthread_barrier_t start_line;
+
+// Copies `n` blocks of a worker's buffers, block after block through its working set.
+static void copy_blocks(struct worker *w, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    memcpy(w->dst + w->off, w->src + w->off, bs);
+    w->off += bs;
+    if (w->off + bs > ws) w->off = 0;
+    __asm__ volatile("" ::: "memory");
+  }
+}
+
+// One worker's run: untimed copies until warm_end, then counted ones until run_end.
+static void *work(void *arg) {
+  struct worker *w = arg;
+  // Blocks between clock reads: at least 64 KiB, so the read (~20 ns) stays out of the figure.
+  size_t stride = bs >= 65536 ? 1 : 65536 / bs;
+  pthread_barrier_wait(&start_line);
+  double t = now();
+  while (t < warm_end) {
+    copy_blocks(w, stride);
+    t = now();
+  }
+  w->t_first = t;
+  w->bytes = 0;
+  while (t < run_end) {
+    copy_blocks(w, stride);
+    w->bytes += stride * bs;
+    t = now();
+  }
+  w->t_last = t;
+  return NULL;
+}
+
+static void run_threads(double seconds, double warmup) {
+  // A short lead lets every thread reach the start line before the (untimed) warm-up ends.
+  warm_end = now() + 0.005 + warmup;
+  run_end = warm_end + seconds;
+  pthread_barrier_init(&start_line, NULL, (unsigned)nthreads);
+  for (size_t i = 0; i < nthreads; i++) {
+    if (pthread_create(&workers[i].tid, NULL, work, &workers[i]) != 0) {
+      printf("{\"error\":\"pthread_create failed\"}\n");
+      fflush(stdout);
+      exit(1);
+    }
+  }
+  for (size_t i = 0; i < nthreads; i++) pthread_join(workers[i].tid, NULL);
+  pthread_barrier_destroy(&start_line);
+  size_t bytes = 0;
+  double first = workers[0].t_first, last = workers[0].t_last, tmin = 0, tmax = 0;
+  for (size_t i = 0; i < nthreads; i++) {
+    struct worker *w = &workers[i];
+    double rate = w->t_last > w->t_first ? w->bytes / (w->t_last - w->t_first) / 1e9 : 0;
+    if (i == 0 || rate < tmin) tmin = rate;
+    if (i == 0 || rate > tmax) tmax = rate;
+    if (w->t_first < first) first = w->t_first;
+    if (w->t_last > last) last = w->t_last;
+    bytes += w->bytes;
+  }
+  double s = last - first;
+  printf("{\"gbps\":%.4f,\"bytes\":%zu,\"seconds\":%.4f,\"blocks\":%zu,\"threads\":%zu,"
+         "\"thread_gbps_min\":%.4f,\"thread_gbps_max\":%.4f}\n",
+         s > 0 ? bytes / s / 1e9 : 0, bytes, s, bytes / bs, nthreads, tmin, tmax);
+  fflush(stdout);
+}
+
+// Maps one pre-touched buffer of `ws` bytes filled with `fill`.
+static char *touched(int fill) {
+  char *p = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    exit(1);
+  }
+  memset(p, fill, ws);  // every page faulted in before anything is timed
+  return p;
+}
+
 static void run(double seconds, double warmup) {
+  if (nthreads) {
+    run_threads(seconds, warmup);
+    return;
+  }
   double s;
   copy_for(warmup, &s);
   size_t bytes = copy_for(seconds, &s);
@@ -93,7 +195,20 @@ static void run(double seconds, double warmup) {
 
 int main(int argc, char **argv) {
   unsigned lseed = 0, rseed = 0;
+  if (argc > 2 && strcmp(argv[1], "--threads") == 0) {
+    nthreads = strtoull(argv[2], 0, 0);
+    if (nthreads < 1 || nthreads > 4096) {
+      fprintf(stderr, "memcpy_bench: --threads needs 1..4096\n");
+      return 2;
+    }
+    argv += 2;
+    argc -= 2;
+  }
   int shuffle = argc > 2 && strcmp(argv[1], "--shuffle") == 0;
+  if (shuffle && nthreads) {
+    fprintf(stderr, "memcpy_bench: --shuffle is for one thread (without --threads)\n");
+    return 2;
+  }
   if (shuffle) {
     if (sscanf(argv[2], "%u,%u", &lseed, &rseed) != 2) {
       fprintf(stderr, "memcpy_bench: --shuffle needs L,R (two seeds)\n");
@@ -103,7 +218,7 @@ int main(int argc, char **argv) {
     argc -= 2;
   }
   if (argc < 3) {
-    fprintf(stderr, "usage: %s [--shuffle L,R] WORKING_SET BLOCK [SECONDS [WARMUP]]\n", argv[0]);
+    fprintf(stderr, "usage: %s [--shuffle L,R | --threads N] WORKING_SET BLOCK [SECONDS [WARMUP]]\n", argv[0]);
     return 2;
   }
   ws = strtoull(argv[1], 0, 0);
@@ -112,14 +227,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "memcpy_bench: need 0 < BLOCK <= WORKING_SET\n");
     return 2;
   }
-  src = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  dst = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (src == MAP_FAILED || dst == MAP_FAILED) {
-    perror("mmap");
-    return 1;
+  if (nthreads) {
+    workers = calloc(nthreads, sizeof *workers);
+    if (!workers) {
+      perror("calloc");
+      return 1;
+    }
+    for (size_t i = 0; i < nthreads; i++) {
+      workers[i].src = touched(0x5a);
+      workers[i].dst = touched(0);
+    }
+  } else {
+    src = touched(0x5a);
+    dst = touched(0);
   }
-  memset(src, 0x5a, ws);  // every page faulted in before anything is timed
-  memset(dst, 0, ws);
   if (shuffle) {
     pages = ws / bs;
     lpage = shuffled(pages, lseed);
@@ -133,7 +254,7 @@ int main(int argc, char **argv) {
     run(atof(argv[3]), argc > 4 ? atof(argv[4]) : 0);
     return 0;
   }
-  printf("{\"ready\":true,\"working_set_bytes\":%zu,\"block_bytes\":%zu}\n", ws, bs);
+  printf("{\"ready\":true,\"working_set_bytes\":%zu,\"block_bytes\":%zu,\"threads\":%zu}\n", ws, bs, nthreads ? nthreads : 1);
   fflush(stdout);
   char line[256];
   while (fgets(line, sizeof line, stdin)) {

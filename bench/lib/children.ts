@@ -30,13 +30,27 @@ export function startChild(label: string, command: string, args: string[], optio
   return proc
 }
 
+/** Whether this code runs compiled to JavaScript (tsc's output, plain `node`) rather than under tsx. */
+const compiled = path.extname(__filename) === '.js'
+
 /**
- * Starts a TypeScript file with this Node and the tsx loader (as `npm run perf` does).
+ * Node's arguments that run a bench script named by its TypeScript source: the source with
+ * the tsx loader, or, when this code runs compiled, the compiled `.js` beside where its
+ * source's output goes, with no loader (tsc keeps the folder layout).
+ */
+export function nodeScriptArgs(script: string): string[] {
+  if (compiled && script.endsWith('.ts')) return [script.slice(0, -3) + '.js']
+  return ['--import=tsx', script]
+}
+
+/**
+ * Starts a bench script with this Node: its TypeScript source with the tsx loader (as `npm
+ * run perf` does), or its compiled JavaScript when perf runs compiled (`nodeScriptArgs`).
  * `prefix` runs it through a command that execs it (`ip netns exec NS`), so the pid stays
  * the Node process's.
  */
 export function startTsx(label: string, script: string, args: string[] = [], env: Record<string, string> = {}, prefix: string[] = []): ChildProcess {
-  const argv = [...prefix, process.execPath, '--import=tsx', script, ...args]
+  const argv = [...prefix, process.execPath, ...nodeScriptArgs(script), ...args]
   return startChild(label, argv[0], argv.slice(1), {
     env: { ...process.env, ...env },
   })

@@ -7,6 +7,8 @@
  *   write-1MiB-cold  the same WRITEs over the cold working set             vs iperf3 -l 1M (same run)
  *   read-1MiB-cold   the same READs over the cold working set              vs iperf3 -l 1M (same run)
  *   read-4KiB-p50    one 4 KiB READ at a time, p50 in µs                   vs pure-Node TCP request/answer
+ *   write-4KiB-rtt   one 4 KiB WRITE in flight through tebench's native loop, mean µs
+ *                    vs a bare C round trip (4 KiB / 16 B), blocking and polling (tcp-rtt.ts)
  *
  * Locality: iperf3 -l 1M sends from one reused 1 MiB buffer, which stays in CPU cache. The
  * primary cases (write-1MiB, read-1MiB) cycle their 1 MiB blocks through a working set of the
@@ -31,6 +33,7 @@ import { MiB, latencyMethodLabel, mergeTallies, startTarget, throughputMethodLab
 import { ORDER_NOTE, attempt, compare, figures, isResult, roundErrors, type Rounds } from '../lib/rounds'
 import { median, pooledSummary, ratio, round, summarize } from '../lib/stats'
 import { caseFigures, throughputPhase, type ThroughputCase, type ThroughputPhase } from '../lib/throughput'
+import { rttCase } from './tcp-rtt'
 import type { CaseRecord, SuiteOptions } from './types'
 
 const SUITE = 'tcp'
@@ -225,6 +228,9 @@ export async function tcpSuite(options: SuiteOptions): Promise<CaseRecord[]> {
     log(`tcp: latency, ${options.repeat} rounds of engine + pure-Node baseline, ${options.latencyOps} ops each`)
     const lat = await latencyRounds(rig, latBytes)
     records.push(latencyRecord(lat.phase, lat.base, latBytes, regionBytes, options))
+
+    log(`tcp: round trip, ${options.repeat} rounds of the native loop (one 4 KiB WRITE in flight) + C round trip blocking and polling, ${options.durationSeconds} s each`)
+    records.push(await rttCase({ engine, local, remote, remoteBuffer: target.buffer, options }))
   } finally {
     await engine?.close()
     await target.stop()

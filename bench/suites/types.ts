@@ -61,6 +61,16 @@ export interface SuiteOptions {
   soakSampleEvery: number
   /** `blocks` suite: the cases to run, by name (`--case`); empty: every case. */
   cases: string[]
+  /** `scale` suite: submitting thread counts (`--threads`); empty: 1, 2, 4, … up to the cores. */
+  scaleThreads: number[]
+  /** `scale` suite: block sizes in bytes (`--sizes`). */
+  scaleSizes: number[]
+  /** `scale` suite: the ops measured (`--ops`). */
+  scaleOps: Array<'read' | 'write'>
+  /** `scale` suite: the transports measured (`--transports`). */
+  scaleTransports: Array<'tcp' | 'shm'>
+  /** `scale` suite: I/O threads of both engines (`--io-threads`); 0: the engine's default. */
+  ioThreads: number
 }
 
 /** One result line. Extra fields (per-method figures, CPU use, notes) may follow. */
