@@ -54,7 +54,7 @@ export declare class NativeBench {
   /** Starts `threads` worker threads on `engine`'s core. */
   constructor(engine: NativeEngine, threads: number)
   /** Runs one case on every worker; resolves with its result. Runs one at a time. */
-  runCase(benchCase: BenchCase): Promise<BenchResult>
+  runCase(benchCase: BenchCaseJs): Promise<BenchResult>
   /** Stops the workers (a running case resolves "stopped") and joins their threads. */
   stop(): void
 }
@@ -68,9 +68,9 @@ export declare class NativeEngine {
    * copies done inline).
    * With `notify`, the blocks' segment is notified once every block completed.
    */
-  transferBlocks(opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null): { op: number, requests: number, promise: Promise<BlocksOutcome> | BlocksOutcome }
+  transferBlocks(opcode: number, list: NativeBlockList, notify?: Buffer | undefined | null): { op: number, requests: number, promise: Promise<BlocksOutcome> | BlocksOutcome }
   /** Submits a block list as tasks of a batch. */
-  submitBlocks(batch: number, opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null): BlockSubmissionJs
+  submitBlocks(batch: number, opcode: number, list: NativeBlockList, notify?: Buffer | undefined | null): BlockSubmissionJs
   /** Writes the raw status of tasks `firstTask..` into `out`; returns how many. */
   getTransferStatusInto(batch: number, firstTask: number, out: Uint8Array): number
   /**
@@ -127,11 +127,11 @@ export declare class NativeEngine {
   /** Submits requests as tasks of a batch; returns the index of the first task. */
   submitTransfer(batch: number, requestsJs: Array<TransferRequest>): number
   /** Status of one task. */
-  getTransferStatus(batch: number, task: number): TaskStatus
+  getTransferStatus(batch: number, task: number): TaskStatusJs
   /** Status of every task of a batch. */
-  getTransferStatusList(batch: number): Array<TaskStatus>
+  getTransferStatusList(batch: number): Array<TaskStatusJs>
   /** Aggregate status of a batch. */
-  getBatchStatus(batch: number): BatchStatus
+  getBatchStatus(batch: number): BatchStatusJs
   /** Frees a batch (pending tasks are canceled). */
   freeBatch(batch: number): void
   /**
@@ -139,15 +139,15 @@ export declare class NativeEngine {
    * task's final status, or is those statuses when every task ended before the call
    * returned (same-host copies done inline: no Promise, no wake of the event loop).
    */
-  transfer(requestsJs: Array<TransferRequest>): { op: number, promise: Promise<Array<TaskStatus>> | Array<TaskStatus> }
+  transfer(requestsJs: Array<TransferRequest>): { op: number, promise: Promise<Array<TaskStatusJs>> | Array<TaskStatusJs> }
   /**
    * One request, every field a number (`engine.read`/`write` without a signal or a
-   * notification): opcode 0 READ, 1 WRITE; transport and requireTransport 0 (none), 1
-   * tcp, 2 shm, 3 rdma. Returns the outcome — `transport + 256 * attempts` when it
-   * completed, its status otherwise — or, when it did not end before the call returned,
-   * a Promise of it.
+   * notification): opcode and transports by their tables' numbers (lib/tables.ts),
+   * transport and requireTransport 0 for none. Returns the outcome — `transport + 256 *
+   * attempts` when it completed, its status otherwise — or, when it did not end before
+   * the call returned, a Promise of it.
    */
-  transferOne(opcode: number, local: number, localOffset: number, segment: number, remoteBuffer: number, remoteOffset: number, length: number, transport: number, requireTransport: number): number | TaskStatus | Promise<number | TaskStatus>
+  transferOne(opcode: number, local: number, localOffset: number, segment: number, remoteBuffer: number, remoteOffset: number, length: number, transport: number, requireTransport: number): number | TaskStatusJs | Promise<number | TaskStatusJs>
   /** Cancels a pending transfer; returns whether it was pending. */
   cancel(op: number): boolean
   /** Sets the function that receives engine events. It does not keep Node alive. */
@@ -163,21 +163,22 @@ export declare class NativeEngine {
 }
 
 /** Aggregate status of a batch. */
-export interface BatchStatus {
-  /** Raw status. */
+export interface BatchStatusJs {
+  /** Status number. */
   status: number
-  /** Status name. */
-  name: string
   /** Bytes moved. */
   transferredBytes: number
   /** Tasks in the batch. */
   tasks: number
 }
 
-/** One benchmark case. */
-export interface BenchCase {
-  /** "read" or "write". */
-  opcode: 'read' | 'write'
+/**
+ * One benchmark case, its opcode and transport by number (lib/bench.ts converts the
+ * public `BenchCase`, which names them).
+ */
+export interface BenchCaseJs {
+  /** Opcode number (`Opcode`). */
+  opcode: number
   /** Bytes per request. */
   blockSize: number
   /** Requests per batch. */
@@ -201,8 +202,8 @@ export interface BenchCase {
   addressing?: 'fixed' | 'walk'
   /** Further targets (tebench's comma list): worker i uses target i % (1 + n). */
   extraTargets?: Array<BenchTarget>
-  /** Pin every request to this transport. */
-  transport?: 'tcp' | 'shm' | 'rdma'
+  /** Pin every request to the transport of this number [0: none]. */
+  transport?: number
   /** Measured time in ms. */
   durationMs: number
   /** Warm-up in ms. */
@@ -310,14 +311,16 @@ export interface EngineEventJs {
   segment?: string
   /** Reason, for peerLost, failover and transportDisabled. */
   reason?: string
-  /** Failover: transport of the failed attempt. */
-  from?: 'tcp' | 'shm' | 'rdma'
-  /** Failover: transport of the new attempt. */
-  to?: 'tcp' | 'shm' | 'rdma'
+  /** peerLost: why, by number (`LossKind`). */
+  lossReason?: number
+  /** Failover: transport number of the failed attempt. */
+  from?: number
+  /** Failover: transport number of the new attempt. */
+  to?: number
   /** Failover: switches made by the task, this one included. */
   attempt?: number
-  /** transportDisabled: the transport. */
-  transport?: 'tcp' | 'shm' | 'rdma'
+  /** transportDisabled: the transport's number. */
+  transport?: number
   /** transportDisabled: end of the pause, ms since the Unix epoch. */
   untilMs?: number
 }
@@ -483,12 +486,24 @@ export interface FailedBlocks {
   first: number
   /** Number of blocks (all of the request's). */
   count: number
-  /** Their raw status. */
+  /** Their status number. */
   status: number
-  /** Error code. */
-  code: string
-  /** Error message. */
+  /** Why. */
+  error: FailureJs
+}
+
+/** Why something failed. */
+export interface FailureJs {
+  /** The error code's number (`ErrorCode`; its name in `ERROR_CODE_NAMES`). */
+  code: number
+  /** The message. */
   message: string
+  /** A peer loss: the lost peer's segment name. */
+  lostPeer?: string
+  /** A peer loss: why, by number (`LossKind`; its name in `LOSS_REASON_NAMES`). */
+  lossReason?: number
+  /** A peer loss: why, in words (what the `peerLost` event says). */
+  lossMessage?: string
 }
 
 /** Fault injection on one transport. */
@@ -526,10 +541,10 @@ export interface NativeBlockList {
   remoteOffsets: Float64Array | BigUint64Array
   /** Length of each block, or one for all. */
   lengths: number | Float64Array | BigUint64Array
-  /** Transport to try first. */
-  transport?: string
-  /** The only transport that may serve the blocks. */
-  requireTransport?: string
+  /** Transport number to try first [0: none]. */
+  transport?: number
+  /** Transport number of the only transport that may serve the blocks [0: none]. */
+  requireTransport?: number
 }
 
 /** A notification that arrived. */
@@ -547,7 +562,7 @@ export interface NotificationJs {
 /** A transfer's statuses and, when its notification was not delivered, why. */
 export interface NotifiedTransfer {
   /** Every task's final status. */
-  tasks: Array<TaskStatus>
+  tasks: Array<TaskStatusJs>
   /** Set when the data landed but the notification was not delivered. */
   notifyError?: NotifyResult
 }
@@ -556,10 +571,8 @@ export interface NotifiedTransfer {
 export interface NotifyResult {
   /** "queued" or "dropped"; absent on error. */
   outcome?: string
-  /** Error code when it was not delivered. */
-  code?: string
-  /** Error message when it was not delivered. */
-  message?: string
+  /** Why it was not delivered. */
+  error?: FailureJs
 }
 
 /**
@@ -579,10 +592,8 @@ export interface NotifySignalJs {
 export interface OpenResult {
   /** The segment, when it opened. */
   segment?: SegmentDesc
-  /** Error code otherwise. */
-  code?: string
-  /** Error message otherwise. */
-  message?: string
+  /** Why it did not. */
+  error?: FailureJs
 }
 
 /** RDMA transport settings. Every field is optional; defaults in brackets. */
@@ -648,32 +659,28 @@ export interface SegmentDesc {
 }
 
 /** Starts an engine on a worker thread; resolves to the native engine. */
-export declare function startEngine(options?: EngineOptions): Promise<NativeEngine>
+export declare function startEngine(options?: EngineOptions): Promise<NativeEngine | FailureJs>
 
-/** Status of one task. */
-export interface TaskStatus {
-  /** Raw status (TENT numbering). */
+/** Status of one task, every name a number (lib/status.ts gives them their names). */
+export interface TaskStatusJs {
+  /** Status number (`TransferStatus`: TENT's numbering). */
   status: number
-  /** Status name. */
-  name: string
   /** Bytes moved (a lower bound while pending). */
   transferredBytes: number
   /** Requested bytes. */
   length: number
-  /** Transport of the latest attempt. */
-  transport?: 'tcp' | 'shm' | 'rdma'
+  /** Transport number of the latest attempt (`TransportKind`); 0 before any. */
+  transport: number
   /** Attempts made. */
   attempts: number
-  /** Error code when it did not complete. */
-  code?: string
-  /** Error message when it did not complete. */
-  message?: string
+  /** Why it did not complete. */
+  error?: FailureJs
 }
 
 /** One transfer request. */
 export interface TransferRequest {
-  /** "read" or "write". */
-  opcode: string
+  /** Opcode number (`Opcode`: 0 read, 1 write). */
+  opcode: number
   /** Local region id. */
   local: number
   /** Offset in the local region [0]. */
@@ -686,8 +693,8 @@ export interface TransferRequest {
   remoteOffset?: number
   /** Bytes to move. */
   length: number
-  /** Transport to try first (fallback allowed). */
-  transport?: string
-  /** The only transport that may serve the request (no fallback). */
-  requireTransport?: string
+  /** Transport number to try first, fallback allowed (`TransportKind`) [0: none]. */
+  transport?: number
+  /** Transport number of the only transport that may serve the request [0: none]. */
+  requireTransport?: number
 }

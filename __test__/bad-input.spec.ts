@@ -1,5 +1,7 @@
 import test from 'ava'
 import { Engine, FerryError, type Region, type Segment } from '../index'
+import { native } from '../lib/native'
+import { OPCODE_NUMBERS, TRANSPORT_NUMBERS } from '../lib/tables'
 import { killAll, startTarget, type TargetProcess } from './helpers'
 
 test.after.always(killAll)
@@ -99,6 +101,76 @@ test('bad requests are rejected with their code and change nothing on the target
   } finally {
     await engine.close()
     await target.kill()
+  }
+})
+
+test('the binding refuses opcode and transport numbers outside the core\'s tables with ERR_FERRY_INVALID_ARGUMENT', async (t) => {
+  t.timeout(60_000)
+  const { target, engine, local, seg, before } = await setup()
+  try {
+    const code = 'ERR_FERRY_INVALID_ARGUMENT'
+    const write = OPCODE_NUMBERS.write
+    const tcp = TRANSPORT_NUMBERS.tcp
+    // What the binding would do with a number: a typed refusal, never a panic or a guess.
+    const one = (opcode: number, transport: number, requireTransport: number) => () =>
+      engine.native((n) => n.transferOne(opcode, local.handle, 0, seg.handle, target.buffer, 0, 4096, transport, requireTransport))
+    for (const bad of [2, 255, -1, 0.5, Number.NaN, 2 ** 32]) {
+      t.throws(one(bad, 0, 0), { code, message: /opcode must be 0 \(read\) or 1 \(write\), got/ }, `opcode ${bad}`)
+    }
+    for (const bad of [4, 99, -1, 1.5, 2 ** 40]) {
+      t.throws(one(write, bad, 0), { code, message: /transport must be 0 \(none\), 1 \(tcp\), 2 \(shm\) or 3 \(rdma\), got/ }, `transport ${bad}`)
+      t.throws(one(write, 0, bad), { code, message: /requireTransport must be/ }, `requireTransport ${bad}`)
+    }
+    const request = { opcode: write, local: local.handle, segment: seg.handle, remoteBuffer: target.buffer, length: 4096 }
+    const batch = engine.allocateBatch(4)
+    t.throws(() => engine.native((n) => n.submitTransfer(batch, [{ ...request, opcode: 7 }])), { code, message: /request 0: opcode/ })
+    t.throws(() => engine.native((n) => n.submitTransfer(batch, [{ ...request, transport: 9 }])), { code, message: /request 0: transport/ })
+    t.throws(() => engine.native((n) => n.transfer([request, { ...request, requireTransport: 5 }])), { code, message: /request 1: requireTransport/ })
+    const list = { local: local.handle, remote: seg.handle, remoteBuffer: target.buffer, localOffsets: new Float64Array([0]), remoteOffsets: new Float64Array([0]), lengths: 4096 }
+    t.throws(() => engine.native((n) => n.transferBlocks(3, list)), { code, message: /opcode must be/ })
+    t.throws(() => engine.native((n) => n.submitBlocks(batch, write, { ...list, transport: 4 })), { code, message: /transport must be/ })
+    t.throws(() => engine.native((n) => n.transferBlocks(write, { ...list, requireTransport: -3 })), { code, message: /requireTransport must be/ })
+    t.is(engine.getBatchStatus(batch).tasks, 0, 'nothing was submitted')
+    const bench = engine.native((n) => new native.NativeBench(n, 1))
+    try {
+      const benchCase = {
+        opcode: write,
+        blockSize: 4096,
+        batchSize: 1,
+        local: local.handle,
+        segment: seg.handle,
+        peer: seg.name,
+        remoteBuffer: target.buffer,
+        stripeBase: 0,
+        stripeLen: 4096,
+        durationMs: 1,
+        warmupMs: 0,
+        requestIntervalUs: 0,
+      }
+      t.throws(() => bench.runCase({ ...benchCase, opcode: 2 }), { code, message: /opcode must be/ })
+      t.throws(() => bench.runCase({ ...benchCase, transport: 8 }), { code, message: /transport must be/ })
+    } finally {
+      bench.stop()
+    }
+    // The numbers of the table work.
+    const done = await engine.native((n) => n.transferOne(write, local.handle, 0, seg.handle, target.buffer, 0, 4096, tcp, tcp))
+    t.is(typeof done === 'number' ? done & 0xff : undefined, tcp, 'a write pinned to tcp, by number')
+    t.not((await target.ask('hash')).hash, before, 'the good write landed')
+  } finally {
+    await engine.close()
+    await target.kill()
+  }
+})
+
+test('a start that fails off the JS thread rejects with the core\'s code, which crossed as a number', async (t) => {
+  const first = await Engine.create()
+  try {
+    // The port is taken: binding fails in the start task, after the options were accepted.
+    const err = await t.throwsAsync(Engine.create({ listen: first.segmentName }), { instanceOf: FerryError, code: 'ERR_FERRY_INVALID_ARGUMENT' })
+    t.regex(err!.message, /^invalid argument: cannot listen on /, 'the message is the core\'s, with no code in it')
+    t.false(err!.message.includes('\u0000'))
+  } finally {
+    await first.close()
   }
 })
 

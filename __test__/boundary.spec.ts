@@ -7,6 +7,7 @@ import { spawnSync } from 'node:child_process'
 import * as path from 'node:path'
 import test from 'ava'
 import { Engine, FerryError, MAX_VIEW_BYTES, type Region, type Segment } from '../index'
+import { OPCODE_NUMBERS } from '../lib/tables'
 import { killAll, startTarget } from './helpers'
 
 test.after.always(killAll)
@@ -248,7 +249,7 @@ test("handles belong to their engine: another engine's region or segment is refu
     await t.throwsAsync(() => a.write({ ...req, local: regionA, remote: segB }), { code: 'ERR_FERRY_FOREIGN_HANDLE' })
     t.throws(() => a.closeSegment(segB), { code: 'ERR_FERRY_FOREIGN_HANDLE' })
     // Natively too: the binding decodes every handle against its engine.
-    const native = (local: Region, seg: Segment) => ({ opcode: 'write', local: local.handle, segment: seg.handle, remoteBuffer: target.buffer, length: 4096 })
+    const native = (local: Region, seg: Segment) => ({ opcode: OPCODE_NUMBERS.write, local: local.handle, segment: seg.handle, remoteBuffer: target.buffer, length: 4096 })
     const batch = a.allocateBatch(2)
     t.throws(() => a.native((n) => n.submitTransfer(batch, [native(regionB, segA)])), { code: 'ERR_FERRY_FOREIGN_HANDLE', message: /another engine/ })
     t.throws(() => a.native((n) => n.submitTransfer(batch, [native(regionA, segB)])), { code: 'ERR_FERRY_FOREIGN_HANDLE' })

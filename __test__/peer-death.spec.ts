@@ -1,5 +1,7 @@
+import * as fs from 'node:fs'
 import test from 'ava'
-import { Engine, FerryError, TransferStatus, type TransferResult } from '../index'
+import { Engine, FerryError, TransferStatus, type PeerLostEvent, type TransferResult } from '../index'
+import { ERROR_CODE_NUMBERS, LOSS_REASON_NUMBERS } from '../lib/tables'
 import { delay, killAll, startTarget } from './helpers'
 
 test.after.always(killAll)
@@ -188,5 +190,48 @@ test('SIGKILL of the target: peerLost is emitted before any write towards it rej
       await engine.close()
       await target.kill()
     }
+  }
+})
+
+test('a peer-lost failure carries the lost peer and why as fields, and its peerLost event names them', async (t) => {
+  t.timeout(60_000)
+  const target = await startTarget({ FERRY_TARGET_BYTES: String(16 * MiB) })
+  const peerTimeoutMs = 1000
+  const engine = await Engine.create({ peerTimeoutMs, transports: ['tcp'] })
+  const events: PeerLostEvent[] = []
+  engine.on('peerLost', (e) => events.push(e))
+  try {
+    const local = engine.allocate(MiB)
+    const seg = await engine.openSegment(target.segment)
+    await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: MiB })
+    // A hung peer: silent for peerTimeoutMs, so its loss has the `silent` reason. The write
+    // goes out once every thread of it has stopped (each takes the signal in its own time).
+    process.kill(target.pid, 'SIGSTOP')
+    const state = (task: string) => fs.readFileSync(`/proc/${target.pid}/task/${task}/stat`, 'utf8').replace(/^.*\) /s, '')[0]
+    while (!fs.readdirSync(`/proc/${target.pid}/task`).every((task) => state(task) === 'T')) await delay(1)
+    const batch = engine.allocateBatch(1)
+    engine.submitTransfer(batch, [{ opcode: 'write', local, remote: seg, remoteBuffer: target.buffer, length: MiB }])
+    const until = Date.now() + peerTimeoutMs + 10_000
+    let status = engine.getTransferStatus(batch, 0)
+    while ((status.status === TransferStatus.WAITING || status.status === TransferStatus.PENDING) && Date.now() < until) {
+      await delay(10)
+      status = engine.getTransferStatus(batch, 0)
+    }
+    t.is(status.code, 'ERR_FERRY_PEER_LOST', `${status.name}: ${status.message}`)
+    // What the binding gives: the peer and why as fields of their own.
+    const raw = engine.native((n) => n.getTransferStatus(batch, 0))
+    const reason = `no heartbeat answer for ${peerTimeoutMs} ms`
+    t.like(raw.error, {
+      code: ERROR_CODE_NUMBERS.ERR_FERRY_PEER_LOST,
+      lostPeer: seg.name,
+      lossReason: LOSS_REASON_NUMBERS.silent,
+      lossMessage: reason,
+    })
+    t.is(status.message, `peer ${seg.name} lost: ${reason}`)
+    t.deepEqual(events, [{ kind: 'peerLost', segment: seg.name, reason }], 'peerLost once, naming the peer and why')
+  } finally {
+    process.kill(target.pid, 'SIGCONT')
+    await engine.close()
+    await target.kill()
   }
 })

@@ -1,10 +1,11 @@
 /** tebench's native workers and its table layout (the bench crate's, as it is). */
-import type * as Native from '../binding'
-import { checkNumber, describe, invalid } from './checks'
+import type * as Native from './native'
+import { checkNumber, checkOpcode, describe, invalid, transportNumber } from './checks'
 import { call } from './errors'
 import { native } from './native'
 import { Region } from './region'
 import { Segment } from './segment'
+import { OPCODE_NUMBERS } from './tables'
 
 /** One tebench case for the native workers. */
 export interface BenchCase extends Omit<Native.BenchCase, 'local' | 'segment' | 'peer' | 'extraTargets'> {
@@ -47,12 +48,16 @@ export class Bench {
   /** Runs one case on every worker; a failure stops the gate (later cases return it). */
   async runCase(c: BenchCase): Promise<BenchResult> {
     if (typeof c !== 'object' || c === null) throw invalid(`runCase takes a BenchCase, got ${describe(c)}`)
-    const { local, remote, extraTargets, ...rest } = c
+    const { local, remote, extraTargets, opcode, transport, ...rest } = c
     if (!(local instanceof Region)) throw invalid(`runCase: local must be a Region, got ${describe(local)}`)
     if (!(remote instanceof Segment)) throw invalid(`runCase: remote must be a Segment, got ${describe(remote)}`)
+    const op = OPCODE_NUMBERS[checkOpcode('runCase: opcode', opcode)]
+    const transportNo = transportNumber('runCase: transport', transport)
     return call(() =>
       this.#native.runCase({
         ...rest,
+        opcode: op,
+        transport: transportNo,
         local: local.handle,
         segment: remote.handle,
         peer: remote.name,

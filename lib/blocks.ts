@@ -3,14 +3,15 @@
  * that need JS objects (regions and segments of this engine, known keys), their form for
  * the binding, and their outcomes block by block.
  */
-import type * as Native from '../binding'
-import { checkTransport, describe, invalid } from './checks'
-import { abortError, FerryError, type FerryErrorCode } from './errors'
+import type * as Native from './native'
+import { checkOpcode, describe, invalid, transportNumber } from './checks'
+import { abortError, codeName, failureError, FerryError, type FerryErrorCode } from './errors'
 import type { NotifyData } from './notifications'
 import { Region, type Owner } from './region'
 import type { CallOptions } from './requests'
 import { Segment } from './segment'
 import type { TransferStatus, TransportName } from './status'
+import { ERROR_CODE_NUMBERS, type OpcodeName } from './tables'
 
 /** Offsets or lengths of a block list, one entry per block (integers; below 2^53 in a Float64Array). */
 export type BlockArray = Float64Array | BigUint64Array
@@ -102,7 +103,10 @@ function blockHandles(engine: Owner, what: string, v: unknown, kind: typeof Regi
   return out
 }
 
-/** The native arguments of a block list (the arrays themselves are checked natively). */
+/**
+ * The native arguments of a block list (the arrays themselves are checked natively;
+ * transports by number).
+ */
 export function toNativeBlocks(engine: Owner, b: unknown, form: 'promise' | 'batch') {
   if (typeof b !== 'object' || b === null || Array.isArray(b)) throw invalid(`blocks must be an object, got ${describe(b)}`)
   const q = b as Record<string, unknown>
@@ -110,8 +114,8 @@ export function toNativeBlocks(engine: Owner, b: unknown, form: 'promise' | 'bat
     const known = BLOCK_KEYS.has(key) || key === (form === 'promise' ? 'signal' : 'opcode')
     if (!known && q[key] !== undefined) throw invalid(`blocks has no field ${JSON.stringify(key)} (a typo?)`)
   }
-  checkTransport('transport', q.transport)
-  checkTransport('requireTransport', q.requireTransport)
+  const transport = transportNumber('transport', q.transport)
+  const requireTransport = transportNumber('requireTransport', q.requireTransport)
   const rb = q.remoteBuffer
   const list: Native.NativeBlockList = {
     local: blockHandles(engine, 'local', q.local, Region),
@@ -120,8 +124,8 @@ export function toNativeBlocks(engine: Owner, b: unknown, form: 'promise' | 'bat
     localOffsets: q.localOffsets as Float64Array,
     remoteOffsets: q.remoteOffsets as Float64Array,
     lengths: q.lengths as number,
-    transport: q.transport as string | undefined,
-    requireTransport: q.requireTransport as string | undefined,
+    transport,
+    requireTransport,
   }
   return list
 }
@@ -131,17 +135,15 @@ function blockFailures(runs: Native.FailedBlocks[]): BlockFailure[] {
   const failed: BlockFailure[] = []
   for (const r of runs) {
     for (let b = r.first; b < r.first + r.count; b++) {
-      failed.push({ block: b, status: r.status, code: r.code as FerryErrorCode, message: r.message })
+      failed.push({ block: b, status: r.status, code: codeName(r.error.code), message: r.error.message })
     }
   }
   return failed
 }
 
 /** The opcode of a block list submitted to a batch. */
-export function blockOpcode(blocks: unknown): 'read' | 'write' {
-  const op = (blocks as { opcode?: unknown }).opcode
-  if (op !== 'read' && op !== 'write') throw invalid(`blocks: opcode must be 'read' or 'write', got ${typeof op === 'string' ? JSON.stringify(op) : describe(op)}`)
-  return op
+export function blockOpcode(blocks: unknown): OpcodeName {
+  return checkOpcode('blocks: opcode', (blocks as { opcode?: unknown }).opcode)
 }
 
 /** What `submitBlocks` returns for the binding's task starts. */
@@ -157,10 +159,10 @@ export function toSubmission(firstTask: number, starts: Uint32Array): BlockSubmi
 export function blocksOutcome(raw: Native.BlocksOutcome, requests: number, signal: AbortSignal | undefined): BlocksResult {
   if (raw.failed.length === 0) {
     const e = raw.notifyError
-    if (e) throw new FerryError((e.code ?? 'ERR_FERRY_NOTIFY_FAILED') as FerryErrorCode, e.message ?? 'notification not delivered')
+    if (e) throw failureError(e.error, ['ERR_FERRY_NOTIFY_FAILED', 'notification not delivered'])
     return { status: raw.status, requests, failed: [] }
   }
-  if (signal?.aborted && raw.failed.some((r) => r.code === 'ERR_FERRY_CANCELED')) {
+  if (signal?.aborted && raw.failed.some((r) => r.error.code === ERROR_CODE_NUMBERS.ERR_FERRY_CANCELED)) {
     throw abortError(signal.reason)
   }
   return { status: raw.status, requests, failed: blockFailures(raw.failed) }

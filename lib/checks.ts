@@ -3,6 +3,7 @@
  * `ERR_FERRY_INVALID_ARGUMENT` that names the argument and what it got.
  */
 import { FerryError } from './errors'
+import { OPCODE_NUMBERS, TRANSPORT_NUMBERS, type OpcodeName, type TransportName } from './tables'
 
 export function invalid(message: string): FerryError {
   return new FerryError('ERR_FERRY_INVALID_ARGUMENT', message)
@@ -16,16 +17,33 @@ export function describe(v: unknown): string {
   return t === 'object' ? 'an object' : t === 'undefined' ? 'undefined' : `a ${t}`
 }
 
-const TRANSPORTS = new Set(['tcp', 'shm', 'rdma'])
+/** A table's names for a message: `'tcp', 'shm' or 'rdma'`. */
+function oneOf(table: object): string {
+  const names = Object.keys(table).map((n) => `'${n}'`)
+  return names.length > 1 ? `${names.slice(0, -1).join(', ')} or ${names[names.length - 1]}` : names.join('')
+}
+
+/** What a value that should have been a name was, for messages. */
+function got(v: unknown): string {
+  return typeof v === 'string' ? JSON.stringify(v) : describe(v)
+}
 
 export function checkNumber(what: string, v: unknown, optional: boolean): void {
   if (v === undefined && optional) return
   if (typeof v !== 'number') throw invalid(`${what} must be a non-negative integer, got ${describe(v)}`)
 }
 
-export function checkTransport(what: string, v: unknown): void {
-  if (v === undefined) return
-  if (typeof v !== 'string' || !TRANSPORTS.has(v)) throw invalid(`${what} must be 'tcp', 'shm' or 'rdma', got ${typeof v === 'string' ? JSON.stringify(v) : describe(v)}`)
+/** An opcode by name: `read` or `write` (the core's table). */
+export function checkOpcode(what: string, v: unknown): OpcodeName {
+  if (typeof v === 'string' && Object.hasOwn(OPCODE_NUMBERS, v)) return v as OpcodeName
+  throw invalid(`${what} must be ${oneOf(OPCODE_NUMBERS)}, got ${got(v)}`)
+}
+
+/** The number the binding takes for an optional transport name (the core's table). */
+export function transportNumber(what: string, v: unknown): number | undefined {
+  if (v === undefined) return undefined
+  if (typeof v === 'string' && Object.hasOwn(TRANSPORT_NUMBERS, v)) return TRANSPORT_NUMBERS[v as TransportName]
+  throw invalid(`${what} must be ${oneOf(TRANSPORT_NUMBERS)}, got ${got(v)}`)
 }
 
 /** Checks an options object of `transfer`/`submitTransfer` against the keys it may have. */

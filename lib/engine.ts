@@ -1,10 +1,10 @@
 /** The engine: memory, segments, transfers, block lists, notifications, and its events. */
 import { EventEmitter } from 'node:events'
-import type * as Native from '../binding'
+import type * as Native from './native'
 import { startBench, type Bench } from './bench'
 import { blockOpcode, blocksOutcome, toNativeBlocks, toSubmission, type BatchBlockList, type BlocksRequest, type BlocksResult, type BlockSubmission } from './blocks'
 import { checkBytes, checkNumber, checkOptions, checkSignal, describe, invalid } from './checks'
-import { abortError, call, FerryError, startError, type FerryErrorCode } from './errors'
+import { abortError, call, failureError, FerryError } from './errors'
 import { EventRelay, type Emit, type EngineEvents, type Notification } from './events'
 import { toMetrics, type EngineMetrics } from './metrics'
 import { native } from './native'
@@ -14,7 +14,8 @@ import { MAX_VIEW_BYTES, Region, registerOptions } from './region'
 import { toNativeRequest, toNativeRequests, transferOutcome, type CallOptions, type IoRequest, type TransferRequest, type TransferResult } from './requests'
 import { Segment, toSegment } from './segment'
 import { settled } from './settle'
-import { completedTask, toTaskStatus, transportCode, type BatchStatus, type TaskStatus } from './status'
+import { completedTask, toBatchStatus, toTaskStatus, type BatchStatus, type TaskStatus } from './status'
+import { OPCODE_NUMBERS, type OpcodeName } from './tables'
 
 /** Typed `on`/`once`/`off`/`emit` for the engine's events (see `EngineEvents`). */
 export interface Engine {
@@ -60,13 +61,11 @@ export class Engine extends EventEmitter {
       throw invalid(`options must be an object, got ${describe(options)}`)
     }
     const nativeOptions = toNativeOptions(options)
-    const started = call(() => native.startEngine(nativeOptions))
-    let engine: Engine
-    try {
-      engine = new Engine(await started, notifyQueueSize(options))
-    } catch (err) {
-      throw startError(err)
-    }
+    // The start task resolves to the engine, or to why it did not start (a task's
+    // rejection cannot carry a code).
+    const started = await call(() => native.startEngine(nativeOptions))
+    if (!(started instanceof native.NativeEngine)) throw failureError(started, ['ERR_FERRY_INTERNAL', 'the engine did not start'])
+    const engine = new Engine(started, notifyQueueSize(options))
     const warning = engine.#native.exposureWarning
     if (warning) process.emitWarning(warning, { code: 'FERRY_UNAUTHENTICATED' })
     return engine
@@ -119,7 +118,7 @@ export class Engine extends EventEmitter {
   async openSegment(name: string): Promise<Segment> {
     if (typeof name !== 'string') throw invalid(`segment name must be a string, got ${describe(name)}`)
     const r = await this.native((n) => n.openSegment(name))
-    if (!r.segment) throw new FerryError((r.code ?? 'ERR_FERRY_CONNECT') as FerryErrorCode, r.message ?? 'openSegment failed')
+    if (!r.segment) throw failureError(r.error, ['ERR_FERRY_CONNECT', 'openSegment failed'])
     return toSegment(this, r.segment)
   }
 
@@ -153,22 +152,21 @@ export class Engine extends EventEmitter {
   getTransferStatus(batch: number, task: number): TaskStatus {
     checkNumber('batch', batch, false)
     checkNumber('task', task, false)
-    const status = toTaskStatus(this.native((n) => n.getTransferStatus(batch, task)))
-    this.#events.explainLosses([status])
-    return status
+    const raw = this.native((n) => n.getTransferStatus(batch, task))
+    this.#events.explainLosses([raw.error])
+    return toTaskStatus(raw)
   }
 
   /** Status of every task of a batch. */
   getTransferStatusList(batch: number): TaskStatus[] {
-    const list = this.native((n) => n.getTransferStatusList(batch)).map(toTaskStatus)
-    this.#events.explainLosses(list)
-    return list
+    const raw = this.native((n) => n.getTransferStatusList(batch))
+    this.#events.explainLosses(raw.map((t) => t.error))
+    return raw.map(toTaskStatus)
   }
 
   /** Aggregate status of a batch. */
   getBatchStatus(batch: number): BatchStatus {
-    const s = this.native((n) => n.getBatchStatus(batch))
-    return { status: s.status, name: s.name, transferredBytes: s.transferredBytes, tasks: s.tasks }
+    return toBatchStatus(this.native((n) => n.getBatchStatus(batch)))
   }
 
   /** Frees a batch; tasks still pending are canceled. */
@@ -191,12 +189,12 @@ export class Engine extends EventEmitter {
     return this.blocks('write', blocks)
   }
 
-  private async blocks(opcode: 'read' | 'write', blocks: BlocksRequest): Promise<BlocksResult> {
+  private async blocks(opcode: OpcodeName, blocks: BlocksRequest): Promise<BlocksResult> {
     const list = call(() => toNativeBlocks(this, blocks, 'promise'))
     const signal = checkSignal(blocks.signal)
     if (signal?.aborted) throw abortError(signal.reason)
     const notify = blocks.notify === undefined ? undefined : call(() => notifyBytes('blocks: notify', blocks.notify))
-    const { op, requests, promise } = this.native((n) => n.transferBlocks(opcode, list, notify))
+    const { op, requests, promise } = this.native((n) => n.transferBlocks(OPCODE_NUMBERS[opcode], list, notify))
     const onAbort = () => {
       this.#native.cancel(op)
     }
@@ -207,7 +205,7 @@ export class Engine extends EventEmitter {
     } finally {
       signal?.removeEventListener('abort', onAbort)
     }
-    this.#events.explainLosses(raw.failed)
+    this.#events.explainLosses(raw.failed.map((f) => f.error))
     return blocksOutcome(raw, requests, signal)
   }
 
@@ -219,7 +217,7 @@ export class Engine extends EventEmitter {
   submitBlocks(batch: number, blocks: BatchBlockList): BlockSubmission {
     checkNumber('batch', batch, false)
     const list = call(() => toNativeBlocks(this, blocks, 'batch'))
-    const op = blockOpcode(blocks)
+    const op = OPCODE_NUMBERS[blockOpcode(blocks)]
     const notify = blocks.notify === undefined ? undefined : call(() => notifyBytes('submitBlocks: notify', blocks.notify))
     const { firstTask, starts } = this.native((n) => n.submitBlocks(batch, op, list, notify))
     return toSubmission(firstTask, starts)
@@ -261,7 +259,7 @@ export class Engine extends EventEmitter {
     return this.io('write', request)
   }
 
-  private async io(opcode: 'read' | 'write', request: IoRequest): Promise<TransferResult> {
+  private async io(opcode: OpcodeName, request: IoRequest): Promise<TransferResult> {
     const native = call(() => toNativeRequest(this, request, 0, opcode))
     if (request.signal === undefined && request.notify === undefined) return this.one(native)
     return this.run([native], request.signal, request.notify === undefined ? undefined : notifyBytes('notify', request.notify))
@@ -275,15 +273,15 @@ export class Engine extends EventEmitter {
   private async one(q: Native.TransferRequest): Promise<TransferResult> {
     const started = this.native((n) =>
       n.transferOne(
-        q.opcode === 'read' ? 0 : 1,
+        q.opcode,
         q.local,
         q.localOffset ?? 0,
         q.segment,
         q.remoteBuffer ?? 0,
         q.remoteOffset ?? 0,
         q.length,
-        transportCode(q.transport),
-        transportCode(q.requireTransport),
+        q.transport ?? 0,
+        q.requireTransport ?? 0,
       ),
     )
     const done = await settled(started)
@@ -291,7 +289,7 @@ export class Engine extends EventEmitter {
       const task = completedTask(done, q.length)
       return { bytes: q.length, tasks: [task] }
     }
-    return this.#outcome([toTaskStatus(done)], undefined, undefined)
+    return this.#outcome([done], undefined, undefined)
   }
 
   /**
@@ -315,10 +313,10 @@ export class Engine extends EventEmitter {
       this.#native.cancel(started.op)
     }
     signal?.addEventListener('abort', onAbort, { once: true })
-    let raw: Native.TaskStatus[]
+    let raw: Native.TaskStatusJs[]
     let notifyError: Native.NotifyResult | undefined
     try {
-      const done = await settled<Native.TaskStatus[] | Native.NotifiedTransfer>(started.promise)
+      const done = await settled<Native.TaskStatusJs[] | Native.NotifiedTransfer>(started.promise)
       if (Array.isArray(done)) raw = done
       else {
         raw = done.tasks
@@ -327,13 +325,13 @@ export class Engine extends EventEmitter {
     } finally {
       signal?.removeEventListener('abort', onAbort)
     }
-    return this.#outcome(raw.map(toTaskStatus), signal, notifyError)
+    return this.#outcome(raw, signal, notifyError)
   }
 
   /** A call's result from its tasks' statuses, or the error of the first that failed. */
-  #outcome(tasks: TaskStatus[], signal: AbortSignal | undefined, notifyError: Native.NotifyResult | undefined): TransferResult {
-    this.#events.explainLosses(tasks)
-    return transferOutcome(tasks, signal, notifyError)
+  #outcome(raw: Native.TaskStatusJs[], signal: AbortSignal | undefined, notifyError: Native.NotifyResult | undefined): TransferResult {
+    this.#events.explainLosses(raw.map((t) => t.error))
+    return transferOutcome(raw.map(toTaskStatus), signal, notifyError)
   }
 
   /**
@@ -348,7 +346,7 @@ export class Engine extends EventEmitter {
     const bytes = call(() => notifyBytes('notify: data', data))
     const r = await this.native((n) => n.notify(segment.handle, bytes))
     if (r.outcome === 'queued' || r.outcome === 'dropped') return { outcome: r.outcome }
-    throw new FerryError((r.code ?? 'ERR_FERRY_NOTIFY_FAILED') as FerryErrorCode, r.message ?? 'notification not delivered')
+    throw failureError(r.error, ['ERR_FERRY_NOTIFY_FAILED', 'notification not delivered'])
   }
 
   /**

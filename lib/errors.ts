@@ -1,36 +1,13 @@
 /**
- * Ferry's errors: the stable codes, `FerryError`, and how the binding's errors (its own,
- * napi's type errors, the start task's) become FerryErrors.
+ * Ferry's errors: the stable codes (the core's table, `tables.ts`), `FerryError`, and how
+ * the binding's errors (thrown with `code` set, napi's type errors, failures it reports
+ * as values with a numeric code) become FerryErrors. No error is recognized by its message.
  */
+import type * as Native from './native'
 import type { TaskStatus, TransferStatus, TransportName } from './status'
+import { ERROR_CODE_NAMES, ERROR_CODE_NUMBERS, type FerryErrorCode } from './tables'
 
-/** Stable error codes. */
-export type FerryErrorCode =
-  | 'ERR_FERRY_INVALID_ARGUMENT'
-  | 'ERR_FERRY_OUT_OF_RANGE'
-  | 'ERR_FERRY_CLOSED'
-  | 'ERR_FERRY_INVALID_BATCH'
-  | 'ERR_FERRY_INVALID_TASK'
-  | 'ERR_FERRY_BATCH_FULL'
-  | 'ERR_FERRY_UNKNOWN_REGION'
-  | 'ERR_FERRY_UNKNOWN_SEGMENT'
-  | 'ERR_FERRY_FOREIGN_HANDLE'
-  | 'ERR_FERRY_UNKNOWN_BUFFER'
-  | 'ERR_FERRY_PERMISSION_DENIED'
-  | 'ERR_FERRY_PEER_LOST'
-  | 'ERR_FERRY_CONNECT'
-  | 'ERR_FERRY_TRANSPORT_UNAVAILABLE'
-  | 'ERR_FERRY_PROTOCOL'
-  | 'ERR_FERRY_REMOTE_REJECTED'
-  | 'ERR_FERRY_IO'
-  | 'ERR_FERRY_CANCELED'
-  | 'ERR_FERRY_TIMEOUT'
-  | 'ERR_FERRY_METADATA'
-  | 'ERR_FERRY_TRANSFER_FAILED'
-  | 'ERR_FERRY_INTERNAL'
-  | 'ERR_FERRY_NOTIFY_TOO_LARGE'
-  | 'ERR_FERRY_NOTIFY_FAILED'
-  | 'ABORT_ERR'
+export type { FerryErrorCode } from './tables'
 
 /** An error from Ferry. `code` is stable; transfer failures also carry the task statuses. */
 export class FerryError extends Error {
@@ -60,6 +37,22 @@ export function abortError(cause: unknown, tasks?: TaskStatus[]): FerryError {
   return new FerryError('ABORT_ERR', 'The operation was aborted', { cause, tasks })
 }
 
+/** What a FerryError carries besides its code and message. */
+export type FerryErrorExtra = ConstructorParameters<typeof FerryError>[2]
+
+/** The name of an error code's number (`ERR_FERRY_INTERNAL` for one the core does not know). */
+export function codeName(code: number): FerryErrorCode {
+  return ERROR_CODE_NAMES[code] ?? 'ERR_FERRY_INTERNAL'
+}
+
+/**
+ * The FerryError of a failure the binding reported as a value (`FailureJs`: its code by
+ * number), or of `fallback` when it reported none.
+ */
+export function failureError(f: Native.FailureJs | null | undefined, fallback: [FerryErrorCode, string], extra?: FerryErrorExtra): FerryError {
+  return f ? new FerryError(codeName(f.code), f.message, extra) : new FerryError(fallback[0], fallback[1], extra)
+}
+
 /** napi's own statuses for a value of the wrong type (a safety net: the binding names fields itself). */
 const NAPI_TYPE_ERRORS = new Set([
   'InvalidArg',
@@ -79,7 +72,8 @@ const NAPI_TYPE_ERRORS = new Set([
 function toFerryError(err: unknown): unknown {
   if (err instanceof FerryError) return err
   const e = err as { code?: unknown; message?: unknown }
-  if (e && typeof e.code === 'string' && e.code.startsWith('ERR_FERRY_')) {
+  // The binding's own errors: napi set `code` to the name of one of the core's codes.
+  if (e && typeof e.code === 'string' && Object.hasOwn(ERROR_CODE_NUMBERS, e.code)) {
     return new FerryError(e.code as FerryErrorCode, String(e.message))
   }
   if (e && typeof e.code === 'string' && NAPI_TYPE_ERRORS.has(e.code)) {
@@ -102,16 +96,4 @@ export function call<T>(fn: () => T): T {
   } catch (err) {
     rethrow(err)
   }
-}
-
-/** The start task's errors carry `CODE\u0000message` (a task cannot set `code`). */
-export function startError(err: unknown): unknown {
-  const message = (err as { message?: unknown })?.message
-  if (typeof message === 'string') {
-    const cut = message.indexOf('\u0000')
-    if (cut > 0 && message.startsWith('ERR_FERRY_')) {
-      return new FerryError(message.slice(0, cut) as FerryErrorCode, message.slice(cut + 1))
-    }
-  }
-  return err
 }

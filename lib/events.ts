@@ -4,8 +4,12 @@
  * emitted once per loss, before any failure it explains.
  */
 import type { EventEmitter } from 'node:events'
-import type * as Native from '../binding'
+import type * as Native from './native'
 import type { TransportName } from './status'
+import { ERROR_CODE_NUMBERS, TRANSPORT_NAMES } from './tables'
+
+/** A transport's name from the binding's number (events always name one). */
+const transportName = (n: number | null | undefined): TransportName => TRANSPORT_NAMES[n ?? 0] as TransportName
 
 /** A peer was declared lost (reset, EOF, or `peerTimeoutMs` of silence); its in-flight work failed. */
 export interface PeerLostEvent {
@@ -92,15 +96,15 @@ function toEvent(e: Native.EngineEventJs): EngineEvent | undefined {
       return {
         kind: 'failover',
         segment: segment ?? '',
-        from: e.from as TransportName,
-        to: e.to as TransportName,
+        from: transportName(e.from),
+        to: transportName(e.to),
         attempt: e.attempt ?? 0,
         reason: e.reason ?? '',
       }
     case 'transportDisabled':
       return {
         kind: 'transportDisabled',
-        transport: e.transport as TransportName,
+        transport: transportName(e.transport),
         segment,
         reason: e.reason ?? '',
         untilMs: e.untilMs ?? undefined,
@@ -157,14 +161,13 @@ export class EventRelay {
    * The core emits `peerLost` before it fails the work the loss explains, but the event and
    * a Promise's settlement reach JS through different native queues, in either order. So a
    * status that shows such a failure emits the event first if it has not arrived yet (the
-   * native one is then not emitted again).
+   * native one is then not emitted again). A peer-loss failure names the peer and why in
+   * fields of its own (`lostPeer`, `lossMessage`), never read out of its message.
    */
-  explainLosses(tasks: ReadonlyArray<{ code?: string | null; message?: string | null }>): void {
-    for (const t of tasks) {
-      if (t.code !== 'ERR_FERRY_PEER_LOST' || typeof t.message !== 'string') continue
-      // The core's wording: "peer <segment> lost: <reason>".
-      const m = /^peer (.+?) lost: (.*)$/s.exec(t.message)
-      if (m) this.#announceLoss(m[1], m[2])
+  explainLosses(failures: Iterable<Native.FailureJs | null | undefined>): void {
+    for (const f of failures) {
+      if (f?.code !== ERROR_CODE_NUMBERS.ERR_FERRY_PEER_LOST || f.lostPeer == null) continue
+      this.#announceLoss(f.lostPeer, f.lossMessage ?? '')
     }
   }
 }

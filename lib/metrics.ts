@@ -1,5 +1,5 @@
 /** Engine counters as JS sees them. */
-import type * as Native from '../binding'
+import type * as Native from './native'
 
 /** Bytes of completed transfers over one transport for one operation. */
 export interface BytesByTransport extends Native.BytesByTransport {}

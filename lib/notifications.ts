@@ -4,7 +4,7 @@
  * bounded too.
  */
 import type { EventEmitter } from 'node:events'
-import type * as Native from '../binding'
+import type * as Native from './native'
 import { checkOptions, checkSignal, describe, invalid } from './checks'
 import { abortError } from './errors'
 import type { Emit, Notification } from './events'

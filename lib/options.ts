@@ -2,7 +2,7 @@
  * Engine options: their types (each field's default and bounds live in the core's
  * `EngineConfig`) and their form for the binding.
  */
-import type * as Native from '../binding'
+import type * as Native from './native'
 
 /**
  * Engine settings. Every field is optional; each one's default and bounds are declared

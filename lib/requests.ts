@@ -3,13 +3,14 @@
  * `Segment` of this engine, numbers, known keys), their form for the binding, and a call's
  * result from its tasks' statuses.
  */
-import type * as Native from '../binding'
-import { checkNumber, checkTransport, describe, invalid } from './checks'
-import { abortError, FerryError, type FerryErrorCode } from './errors'
+import type * as Native from './native'
+import { checkNumber, checkOpcode, describe, invalid, transportNumber } from './checks'
+import { abortError, failureError, FerryError, type FerryErrorCode } from './errors'
 import type { NotifyOptions } from './notifications'
 import { Region, type Owner } from './region'
 import { Segment } from './segment'
 import { TransferStatus, type TaskStatus, type TransportName } from './status'
+import { OPCODE_NUMBERS, type OpcodeName } from './tables'
 
 /** One transfer. */
 export interface TransferRequest {
@@ -63,8 +64,11 @@ const REQUEST_KEYS = new Set([
   'notify',
 ])
 
-/** One request as the binding takes it: every field's type checked, handles of `engine`. */
-export function toNativeRequest(engine: Owner, r: unknown, i: number, opcode?: 'read' | 'write'): Native.TransferRequest {
+/**
+ * One request as the binding takes it: every field's type checked, handles of `engine`,
+ * opcode and transports by number.
+ */
+export function toNativeRequest(engine: Owner, r: unknown, i: number, opcode?: OpcodeName): Native.TransferRequest {
   const at = `request ${i}`
   if (typeof r !== 'object' || r === null || Array.isArray(r)) throw invalid(`${at} must be an object, got ${describe(r)}`)
   const q = r as Record<string, unknown>
@@ -73,8 +77,7 @@ export function toNativeRequest(engine: Owner, r: unknown, i: number, opcode?: '
       if (q[key] !== undefined) throw invalid(`${at} has no field ${JSON.stringify(key)} (a typo?)`)
     }
   }
-  const op = opcode ?? q.opcode
-  if (op !== 'read' && op !== 'write') throw invalid(`${at}: opcode must be 'read' or 'write', got ${typeof op === 'string' ? JSON.stringify(op) : describe(op)}`)
+  const op = checkOpcode(`${at}: opcode`, opcode ?? q.opcode)
   if (!(q.local instanceof Region)) throw invalid(`${at}: local must be a Region, got ${describe(q.local)}`)
   if (!(q.remote instanceof Segment)) throw invalid(`${at}: remote must be a Segment, got ${describe(q.remote)}`)
   if (q.local.engine !== engine) throw new FerryError('ERR_FERRY_FOREIGN_HANDLE', `${at}: local is a Region of another engine`)
@@ -83,10 +86,10 @@ export function toNativeRequest(engine: Owner, r: unknown, i: number, opcode?: '
   checkNumber(`${at}: remoteBuffer`, q.remoteBuffer, true)
   checkNumber(`${at}: remoteOffset`, q.remoteOffset, true)
   checkNumber(`${at}: length`, q.length, false)
-  checkTransport(`${at}: transport`, q.transport)
-  checkTransport(`${at}: requireTransport`, q.requireTransport)
+  const transport = transportNumber(`${at}: transport`, q.transport)
+  const requireTransport = transportNumber(`${at}: requireTransport`, q.requireTransport)
   return {
-    opcode: op,
+    opcode: OPCODE_NUMBERS[op],
     local: q.local.handle,
     localOffset: q.localOffset as number | undefined,
     segment: q.remote.handle,
@@ -94,8 +97,8 @@ export function toNativeRequest(engine: Owner, r: unknown, i: number, opcode?: '
     remoteOffset: q.remoteOffset as number | undefined,
     length: q.length as number,
     // What the two mean together is decided once, in the core (`TransportHint`).
-    transport: q.transport as string | undefined,
-    requireTransport: q.requireTransport as string | undefined,
+    transport,
+    requireTransport,
   }
 }
 
@@ -113,7 +116,7 @@ export function toNativeRequests(engine: Owner, requests: unknown): Native.Trans
 export function transferOutcome(tasks: TaskStatus[], signal: AbortSignal | undefined, notifyError: Native.NotifyResult | undefined): TransferResult {
   const failed = tasks.find((t) => t.status !== TransferStatus.COMPLETED)
   if (!failed && notifyError) {
-    throw new FerryError((notifyError.code ?? 'ERR_FERRY_NOTIFY_FAILED') as FerryErrorCode, notifyError.message ?? 'notification not delivered', { tasks })
+    throw failureError(notifyError.error, ['ERR_FERRY_NOTIFY_FAILED', 'notification not delivered'], { tasks })
   }
   if (!failed) {
     return { bytes: tasks.reduce((a, t) => a + t.transferredBytes, 0), tasks }

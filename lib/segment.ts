@@ -1,5 +1,5 @@
 /** Remote segments: a peer's memory as this engine opened it. */
-import type * as Native from '../binding'
+import type * as Native from './native'
 // A type only (the segment's owner); engine.ts imports this module, not the reverse.
 import type { Engine } from './engine'
 

@@ -1,5 +1,10 @@
-/** Transfer statuses and transports: the values every other module speaks of. */
-import type * as Native from '../binding'
+/**
+ * Transfer statuses and transports: the values every other module speaks of, named by the
+ * core's tables (`tables.ts`) from the numbers the binding gives.
+ */
+import { codeName } from './errors'
+import type * as Native from './native'
+import { STATUS_NAMES, TRANSPORT_NAMES, type StatusName, type STATUS_NUMBERS } from './tables'
 
 /** Transfer status values, with Mooncake TENT's numbering. */
 export enum TransferStatus {
@@ -12,8 +17,12 @@ export enum TransferStatus {
   FAILED = 6,
 }
 
-/** Transports Ferry knows. */
-export type TransportName = 'tcp' | 'shm' | 'rdma'
+// TransferStatus is the core's table of statuses: each name with the core's number, and
+// no other name (checked by the compiler).
+TransferStatus satisfies { readonly [K in StatusName]: (typeof STATUS_NUMBERS)[K] }
+true satisfies [Exclude<keyof typeof TransferStatus, StatusName>] extends [never] ? true : false
+
+export type { TransportName } from './tables'
 
 /** Status of one task: what happened, which transport served it, how many attempts. */
 export interface TaskStatus extends Native.TaskStatus {
@@ -25,36 +34,38 @@ export interface BatchStatus extends Native.BatchStatus {
   status: TransferStatus
 }
 
-/** A transport's number for the binding's all-numbers call: 0 none, 1 tcp, 2 shm, 3 rdma. */
-export function transportCode(t: string | undefined | null): number {
-  return t === 'tcp' ? 1 : t === 'shm' ? 2 : t === 'rdma' ? 3 : 0
+/** A status's name (the core's; a number it does not know reads as itself). */
+function statusName(status: number): string {
+  return STATUS_NAMES[status] ?? String(status)
 }
-
-const TRANSPORT_BY_CODE: ReadonlyArray<TransportName | undefined> = [undefined, 'tcp', 'shm', 'rdma']
 
 /** The status of a task the binding reported completed as `transport + 256 * attempts`. */
 export function completedTask(done: number, length: number): TaskStatus {
   return {
     status: TransferStatus.COMPLETED,
-    name: 'COMPLETED',
+    name: statusName(TransferStatus.COMPLETED),
     transferredBytes: length,
     length,
-    transport: TRANSPORT_BY_CODE[done & 0xff],
+    transport: TRANSPORT_NAMES[done & 0xff],
     attempts: Math.floor(done / 256),
     code: undefined,
     message: undefined,
   }
 }
 
-export function toTaskStatus(s: Native.TaskStatus): TaskStatus {
+export function toTaskStatus(s: Native.TaskStatusJs): TaskStatus {
   return {
     status: s.status,
-    name: s.name,
+    name: statusName(s.status),
     transferredBytes: s.transferredBytes,
     length: s.length,
-    transport: s.transport,
+    transport: TRANSPORT_NAMES[s.transport],
     attempts: s.attempts,
-    code: s.code ?? undefined,
-    message: s.message ?? undefined,
+    code: s.error ? codeName(s.error.code) : undefined,
+    message: s.error?.message ?? undefined,
   }
+}
+
+export function toBatchStatus(s: Native.BatchStatusJs): BatchStatus {
+  return { status: s.status, name: statusName(s.status), transferredBytes: s.transferredBytes, tasks: s.tasks }
 }

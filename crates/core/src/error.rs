@@ -1,6 +1,9 @@
-//! The one error type of the core. Each variant maps to a stable `code` string that the
-//! binding puts on JS errors, so callers can branch on `err.code`.
+//! The one error type of the core. Each variant maps to a stable `ErrorCode` (a number
+//! and an `ERR_FERRY_*` name) that the binding carries to JS, so callers can branch on
+//! `err.code`.
 
+use crate::liveness::LossReason;
+use crate::numbered::Numbered;
 use crate::status::TransferStatus;
 
 /// Result alias for the core.
@@ -13,6 +16,135 @@ pub const INJECTED: &str = "fault injection: ";
 /// Whether `error` was injected (not a sign of anything about the peer).
 pub fn is_injected(error: &Error) -> bool {
     matches!(error, Error::Io(m) if m.starts_with(INJECTED))
+}
+
+/// The stable codes of errors: a number (the discriminant, which the binding carries) and
+/// an `ERR_FERRY_*` name (`err.code` in JS). Every `Error` variant has one
+/// (`Error::error_code`); `Internal` is the binding's, for failures of the JS runtime
+/// itself, and the core never returns it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// `Error::InvalidArgument`.
+    InvalidArgument = 1,
+    /// `Error::OutOfRange`.
+    OutOfRange = 2,
+    /// `Error::Closed`.
+    Closed = 3,
+    /// `Error::InvalidBatch`.
+    InvalidBatch = 4,
+    /// `Error::InvalidTask`.
+    InvalidTask = 5,
+    /// `Error::BatchFull`.
+    BatchFull = 6,
+    /// `Error::UnknownRegion`.
+    UnknownRegion = 7,
+    /// `Error::UnknownSegment`.
+    UnknownSegment = 8,
+    /// `Error::ForeignHandle`.
+    ForeignHandle = 9,
+    /// `Error::UnknownBuffer`.
+    UnknownBuffer = 10,
+    /// `Error::PermissionDenied`.
+    PermissionDenied = 11,
+    /// `Error::PeerLost`.
+    PeerLost = 12,
+    /// `Error::Connect`.
+    Connect = 13,
+    /// `Error::TransportUnavailable`.
+    TransportUnavailable = 14,
+    /// `Error::Protocol`.
+    Protocol = 15,
+    /// `Error::RemoteRejected`.
+    RemoteRejected = 16,
+    /// `Error::Io`.
+    Io = 17,
+    /// `Error::Canceled`.
+    Canceled = 18,
+    /// `Error::Timeout`.
+    Timeout = 19,
+    /// `Error::Metadata`.
+    Metadata = 20,
+    /// `Error::TransferFailed`.
+    TransferFailed = 21,
+    /// The binding could not do what the JS runtime should always allow (make an object,
+    /// a Promise): no `Error` variant, the core never returns it.
+    Internal = 22,
+    /// `Error::NotifyTooLarge`.
+    NotifyTooLarge = 23,
+    /// `Error::NotifyFailed`.
+    NotifyFailed = 24,
+}
+
+impl ErrorCode {
+    /// The `ERR_FERRY_*` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::InvalidArgument => "ERR_FERRY_INVALID_ARGUMENT",
+            Self::OutOfRange => "ERR_FERRY_OUT_OF_RANGE",
+            Self::Closed => "ERR_FERRY_CLOSED",
+            Self::InvalidBatch => "ERR_FERRY_INVALID_BATCH",
+            Self::InvalidTask => "ERR_FERRY_INVALID_TASK",
+            Self::BatchFull => "ERR_FERRY_BATCH_FULL",
+            Self::UnknownRegion => "ERR_FERRY_UNKNOWN_REGION",
+            Self::UnknownSegment => "ERR_FERRY_UNKNOWN_SEGMENT",
+            Self::ForeignHandle => "ERR_FERRY_FOREIGN_HANDLE",
+            Self::UnknownBuffer => "ERR_FERRY_UNKNOWN_BUFFER",
+            Self::PermissionDenied => "ERR_FERRY_PERMISSION_DENIED",
+            Self::PeerLost => "ERR_FERRY_PEER_LOST",
+            Self::Connect => "ERR_FERRY_CONNECT",
+            Self::TransportUnavailable => "ERR_FERRY_TRANSPORT_UNAVAILABLE",
+            Self::Protocol => "ERR_FERRY_PROTOCOL",
+            Self::RemoteRejected => "ERR_FERRY_REMOTE_REJECTED",
+            Self::Io => "ERR_FERRY_IO",
+            Self::Canceled => "ERR_FERRY_CANCELED",
+            Self::Timeout => "ERR_FERRY_TIMEOUT",
+            Self::Metadata => "ERR_FERRY_METADATA",
+            Self::TransferFailed => "ERR_FERRY_TRANSFER_FAILED",
+            Self::Internal => "ERR_FERRY_INTERNAL",
+            Self::NotifyTooLarge => "ERR_FERRY_NOTIFY_TOO_LARGE",
+            Self::NotifyFailed => "ERR_FERRY_NOTIFY_FAILED",
+        }
+    }
+}
+
+impl Numbered for ErrorCode {
+    const TABLE: &'static str = "error code";
+    const ALL: &'static [Self] = &[
+        Self::InvalidArgument,
+        Self::OutOfRange,
+        Self::Closed,
+        Self::InvalidBatch,
+        Self::InvalidTask,
+        Self::BatchFull,
+        Self::UnknownRegion,
+        Self::UnknownSegment,
+        Self::ForeignHandle,
+        Self::UnknownBuffer,
+        Self::PermissionDenied,
+        Self::PeerLost,
+        Self::Connect,
+        Self::TransportUnavailable,
+        Self::Protocol,
+        Self::RemoteRejected,
+        Self::Io,
+        Self::Canceled,
+        Self::Timeout,
+        Self::Metadata,
+        Self::TransferFailed,
+        Self::Internal,
+        Self::NotifyTooLarge,
+        Self::NotifyFailed,
+    ];
+
+    fn number(self) -> u32 {
+        u32::from(self as u8)
+    }
+
+    fn name(self) -> &'static str {
+        ErrorCode::name(self)
+    }
 }
 
 /// Everything that can go wrong in Ferry.
@@ -75,7 +207,7 @@ pub enum Error {
         /// Segment name of the peer.
         peer: String,
         /// Why it was declared lost.
-        reason: String,
+        reason: LossReason,
     },
     /// Could not connect to a peer.
     #[error("cannot connect to {peer}: {reason}")]
@@ -128,32 +260,37 @@ pub enum Error {
 }
 
 impl Error {
-    /// The stable code string for this kind of error.
+    /// The stable code string for this kind of error (`error_code`'s name).
     pub fn code(&self) -> &'static str {
+        self.error_code().name()
+    }
+
+    /// The stable code of this kind of error.
+    pub fn error_code(&self) -> ErrorCode {
         match self {
-            Self::InvalidArgument(_) => "ERR_FERRY_INVALID_ARGUMENT",
-            Self::OutOfRange(_) => "ERR_FERRY_OUT_OF_RANGE",
-            Self::Closed => "ERR_FERRY_CLOSED",
-            Self::InvalidBatch(_) => "ERR_FERRY_INVALID_BATCH",
-            Self::InvalidTask { .. } => "ERR_FERRY_INVALID_TASK",
-            Self::BatchFull { .. } => "ERR_FERRY_BATCH_FULL",
-            Self::UnknownRegion(_) => "ERR_FERRY_UNKNOWN_REGION",
-            Self::ForeignHandle(_) => "ERR_FERRY_FOREIGN_HANDLE",
-            Self::UnknownSegment(_) => "ERR_FERRY_UNKNOWN_SEGMENT",
-            Self::UnknownBuffer { .. } => "ERR_FERRY_UNKNOWN_BUFFER",
-            Self::PermissionDenied(_) => "ERR_FERRY_PERMISSION_DENIED",
-            Self::PeerLost { .. } => "ERR_FERRY_PEER_LOST",
-            Self::Connect { .. } => "ERR_FERRY_CONNECT",
-            Self::TransportUnavailable(_) => "ERR_FERRY_TRANSPORT_UNAVAILABLE",
-            Self::Protocol(_) => "ERR_FERRY_PROTOCOL",
-            Self::RemoteRejected(_) => "ERR_FERRY_REMOTE_REJECTED",
-            Self::Io(_) => "ERR_FERRY_IO",
-            Self::Canceled => "ERR_FERRY_CANCELED",
-            Self::Timeout => "ERR_FERRY_TIMEOUT",
-            Self::TransferFailed { .. } => "ERR_FERRY_TRANSFER_FAILED",
-            Self::Metadata(_) => "ERR_FERRY_METADATA",
-            Self::NotifyTooLarge { .. } => "ERR_FERRY_NOTIFY_TOO_LARGE",
-            Self::NotifyFailed(_) => "ERR_FERRY_NOTIFY_FAILED",
+            Self::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Self::OutOfRange(_) => ErrorCode::OutOfRange,
+            Self::Closed => ErrorCode::Closed,
+            Self::InvalidBatch(_) => ErrorCode::InvalidBatch,
+            Self::InvalidTask { .. } => ErrorCode::InvalidTask,
+            Self::BatchFull { .. } => ErrorCode::BatchFull,
+            Self::UnknownRegion(_) => ErrorCode::UnknownRegion,
+            Self::ForeignHandle(_) => ErrorCode::ForeignHandle,
+            Self::UnknownSegment(_) => ErrorCode::UnknownSegment,
+            Self::UnknownBuffer { .. } => ErrorCode::UnknownBuffer,
+            Self::PermissionDenied(_) => ErrorCode::PermissionDenied,
+            Self::PeerLost { .. } => ErrorCode::PeerLost,
+            Self::Connect { .. } => ErrorCode::Connect,
+            Self::TransportUnavailable(_) => ErrorCode::TransportUnavailable,
+            Self::Protocol(_) => ErrorCode::Protocol,
+            Self::RemoteRejected(_) => ErrorCode::RemoteRejected,
+            Self::Io(_) => ErrorCode::Io,
+            Self::Canceled => ErrorCode::Canceled,
+            Self::Timeout => ErrorCode::Timeout,
+            Self::TransferFailed { .. } => ErrorCode::TransferFailed,
+            Self::Metadata(_) => ErrorCode::Metadata,
+            Self::NotifyTooLarge { .. } => ErrorCode::NotifyTooLarge,
+            Self::NotifyFailed(_) => ErrorCode::NotifyFailed,
         }
     }
 
@@ -206,7 +343,7 @@ mod tests {
             Error::Closed,
             Error::PeerLost {
                 peer: "p".into(),
-                reason: "r".into(),
+                reason: LossReason::Closed,
             },
             Error::InvalidBatch(1),
             Error::Metadata("etcd down".into()),
@@ -224,5 +361,21 @@ mod tests {
         );
         assert_eq!(Error::Closed.status(), TransferStatus::Canceled);
         assert_eq!(Error::Io("reset".into()).status(), TransferStatus::Failed);
+        assert!(ErrorCode::ALL
+            .iter()
+            .all(|c| c.name().starts_with("ERR_FERRY_")));
+    }
+
+    #[test]
+    fn a_peer_loss_keeps_its_reason_typed_and_its_wording() {
+        let e = Error::PeerLost {
+            peer: "a lost: b".into(),
+            reason: LossReason::Silent { timeout_ms: 250 },
+        };
+        assert_eq!(e.error_code(), ErrorCode::PeerLost);
+        assert_eq!(
+            e.to_string(),
+            "peer a lost: b lost: no heartbeat answer for 250 ms"
+        );
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use crate::kind::TransportKind;
+use crate::liveness::LossReason;
 
 /// Something that happened to the engine, for the event stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,7 +15,7 @@ pub enum EngineEvent {
         /// Segment name.
         segment: String,
         /// Why.
-        reason: String,
+        reason: LossReason,
     },
     /// A lost peer answers again.
     PeerRecovered {

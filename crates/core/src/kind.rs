@@ -1,11 +1,16 @@
 //! The vocabulary every other module shares: which transport, which direction, and what a
-//! request asks of the transport choice. A leaf: it imports nothing from the crate.
+//! request asks of the transport choice. Imports only `numbered` (the numbers and names
+//! that transports and opcodes cross into JavaScript with).
 
 use std::fmt;
 
-/// Which transport served (or is serving) a task.
+use crate::numbered::Numbered;
+
+/// Which transport served (or is serving) a task. Its number (the discriminant) is stable:
+/// the binding carries it, a task stores it, and tcp frames name a transport by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[repr(u8)]
 pub enum TransportKind {
     /// TCP sockets.
     Tcp = 1,
@@ -64,6 +69,19 @@ impl TransportKind {
             Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
             _ => names.join(""),
         }
+    }
+}
+
+impl Numbered for TransportKind {
+    const TABLE: &'static str = "transport";
+    const ALL: &'static [Self] = &BY_INDEX;
+
+    fn number(self) -> u32 {
+        u32::from(self as u8)
+    }
+
+    fn name(self) -> &'static str {
+        TransportKind::name(self)
     }
 }
 
@@ -143,16 +161,26 @@ impl fmt::Debug for Kinds {
     }
 }
 
-/// Direction of a transfer, seen from the initiator.
+/// Direction of a transfer, seen from the initiator. Its number (the discriminant) is
+/// stable: the binding carries it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Opcode {
     /// Copy remote bytes into local memory.
-    Read,
+    Read = 0,
     /// Copy local bytes into remote memory.
-    Write,
+    Write = 1,
 }
 
 impl Opcode {
+    /// The lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+        }
+    }
+
     /// The opcode named "read" / "write" (either case); `Opcode::parse` (in `request.rs`)
     /// is the same with the API's error.
     pub fn from_name(s: &str) -> Option<Self> {
@@ -161,6 +189,19 @@ impl Opcode {
             "write" | "WRITE" => Some(Self::Write),
             _ => None,
         }
+    }
+}
+
+impl Numbered for Opcode {
+    const TABLE: &'static str = "opcode";
+    const ALL: &'static [Self] = &[Self::Read, Self::Write];
+
+    fn number(self) -> u32 {
+        u32::from(self as u8)
+    }
+
+    fn name(self) -> &'static str {
+        Opcode::name(self)
     }
 }
 

@@ -17,6 +17,8 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::numbered::Numbered;
+
 /// First reconnect delay after a lost link.
 pub(crate) const BACKOFF_START: Duration = Duration::from_millis(100);
 /// Longest reconnect delay (before jitter).
@@ -26,9 +28,9 @@ pub(crate) const JITTER_PERCENT: u64 = 20;
 /// Shortest heartbeat interval.
 pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(20);
 
-/// Why a peer was declared lost.
+/// Why a peer was declared lost, with what was seen (`kind` is the reason alone).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum LossReason {
+pub enum LossReason {
     /// No frame heard for the whole timeout.
     Silent {
         /// The timeout, in ms.
@@ -44,6 +46,74 @@ pub(crate) enum LossReason {
     RecordRemoved,
     /// A transport found it dead (e.g. the same-host process exited).
     Transport(String),
+}
+
+/// Why a peer was declared lost, without the details: `LossReason`'s variant, by a stable
+/// number (the discriminant, which the binding carries with a peer-loss failure and the
+/// `peerLost` event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum LossKind {
+    /// `LossReason::Silent`.
+    Silent = 1,
+    /// `LossReason::Closed`.
+    Closed = 2,
+    /// `LossReason::Broken`.
+    Broken = 3,
+    /// `LossReason::Unreachable`.
+    Unreachable = 4,
+    /// `LossReason::RecordRemoved`.
+    RecordRemoved = 5,
+    /// `LossReason::Transport`.
+    Transport = 6,
+}
+
+impl LossKind {
+    /// The name (camelCase, as JS names things).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Silent => "silent",
+            Self::Closed => "closed",
+            Self::Broken => "broken",
+            Self::Unreachable => "unreachable",
+            Self::RecordRemoved => "recordRemoved",
+            Self::Transport => "transport",
+        }
+    }
+}
+
+impl Numbered for LossKind {
+    const TABLE: &'static str = "loss reason";
+    const ALL: &'static [Self] = &[
+        Self::Silent,
+        Self::Closed,
+        Self::Broken,
+        Self::Unreachable,
+        Self::RecordRemoved,
+        Self::Transport,
+    ];
+
+    fn number(self) -> u32 {
+        u32::from(self as u8)
+    }
+
+    fn name(self) -> &'static str {
+        LossKind::name(self)
+    }
+}
+
+impl LossReason {
+    /// The reason without its details.
+    pub fn kind(&self) -> LossKind {
+        match self {
+            Self::Silent { .. } => LossKind::Silent,
+            Self::Closed => LossKind::Closed,
+            Self::Broken(_) => LossKind::Broken,
+            Self::Unreachable(_) => LossKind::Unreachable,
+            Self::RecordRemoved => LossKind::RecordRemoved,
+            Self::Transport(_) => LossKind::Transport,
+        }
+    }
 }
 
 impl fmt::Display for LossReason {
@@ -412,5 +482,19 @@ mod tests {
             );
         }
         assert!(matches!(link.state(), LinkState::Waiting { .. }));
+    }
+
+    #[test]
+    fn each_reason_has_its_kind() {
+        let reasons = [
+            LossReason::Silent { timeout_ms: 1 },
+            LossReason::Closed,
+            LossReason::Broken("reset".into()),
+            LossReason::Unreachable("refused".into()),
+            LossReason::RecordRemoved,
+            LossReason::Transport("target process exited".into()),
+        ];
+        let kinds: Vec<LossKind> = reasons.iter().map(LossReason::kind).collect();
+        assert_eq!(kinds, LossKind::ALL);
     }
 }

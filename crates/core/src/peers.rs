@@ -108,7 +108,6 @@ impl Inner {
     /// Declares `peer` lost: the event first, then every transport fails its in-flight
     /// work towards it at once.
     pub(crate) fn declare_lost(&self, peer: &Arc<Peer>, reason: LossReason) {
-        let reason = reason.to_string();
         if !peer.mark_lost(&reason) {
             return;
         }

@@ -170,7 +170,7 @@ mod tests {
                 path: &path,
                 lost: self.lost.then(|| Error::PeerLost {
                     peer: "10.0.0.2:7000".into(),
-                    reason: "silent".into(),
+                    reason: crate::liveness::LossReason::Silent { timeout_ms: 3000 },
                 }),
                 paused: &paused,
             };

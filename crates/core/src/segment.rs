@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::lanes::{Lent, LentTable, Striped};
+use crate::liveness::LossReason;
 use crate::memory::Access;
 use crate::wire::Token;
 
@@ -96,7 +97,8 @@ pub struct Peer {
     /// its lane (`lanes.rs`).
     descriptor: Striped<ArcSwap<SegmentDescriptor>>,
     lost: AtomicBool,
-    lost_reason: Mutex<String>,
+    /// Why it was last declared lost.
+    lost_reason: Mutex<Option<LossReason>>,
     lost_count: AtomicU64,
     /// Cancels the control link (heartbeats, reconnects) of this peer.
     pub(crate) link_cancel: CancellationToken,
@@ -140,7 +142,7 @@ impl Peer {
             name,
             descriptor: Striped::new(|_| ArcSwap::from_pointee(descriptor.clone())),
             lost: AtomicBool::new(false),
-            lost_reason: Mutex::new(String::new()),
+            lost_reason: Mutex::new(None),
             lost_count: AtomicU64::new(0),
             link_cancel,
             fate: Mutex::default(),
@@ -236,30 +238,33 @@ impl Peer {
     }
     /// The error to give work aimed at this peer while it is lost.
     pub fn lost_error(&self) -> Error {
+        let reason = self
+            .lost_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         Error::PeerLost {
             peer: self.name.clone(),
-            reason: self
-                .lost_reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            // Set before the peer is first marked lost, so a lost peer always has one.
+            reason: reason.unwrap_or(LossReason::Closed),
         }
     }
-    /// `lost_error` if the peer is declared lost, else a PeerLost error with `reason`.
+    /// `lost_error` if the peer is declared lost, else a PeerLost error: a transport found
+    /// it dead (`reason`).
     pub fn lost_error_or(&self, reason: &str) -> Error {
         if self.is_lost() {
             self.lost_error()
         } else {
             Error::PeerLost {
                 peer: self.name.clone(),
-                reason: reason.to_string(),
+                reason: LossReason::Transport(reason.to_string()),
             }
         }
     }
 
     /// Marks the peer lost; returns false if it already was.
-    pub(crate) fn mark_lost(&self, reason: &str) -> bool {
-        *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.to_string();
+    pub(crate) fn mark_lost(&self, reason: &LossReason) -> bool {
+        *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
         let was = self.lost.swap(true, Ordering::AcqRel);
         if !was {
             self.lost_count.fetch_add(1, Ordering::Relaxed);
@@ -392,9 +397,17 @@ pub(crate) mod tests {
             Default::default(),
         );
         assert!(!peer.mark_alive(), "never lost: no recovery to report");
-        assert!(peer.mark_lost("silent"));
+        assert!(peer.mark_lost(&LossReason::Silent { timeout_ms: 10 }));
+        assert_eq!(
+            peer.lost_error(),
+            Error::PeerLost {
+                peer: "127.0.0.1:1".into(),
+                reason: LossReason::Silent { timeout_ms: 10 }
+            },
+            "the loss's error names the peer and carries the typed reason"
+        );
         assert!(
-            !peer.mark_lost("again"),
+            !peer.mark_lost(&LossReason::Closed),
             "a second loss notice is not a new loss"
         );
         assert!(peer.mark_alive(), "the first recovery notice reports it");
@@ -422,7 +435,7 @@ pub(crate) mod tests {
         assert_eq!(*got.lock().expect("got"), [None, None], "alive: own errors");
         got.lock().expect("got").clear();
         peer.hold_until_fate(record(&got));
-        assert!(peer.mark_lost("silent"));
+        assert!(peer.mark_lost(&LossReason::Silent { timeout_ms: 10 }));
         peer.loss_announced();
         peer.hold_until_fate(record(&got));
         assert_eq!(

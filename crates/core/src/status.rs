@@ -7,6 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::numbered::Numbered;
+
 /// The state of one transfer task, or the aggregate of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[repr(u8)]
@@ -88,6 +90,19 @@ impl TransferStatus {
             Self::Timeout => "TIMEOUT",
             Self::Failed => "FAILED",
         }
+    }
+}
+
+impl Numbered for TransferStatus {
+    const TABLE: &'static str = "status";
+    const ALL: &'static [Self] = &Self::ALL;
+
+    fn number(self) -> u32 {
+        u32::from(self.raw())
+    }
+
+    fn name(self) -> &'static str {
+        TransferStatus::name(self)
     }
 }
 

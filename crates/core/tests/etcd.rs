@@ -223,7 +223,7 @@ fn lease_expiry_declares_the_peer_lost_and_republishing_brings_it_back() {
     match lost {
         EngineEvent::PeerLost { segment, reason } => {
             assert_eq!(segment, "decode-0");
-            assert!(reason.contains("etcd"), "{reason}");
+            assert!(reason.to_string().contains("etcd"), "{reason}");
         }
         other => panic!("{other:?}"),
     }
@@ -371,7 +371,7 @@ fn an_etcd_outage_spares_transfers_and_cached_segments_and_ends_when_etcd_return
         |e| matches!(e, EngineEvent::PeerLost { segment, .. } if segment == "big"),
     );
     assert!(
-        matches!(&lost, EngineEvent::PeerLost { reason, .. } if reason.contains("etcd")),
+        matches!(&lost, EngineEvent::PeerLost { reason, .. } if reason.to_string().contains("etcd")),
         "{lost:?}"
     );
     target.close();

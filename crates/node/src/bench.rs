@@ -12,18 +12,18 @@ use napi::bindgen_prelude::Object;
 use napi::Env;
 use napi_derive::napi;
 
-use crate::convert::{internal, js_error, transport};
-use crate::js::to_u64;
+use crate::convert::{internal, js_error};
+use crate::js::{numbered, opt_transport, to_u64};
 use crate::settle::Settle;
 use crate::NativeEngine;
 use ferry_core::handle::{HandleKind, Handles};
 
-/// One benchmark case.
+/// One benchmark case, its opcode and transport by number (lib/bench.ts converts the
+/// public `BenchCase`, which names them).
 #[napi(object)]
-pub struct BenchCase {
-    /// "read" or "write".
-    #[napi(ts_type = "'read' | 'write'")]
-    pub opcode: String,
+pub struct BenchCaseJs {
+    /// Opcode number (`Opcode`).
+    pub opcode: f64,
     /// Bytes per request.
     pub block_size: f64,
     /// Requests per batch.
@@ -46,9 +46,8 @@ pub struct BenchCase {
     pub addressing: Option<String>,
     /// Further targets (tebench's comma list): worker i uses target i % (1 + n).
     pub extra_targets: Option<Vec<BenchTarget>>,
-    /// Pin every request to this transport.
-    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
-    pub transport: Option<String>,
+    /// Pin every request to the transport of this number [0: none].
+    pub transport: Option<f64>,
     /// Measured time in ms.
     pub duration_ms: f64,
     /// Warm-up in ms.
@@ -156,10 +155,10 @@ pub fn bench_mooncake_line(row: ReportRow) -> String {
     row.to_mooncake_line()
 }
 
-fn spec(c: &BenchCase, handles: &Handles) -> Result<BenchSpec, ferry_core::Error> {
+fn spec(c: &BenchCaseJs, handles: &Handles) -> Result<BenchSpec, ferry_core::Error> {
     let segment = |v: f64| handles.decode(HandleKind::Segment, to_u64(v, "segment")?);
     Ok(BenchSpec {
-        opcode: Opcode::parse(&c.opcode)?,
+        opcode: numbered::<Opcode>(c.opcode, "opcode")?,
         block_size: to_u64(c.block_size, "blockSize")?,
         batch_size: usize::try_from(to_u64(c.batch_size, "batchSize")?).unwrap_or(usize::MAX),
         local: handles.decode(HandleKind::Region, to_u64(c.local, "local")?)?,
@@ -190,11 +189,7 @@ fn spec(c: &BenchCase, handles: &Handles) -> Result<BenchSpec, ferry_core::Error
                 ))
             })?,
         },
-        transport: c
-            .transport
-            .as_deref()
-            .map(|t| transport(t, "transport"))
-            .transpose()?,
+        transport: opt_transport(c.transport.unwrap_or(0.0), "transport")?,
         duration: Duration::from_millis(to_u64(c.duration_ms, "durationMs")?),
         warmup: Duration::from_millis(to_u64(c.warmup_ms, "warmupMs")?),
         request_interval_us: to_u64(c.request_interval_us, "requestIntervalUs")?,
@@ -236,7 +231,7 @@ impl NativeBench {
     pub fn run_case<'env>(
         &self,
         env: &'env Env,
-        bench_case: BenchCase,
+        bench_case: BenchCaseJs,
     ) -> napi::Result<Object<'env>, String> {
         let spec = spec(&bench_case, &self.handles).map_err(js_error)?;
         let (settle, promise) = Settle::<BenchResult>::new(env).map_err(internal)?;

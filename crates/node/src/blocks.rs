@@ -4,7 +4,7 @@
 
 use ferry_core::blocks::{BlockOutcome, Blocks, PerBlock};
 use ferry_core::handle::{HandleKind, Handles};
-use ferry_core::{Error, Opcode, TransportHint};
+use ferry_core::{Error, ErrorCode, Numbered, Opcode};
 use napi::bindgen_prelude::{
     Buffer, FromNapiValue, Object, TypedArray, TypedArrayType, Uint32Array, Unknown,
 };
@@ -12,26 +12,23 @@ use napi::{Env, ValueType};
 use napi_derive::napi;
 
 use crate::buffer::OutBytes;
-use crate::convert::{internal, js_error, transport};
-use crate::js::{exact_u64, to_u64};
+use crate::convert::{hint, internal, js_error, FailureJs};
+use crate::js::{exact_u64, numbered, to_u64};
 use crate::notify::NotifyResult;
 use crate::settle::Early;
 use crate::NativeEngine;
 
 /// Blocks of one request that did not complete.
 #[napi(object)]
-#[derive(Default)]
 pub struct FailedBlocks {
     /// First block.
     pub first: u32,
     /// Number of blocks (all of the request's).
     pub count: u32,
-    /// Their raw status.
+    /// Their status number.
     pub status: u32,
-    /// Error code.
-    pub code: String,
-    /// Error message.
-    pub message: String,
+    /// Why.
+    pub error: FailureJs,
 }
 
 /// What happened to every block of a call.
@@ -59,15 +56,11 @@ impl From<BlockOutcome> for BlocksOutcome {
                 .map(|f| FailedBlocks {
                     first: f.blocks.start as u32,
                     count: f.blocks.len() as u32,
-                    status: u32::from(f.status.raw()),
-                    code: f
-                        .error
-                        .as_ref()
-                        .map_or("ERR_FERRY_TRANSFER_FAILED", |e| e.code())
-                        .to_string(),
-                    message: f
-                        .error
-                        .map_or_else(|| f.status.name().to_string(), |e| e.to_string()),
+                    status: f.status.number(),
+                    error: f.error.as_ref().map_or_else(
+                        || FailureJs::new(ErrorCode::TransferFailed, f.status.name()),
+                        FailureJs::from,
+                    ),
                 })
                 .collect(),
             requests: o.requests as u32,
@@ -99,10 +92,10 @@ pub struct NativeBlockList {
     /// Length of each block, or one for all.
     #[napi(ts_type = "number | Float64Array | BigUint64Array")]
     pub lengths: f64,
-    /// Transport to try first.
-    pub transport: Option<String>,
-    /// The only transport that may serve the blocks.
-    pub require_transport: Option<String>,
+    /// Transport number to try first [0: none].
+    pub transport: Option<f64>,
+    /// Transport number of the only transport that may serve the blocks [0: none].
+    pub require_transport: Option<f64>,
 }
 
 /// A block list submitted to a batch.
@@ -185,27 +178,26 @@ fn required<'a>(list: &Object<'a>, name: &str) -> Result<Unknown<'a>, Error> {
     field(list, name)?.ok_or_else(|| Error::InvalidArgument(format!("{name} is required")))
 }
 
-/// An optional transport name field.
-fn transport_field(list: &Object, name: &str) -> Result<Option<ferry_core::TransportKind>, Error> {
-    list.get::<String>(name)
-        .map_err(|_| Error::InvalidArgument(format!("{name} must be 'tcp', 'shm' or 'rdma'")))?
-        .map(|t| transport(&t, name))
-        .transpose()
+/// An optional transport number field (absent: 0, none).
+fn transport_field(list: &Object, name: &str) -> Result<f64, Error> {
+    field(list, name)?.map_or(Ok(0.0), |v| {
+        f64::from_unknown(v)
+            .map_err(|_| Error::InvalidArgument(format!("{name} must be a transport number")))
+    })
 }
 
 /// The block list of a call (`NativeBlockList`), every field converted and checked for type.
-fn blocks(handles: &Handles, opcode: &str, list: &Object) -> Result<Blocks, Error> {
-    let hint = TransportHint::from_fields(
+fn blocks(handles: &Handles, opcode: f64, list: &Object) -> Result<Blocks, Error> {
+    let hint = hint(
         transport_field(list, "transport")?,
         transport_field(list, "requireTransport")?,
-    )
-    .map_err(Error::InvalidArgument)?;
+    )?;
     let remote_buffer = match field(list, "remoteBuffer")? {
         Some(v) => per_block(v, "remoteBuffer")?,
         None => PerBlock::One(0),
     };
     Ok(Blocks {
-        opcode: Opcode::parse(opcode)?,
+        opcode: numbered::<Opcode>(opcode, "opcode")?,
         local: ids(
             required(list, "local")?,
             "local",
@@ -252,18 +244,18 @@ impl NativeEngine {
     /// With `notify`, the blocks' segment is notified once every block completed.
     #[napi(
         catch_unwind,
-        ts_args_type = "opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null",
+        ts_args_type = "opcode: number, list: NativeBlockList, notify?: Buffer | undefined | null",
         ts_return_type = "{ op: number, requests: number, promise: Promise<BlocksOutcome> | BlocksOutcome }"
     )]
     pub fn transfer_blocks<'env>(
         &self,
         env: &'env Env,
-        opcode: String,
+        opcode: f64,
         list: Object,
         notify: Option<Buffer>,
     ) -> napi::Result<Object<'env>, String> {
         let engine = self.core();
-        let list = blocks(&engine.handles(), &opcode, &list).map_err(js_error)?;
+        let list = blocks(&engine.handles(), opcode, &list).map_err(js_error)?;
         let (early, settle) = Early::<BlocksOutcome>::new();
         let (op, requests) = match notify {
             None => engine.transfer_blocks(&list, move |outcome| {
@@ -290,18 +282,18 @@ impl NativeEngine {
     /// Submits a block list as tasks of a batch.
     #[napi(
         catch_unwind,
-        ts_args_type = "batch: number, opcode: 'read' | 'write', list: NativeBlockList, notify?: Buffer | undefined | null"
+        ts_args_type = "batch: number, opcode: number, list: NativeBlockList, notify?: Buffer | undefined | null"
     )]
     pub fn submit_blocks(
         &self,
         batch: f64,
-        opcode: String,
+        opcode: f64,
         list: Object,
         notify: Option<Buffer>,
     ) -> napi::Result<BlockSubmissionJs, String> {
         let engine = self.core();
         let batch = to_u64(batch, "batch").map_err(js_error)?;
-        let list = blocks(&engine.handles(), &opcode, &list).map_err(js_error)?;
+        let list = blocks(&engine.handles(), opcode, &list).map_err(js_error)?;
         let sub = match notify {
             None => engine.submit_blocks(batch, &list),
             Some(data) => engine.submit_blocks_notify(batch, &list, data.to_vec()),

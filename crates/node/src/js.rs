@@ -3,7 +3,7 @@
 //! and what was expected — never napi's own `NumberExpected`, and never a silently ignored
 //! typo such as `peerTimeoutMS`.
 
-use ferry_core::Error;
+use ferry_core::{Error, Numbered, TransportKind};
 use napi::bindgen_prelude::{FromNapiValue, Object, ToNapiValue, Unknown};
 use napi::{Env, JsValue, Status, ValueType};
 
@@ -21,6 +21,31 @@ pub(crate) fn to_u64(value: f64, what: &str) -> Result<u64, Error> {
     exact_u64(value).ok_or_else(|| {
         Error::InvalidArgument(format!(
             "{what} must be a non-negative integer, got {value}"
+        ))
+    })
+}
+
+/// The entry numbered `value` of a Rust-owned table (`Opcode`, `TransportKind`, …): any
+/// other number, an out-of-range or fractional one included, is refused naming `what`
+/// and the numbers there are.
+pub(crate) fn numbered<T: Numbered>(value: f64, what: &str) -> Result<T, Error> {
+    exact_u64(value)
+        .and_then(|n| u32::try_from(n).ok())
+        .and_then(|n| T::from_number(n).ok())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("{what} must be {}, got {value}", T::choices()))
+        })
+}
+
+/// A transport by number, 0 for none (`numbered` otherwise).
+pub(crate) fn opt_transport(value: f64, what: &str) -> Result<Option<TransportKind>, Error> {
+    if value == 0.0 {
+        return Ok(None);
+    }
+    numbered(value, what).map(Some).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "{what} must be 0 (none), {}, got {value}",
+            TransportKind::choices()
         ))
     })
 }
@@ -215,6 +240,32 @@ mod tests {
         );
         assert_eq!(opt_int::<u32>(Some(7.0), "n"), Ok(Some(7)));
         assert_eq!(opt_ms(None, "t"), Ok(None));
+    }
+
+    #[test]
+    fn table_numbers_out_of_range_are_refused_with_a_typed_error() {
+        use ferry_core::Opcode;
+        assert_eq!(numbered::<Opcode>(1.0, "opcode"), Ok(Opcode::Write));
+        for bad in [2.0, -1.0, 0.5, f64::NAN, 4_294_967_296.0] {
+            let e = numbered::<Opcode>(bad, "opcode").expect_err("refused");
+            assert_eq!(e.code(), "ERR_FERRY_INVALID_ARGUMENT", "{bad}");
+            assert_eq!(
+                e.to_string(),
+                format!("invalid argument: opcode must be 0 (read) or 1 (write), got {bad}")
+            );
+        }
+        assert_eq!(opt_transport(0.0, "transport"), Ok(None));
+        assert_eq!(
+            opt_transport(2.0, "transport"),
+            Ok(Some(TransportKind::Shm))
+        );
+        for bad in [4.0, 255.0, -0.5, 3.5, f64::INFINITY] {
+            let e = opt_transport(bad, "transport").expect_err("refused");
+            assert_eq!(e.code(), "ERR_FERRY_INVALID_ARGUMENT", "{bad}");
+            assert!(e.to_string().ends_with(&format!(
+                "transport must be 0 (none), 1 (tcp), 2 (shm) or 3 (rdma), got {bad}"
+            )));
+        }
     }
 
     #[test]

@@ -16,6 +16,9 @@ mod one;
 mod settle;
 mod uv_loop;
 
+#[cfg(test)]
+mod tables;
+
 // The exported free functions of the submodules (napi registers them; the re-export keeps
 // them reachable in builds without that registration, such as `cargo test`).
 pub use bench::{bench_mooncake_header, bench_mooncake_line};
@@ -23,15 +26,15 @@ pub use bench::{bench_mooncake_header, bench_mooncake_line};
 use std::sync::Once;
 
 use ferry_core::handle::HandleKind;
-use ferry_core::{Access, Engine, EngineConfig};
-use napi::bindgen_prelude::{AsyncTask, Function, Object, Unknown};
-use napi::{Env, Status, Task};
+use ferry_core::{Access, Engine, EngineConfig, ErrorCode, Numbered};
+use napi::bindgen_prelude::{AsyncTask, Either, Function, Object, Unknown};
+use napi::{Env, Task};
 use napi_derive::napi;
 
 use crate::buffer::{register_shared, RegionBuffer};
 use crate::convert::{
-    internal, js_error, requests, BatchStatus, EngineEventJs, EngineMetrics, EngineOptions,
-    OpenResult, RegionInfo, SegmentDesc, TaskStatus, TransferRequest,
+    internal, js_error, requests, BatchStatusJs, EngineEventJs, EngineMetrics, EngineOptions,
+    FailureJs, OpenResult, RegionInfo, SegmentDesc, TaskStatusJs, TransferRequest,
 };
 use crate::js::to_u64;
 use crate::settle::{Early, Settle};
@@ -89,38 +92,37 @@ pub struct StartEngine {
 }
 
 impl Task for StartEngine {
-    type Output = Engine;
-    type JsValue = NativeEngine;
+    type Output = Result<Engine, ferry_core::Error>;
+    /// The engine, or why it did not start: a task's rejection carries no error code, so a
+    /// refusal resolves to a `FailureJs` that the TS layer makes the `FerryError`.
+    type JsValue = Either<NativeEngine, FailureJs>;
 
-    fn compute(&mut self) -> napi::Result<Engine> {
+    fn compute(&mut self) -> napi::Result<Self::Output> {
         let config = self
             .config
             .take()
             .ok_or_else(|| napi::Error::from_reason("engine already started"))?;
         // A panic here must not cross into Node: it becomes an error.
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Engine::new(config))) {
-            Ok(r) => r.map_err(|e| napi::Error::new(Status::GenericFailure, encode_error(&e))),
-            Err(_) => Err(napi::Error::from_reason("engine start panicked")),
-        }
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Engine::new(config)))
+            .map_err(|_| napi::Error::from_reason("engine start panicked"))
     }
 
-    fn resolve(&mut self, env: Env, engine: Engine) -> napi::Result<NativeEngine> {
-        NativeEngine::adopt(&env, engine)
-            .map_err(|e| napi::Error::new(Status::GenericFailure, e.reason.clone()))
+    fn resolve(&mut self, env: Env, started: Self::Output) -> napi::Result<Self::JsValue> {
+        Ok(match started {
+            Ok(engine) => match NativeEngine::adopt(&env, engine) {
+                Ok(native) => Either::A(native),
+                Err(e) => Either::B(FailureJs::new(ErrorCode::Internal, e.reason)),
+            },
+            Err(e) => Either::B(FailureJs::from(&e)),
+        })
     }
-}
-
-/// Errors from the start task carry their code in the message (`CODE\u0000message`), which
-/// the TS wrapper turns back into a `FerryError`: a task's error status cannot carry it.
-fn encode_error(e: &ferry_core::Error) -> String {
-    format!("{}\u{0}{}", e.code(), e)
 }
 
 /// Starts an engine on a worker thread; resolves to the native engine.
 #[napi(
     catch_unwind,
     ts_args_type = "options?: EngineOptions",
-    ts_return_type = "Promise<NativeEngine>"
+    ts_return_type = "Promise<NativeEngine | FailureJs>"
 )]
 pub fn start_engine(
     env: Env,
@@ -239,13 +241,11 @@ impl NativeEngine {
             let result = match engine.open_segment(&name).await {
                 Ok(info) => OpenResult {
                     segment: Some(SegmentDesc::new(info, &handles)),
-                    code: None,
-                    message: None,
+                    error: None,
                 },
                 Err(e) => OpenResult {
                     segment: None,
-                    code: Some(e.code().to_string()),
-                    message: Some(e.to_string()),
+                    error: Some(FailureJs::from(&e)),
                 },
             };
             settle.resolve(result);
@@ -293,34 +293,33 @@ impl NativeEngine {
 
     /// Status of one task.
     #[napi(catch_unwind)]
-    pub fn get_transfer_status(&self, batch: f64, task: f64) -> napi::Result<TaskStatus, String> {
+    pub fn get_transfer_status(&self, batch: f64, task: f64) -> napi::Result<TaskStatusJs, String> {
         let batch = to_u64(batch, "batch").map_err(js_error)?;
         let task = to_u64(task, "task").map_err(js_error)?;
         let task = usize::try_from(task).unwrap_or(usize::MAX);
         self.engine
             .transfer_status(batch, task)
-            .map(TaskStatus::from)
+            .map(TaskStatusJs::from)
             .map_err(js_error)
     }
 
     /// Status of every task of a batch.
     #[napi(catch_unwind)]
-    pub fn get_transfer_status_list(&self, batch: f64) -> napi::Result<Vec<TaskStatus>, String> {
+    pub fn get_transfer_status_list(&self, batch: f64) -> napi::Result<Vec<TaskStatusJs>, String> {
         let batch = to_u64(batch, "batch").map_err(js_error)?;
         self.engine
             .transfer_status_list(batch)
-            .map(|v| v.into_iter().map(TaskStatus::from).collect())
+            .map(|v| v.into_iter().map(TaskStatusJs::from).collect())
             .map_err(js_error)
     }
 
     /// Aggregate status of a batch.
     #[napi(catch_unwind)]
-    pub fn get_batch_status(&self, batch: f64) -> napi::Result<BatchStatus, String> {
+    pub fn get_batch_status(&self, batch: f64) -> napi::Result<BatchStatusJs, String> {
         let batch = to_u64(batch, "batch").map_err(js_error)?;
         let s = self.engine.batch_status(batch).map_err(js_error)?;
-        Ok(BatchStatus {
-            status: u32::from(s.status.raw()),
-            name: s.status.name().to_string(),
+        Ok(BatchStatusJs {
+            status: s.status.number(),
             transferred_bytes: s.transferred as f64,
             tasks: s.tasks as u32,
         })
@@ -338,7 +337,7 @@ impl NativeEngine {
     /// returned (same-host copies done inline: no Promise, no wake of the event loop).
     #[napi(
         catch_unwind,
-        ts_return_type = "{ op: number, promise: Promise<Array<TaskStatus>> | Array<TaskStatus> }"
+        ts_return_type = "{ op: number, promise: Promise<Array<TaskStatusJs>> | Array<TaskStatusJs> }"
     )]
     pub fn transfer<'env>(
         &self,
@@ -348,11 +347,12 @@ impl NativeEngine {
         let reqs = requests(&requests_js, &self.engine.handles()).map_err(js_error)?;
         // Replies to small requests can then wake this thread directly (tcp).
         uv_loop::ensure_installed(env);
-        let (early, settle) = Early::<Vec<TaskStatus>>::new();
+        let (early, settle) = Early::<Vec<TaskStatusJs>>::new();
         let op = self
             .engine
             .transfer(&reqs, move |snaps| {
-                let statuses: Vec<TaskStatus> = snaps.into_iter().map(TaskStatus::from).collect();
+                let statuses: Vec<TaskStatusJs> =
+                    snaps.into_iter().map(TaskStatusJs::from).collect();
                 settle.resolve(statuses);
             })
             .map_err(js_error)?;
@@ -364,27 +364,27 @@ impl NativeEngine {
     }
 
     /// One request, every field a number (`engine.read`/`write` without a signal or a
-    /// notification): opcode 0 READ, 1 WRITE; transport and requireTransport 0 (none), 1
-    /// tcp, 2 shm, 3 rdma. Returns the outcome — `transport + 256 * attempts` when it
-    /// completed, its status otherwise — or, when it did not end before the call returned,
-    /// a Promise of it.
+    /// notification): opcode and transports by their tables' numbers (lib/tables.ts),
+    /// transport and requireTransport 0 for none. Returns the outcome — `transport + 256 *
+    /// attempts` when it completed, its status otherwise — or, when it did not end before
+    /// the call returned, a Promise of it.
     #[napi(
         catch_unwind,
-        ts_return_type = "number | TaskStatus | Promise<number | TaskStatus>"
+        ts_return_type = "number | TaskStatusJs | Promise<number | TaskStatusJs>"
     )]
     #[allow(clippy::too_many_arguments)]
     pub fn transfer_one<'env>(
         &self,
         env: &'env Env,
-        opcode: u32,
+        opcode: f64,
         local: f64,
         local_offset: f64,
         segment: f64,
         remote_buffer: f64,
         remote_offset: f64,
         length: f64,
-        transport: u32,
-        require_transport: u32,
+        transport: f64,
+        require_transport: f64,
     ) -> napi::Result<settle::Handed<'env, one::OneOutcome>, String> {
         let one = one::request(
             opcode,
@@ -396,8 +396,7 @@ impl NativeEngine {
             length,
             transport,
             require_transport,
-        )
-        .map_err(js_error)?;
+        );
         let reqs =
             requests(std::slice::from_ref(&one), &self.engine.handles()).map_err(js_error)?;
         uv_loop::ensure_installed(env);

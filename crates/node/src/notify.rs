@@ -7,7 +7,7 @@ use napi::bindgen_prelude::{Buffer, Function, Object};
 use napi::Env;
 use napi_derive::napi;
 
-use crate::convert::{internal, js_error, requests, TaskStatus, TransferRequest};
+use crate::convert::{internal, js_error, requests, FailureJs, TaskStatusJs, TransferRequest};
 use crate::js::to_u64;
 use crate::settle::Settle;
 use crate::NativeEngine;
@@ -43,10 +43,8 @@ pub struct NotifySignalJs {
 pub struct NotifyResult {
     /// "queued" or "dropped"; absent on error.
     pub outcome: Option<String>,
-    /// Error code when it was not delivered.
-    pub code: Option<String>,
-    /// Error message when it was not delivered.
-    pub message: Option<String>,
+    /// Why it was not delivered.
+    pub error: Option<FailureJs>,
 }
 
 impl NotifyResult {
@@ -63,8 +61,7 @@ impl NotifyResult {
     pub(crate) fn error(e: &ferry_core::Error) -> Self {
         Self {
             outcome: None,
-            code: Some(e.code().to_string()),
-            message: Some(e.to_string()),
+            error: Some(FailureJs::from(e)),
         }
     }
 }
@@ -82,7 +79,7 @@ fn outcome_name(o: NotifyOutcome) -> &'static str {
 #[derive(Default)]
 pub struct NotifiedTransfer {
     /// Every task's final status.
-    pub tasks: Vec<TaskStatus>,
+    pub tasks: Vec<TaskStatusJs>,
     /// Set when the data landed but the notification was not delivered.
     pub notify_error: Option<NotifyResult>,
 }
@@ -107,7 +104,7 @@ impl NativeEngine {
             .engine
             .transfer_notify(&reqs, notify.to_vec(), move |snaps, err| {
                 settle.resolve(NotifiedTransfer {
-                    tasks: snaps.into_iter().map(TaskStatus::from).collect(),
+                    tasks: snaps.into_iter().map(TaskStatusJs::from).collect(),
                     notify_error: err.as_ref().map(NotifyResult::error),
                 });
             })

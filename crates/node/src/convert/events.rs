@@ -1,7 +1,8 @@
 //! Engine events (peer lost and recovered, failover, a transport paused) as the objects
-//! the event handler receives.
+//! the event handler receives: transports and loss reasons by number (lib/events.ts gives
+//! them their names).
 
-use ferry_core::EngineEvent;
+use ferry_core::{EngineEvent, Numbered};
 use napi_derive::napi;
 
 /// An engine event.
@@ -13,17 +14,16 @@ pub struct EngineEventJs {
     pub segment: Option<String>,
     /// Reason, for peerLost, failover and transportDisabled.
     pub reason: Option<String>,
-    /// Failover: transport of the failed attempt.
-    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
-    pub from: Option<String>,
-    /// Failover: transport of the new attempt.
-    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
-    pub to: Option<String>,
+    /// peerLost: why, by number (`LossKind`).
+    pub loss_reason: Option<u32>,
+    /// Failover: transport number of the failed attempt.
+    pub from: Option<u32>,
+    /// Failover: transport number of the new attempt.
+    pub to: Option<u32>,
     /// Failover: switches made by the task, this one included.
     pub attempt: Option<u32>,
-    /// transportDisabled: the transport.
-    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
-    pub transport: Option<String>,
+    /// transportDisabled: the transport's number.
+    pub transport: Option<u32>,
     /// transportDisabled: end of the pause, ms since the Unix epoch.
     pub until_ms: Option<f64>,
 }
@@ -34,6 +34,7 @@ impl EngineEventJs {
             kind: kind.into(),
             segment,
             reason: None,
+            loss_reason: None,
             from: None,
             to: None,
             attempt: None,
@@ -47,7 +48,8 @@ impl From<EngineEvent> for EngineEventJs {
     fn from(e: EngineEvent) -> Self {
         match e {
             EngineEvent::PeerLost { segment, reason } => Self {
-                reason: Some(reason),
+                loss_reason: Some(reason.kind().number()),
+                reason: Some(reason.to_string()),
                 ..Self::new("peerLost", Some(segment))
             },
             EngineEvent::PeerRecovered { segment } => Self::new("peerRecovered", Some(segment)),
@@ -59,8 +61,8 @@ impl From<EngineEvent> for EngineEventJs {
                 reason,
             } => Self {
                 reason: Some(reason),
-                from: Some(from.name().into()),
-                to: Some(to.name().into()),
+                from: Some(from.number()),
+                to: Some(to.number()),
                 attempt: Some(attempt),
                 ..Self::new("failover", Some(segment))
             },
@@ -71,7 +73,7 @@ impl From<EngineEvent> for EngineEventJs {
                 until_ms,
             } => Self {
                 reason: Some(reason),
-                transport: Some(transport.name().into()),
+                transport: Some(transport.number()),
                 until_ms: until_ms.map(|v| v as f64),
                 ..Self::new("transportDisabled", segment)
             },

@@ -10,8 +10,7 @@ use ferry_core::{EngineConfig, Error, EtcdAuth, EtcdConfig, EtcdTls, TransportKi
 use ferry_verbs::{RdmaConfig, RdmaFactory};
 use napi_derive::napi;
 
-use super::requests::transport;
-use super::transport_options::{FaultOptions, RdmaOptions};
+use super::transport_options::{transport_named, FaultOptions, RdmaOptions};
 use crate::js::{opt_int, opt_ms, opt_u64};
 
 /// Engine options. Every field is optional; defaults in brackets, then bounds (checked by
@@ -133,7 +132,7 @@ fn decode_hex(h: &str) -> Result<Vec<u8>, Error> {
 fn transport_list(list: Vec<String>) -> Result<Vec<TransportKind>, Error> {
     let mut kinds = Vec::new();
     for name in list {
-        let kind = transport(&name, "transports[]")?;
+        let kind = transport_named(&name, "transports[]")?;
         if !kinds.contains(&kind) {
             kinds.push(kind);
         }

@@ -1,54 +1,47 @@
-//! What JS reads back: task and batch statuses, and the descriptions of local regions
-//! and opened segments.
+//! What JS reads back: task and batch statuses (statuses, transports and error codes as
+//! numbers), and the descriptions of local regions and opened segments.
 
 use ferry_core::handle::{HandleKind, Handles};
-use ferry_core::{SegmentInfo, TaskSnapshot};
+use ferry_core::{Numbered, SegmentInfo, TaskSnapshot};
 use napi_derive::napi;
 
-/// Status of one task.
+use super::FailureJs;
+
+/// Status of one task, every name a number (lib/status.ts gives them their names).
 #[napi(object)]
-pub struct TaskStatus {
-    /// Raw status (TENT numbering).
+pub struct TaskStatusJs {
+    /// Status number (`TransferStatus`: TENT's numbering).
     pub status: u32,
-    /// Status name.
-    pub name: String,
     /// Bytes moved (a lower bound while pending).
     pub transferred_bytes: f64,
     /// Requested bytes.
     pub length: f64,
-    /// Transport of the latest attempt.
-    #[napi(ts_type = "'tcp' | 'shm' | 'rdma'")]
-    pub transport: Option<String>,
+    /// Transport number of the latest attempt (`TransportKind`); 0 before any.
+    pub transport: u32,
     /// Attempts made.
     pub attempts: u32,
-    /// Error code when it did not complete.
-    pub code: Option<String>,
-    /// Error message when it did not complete.
-    pub message: Option<String>,
+    /// Why it did not complete.
+    pub error: Option<FailureJs>,
 }
 
-impl From<TaskSnapshot> for TaskStatus {
+impl From<TaskSnapshot> for TaskStatusJs {
     fn from(s: TaskSnapshot) -> Self {
         Self {
-            status: u32::from(s.status.raw()),
-            name: s.status.name().to_string(),
+            status: s.status.number(),
             transferred_bytes: s.transferred as f64,
             length: s.length as f64,
-            transport: s.transport.map(|t| t.name().to_string()),
+            transport: s.transport.map_or(0, Numbered::number),
             attempts: s.attempts,
-            code: s.error.as_ref().map(|e| e.code().to_string()),
-            message: s.error.as_ref().map(|e| e.to_string()),
+            error: s.error.as_ref().map(FailureJs::from),
         }
     }
 }
 
 /// Aggregate status of a batch.
 #[napi(object)]
-pub struct BatchStatus {
-    /// Raw status.
+pub struct BatchStatusJs {
+    /// Status number.
     pub status: u32,
-    /// Status name.
-    pub name: String,
     /// Bytes moved.
     pub transferred_bytes: f64,
     /// Tasks in the batch.
@@ -124,8 +117,6 @@ impl SegmentDesc {
 pub struct OpenResult {
     /// The segment, when it opened.
     pub segment: Option<SegmentDesc>,
-    /// Error code otherwise.
-    pub code: Option<String>,
-    /// Error message otherwise.
-    pub message: Option<String>,
+    /// Why it did not.
+    pub error: Option<FailureJs>,
 }

@@ -5,8 +5,16 @@ use ferry_core::{Error, TransportKind};
 use ferry_verbs::{ProviderChoice, RdmaConfig};
 use napi_derive::napi;
 
-use super::requests::transport;
 use crate::js::{opt_int, opt_ms, opt_u64};
+
+/// A transport named in the engine options (`transports`, `faults[].transport`). Options
+/// are the one place transports come by name: `EngineOptions` is the public options type
+/// itself, read once per engine; requests, block lists and bench cases carry numbers.
+pub(super) fn transport_named(name: &str, what: &str) -> Result<TransportKind, Error> {
+    TransportKind::parse(name).ok_or_else(|| {
+        Error::InvalidArgument(format!("{what} must be tcp, shm or rdma, got {name:?}"))
+    })
+}
 
 /// RDMA transport settings. Every field is optional; defaults in brackets.
 #[napi(object)]
@@ -105,7 +113,7 @@ fn rate(v: Option<f64>, what: &str) -> Result<f64, Error> {
 impl TryFrom<FaultOptions> for (TransportKind, FaultSpec) {
     type Error = Error;
     fn try_from(f: FaultOptions) -> Result<Self, Error> {
-        let kind = transport(&f.transport, "faults[].transport")?;
+        let kind = transport_named(&f.transport, "faults[].transport")?;
         Ok((
             kind,
             FaultSpec {
