@@ -66,6 +66,7 @@ pub mod segment;
 mod server;
 pub mod status;
 mod submit;
+mod sync;
 pub mod task;
 mod task_slots;
 pub mod transport;
