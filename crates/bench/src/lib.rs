@@ -52,6 +52,7 @@ pub mod notify_room;
 pub mod report;
 pub mod runner;
 pub mod served;
+mod sync;
 pub mod worker;
 
 pub use gate::{Failure, Gate, GateHooks, Hook, Retirements, RunError, StopSignal, WorkerFn};

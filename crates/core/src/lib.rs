@@ -67,6 +67,7 @@ pub mod segment;
 mod server;
 pub mod status;
 mod submit;
+mod sync;
 pub mod task;
 mod task_slots;
 pub mod transport;
