@@ -131,9 +131,11 @@ test('files over their line limit are named; a Rust file counts up to its test m
   const r = check(withTree(t, {
     // 700 lines of product code and a long test module: within the limit.
     'crates/core/src/b.rs': `${lines(699)}pub struct B;\n#[cfg(test)]\nmod tests {\n${lines(800)}}\n`,
+    // A test-only module under a cfg of its own (the loom models) ends the count too.
+    'crates/core/src/c.rs': `${lines(699)}pub struct C;\n#[cfg(all(test, ferry_loom))]\nmod model {\n${lines(800)}}\n`,
     // The engine is held to 600.
     'crates/core/src/engine.rs': `${lines(601)}#[cfg(test)]\n#[path = "engine_tests.rs"]\nmod tests;\n`,
-    'crates/core/src/lib.rs': 'mod a;\nmod b;\nmod engine;\npub mod notify;\npub use a::A;\n',
+    'crates/core/src/lib.rs': 'mod a;\nmod b;\nmod c;\nmod engine;\npub mod notify;\npub use a::A;\n',
     // Another crate; a file of tests only is not product code.
     'crates/other/src/lib.rs': lines(701),
     'crates/other/src/tests.rs': lines(900),
@@ -144,6 +146,7 @@ test('files over their line limit are named; a Rust file counts up to its test m
   t.regex(r.err, /crates\/other\/src\/lib\.rs: 701 lines \(limit 700\)/)
   t.regex(r.err, /index\.ts: 151 lines \(limit 150\)/)
   t.notRegex(r.err, /src\/b\.rs/)
+  t.notRegex(r.err, /src\/c\.rs/)
   t.notRegex(r.err, /tests\.rs/)
   t.notRegex(r.err, /cycle/)
 })

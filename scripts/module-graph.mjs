@@ -724,12 +724,15 @@ function fromSmallest(cycle) {
 
 // ---- Sizes --------------------------------------------------------------------------------
 
-/** Lines of a Rust file before its `#[cfg(test)]` module (all lines when it has none). */
+/**
+ * Lines of a Rust file before its first test-only module: `#[cfg(test)]`, or
+ * `#[cfg(all(test, …))]` such as the loom models' (all lines when it has none).
+ */
 export function rustProductLines(src) {
   const lines = src.split('\n');
   if (lines[lines.length - 1] === '') lines.pop();
   for (let k = 0; k < lines.length; k++) {
-    if (lines[k].trim() !== '#[cfg(test)]') continue;
+    if (!/^#\[cfg\((test|all\(test\s*,.*\))\)\]$/.test(lines[k].trim())) continue;
     // The attribute of a module: only attributes, doc comments or blank lines between.
     let j = k + 1;
     while (j < lines.length && /^\s*(#\[.*\]|\/\/.*|)\s*$/.test(lines[j])) j++;
