@@ -32,6 +32,7 @@
 // thread, one working set, JSON out).
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,7 +105,9 @@ struct worker {
 static struct worker *workers;
 static size_t nthreads;
 static double warm_end, run_end;
-static pthread_barrier_t start_line;
+// Raised when a run cannot start all its workers: the ones started stop at their next clock
+// read and are joined, and main reports the failure (no thread ends the process).
+static atomic_int abandon;
 
 // Copies `n` blocks of a worker's buffers, block after block through its working set.
 static void copy_blocks(struct worker *w, size_t n) {
@@ -121,15 +124,14 @@ static void *work(void *arg) {
   struct worker *w = arg;
   // Blocks between clock reads: at least 64 KiB, so the read (~20 ns) stays out of the figure.
   size_t stride = bs >= 65536 ? 1 : 65536 / bs;
-  pthread_barrier_wait(&start_line);
   double t = now();
-  while (t < warm_end) {
+  while (t < warm_end && !atomic_load_explicit(&abandon, memory_order_relaxed)) {
     copy_blocks(w, stride);
     t = now();
   }
   w->t_first = t;
   w->bytes = 0;
-  while (t < run_end) {
+  while (t < run_end && !atomic_load_explicit(&abandon, memory_order_relaxed)) {
     copy_blocks(w, stride);
     w->bytes += stride * bs;
     t = now();
@@ -138,20 +140,22 @@ static void *work(void *arg) {
   return NULL;
 }
 
-static void run_threads(double seconds, double warmup) {
-  // A short lead lets every thread reach the start line before the (untimed) warm-up ends.
+// Runs the workers; 0, or -1 (reported on stdout) when one could not be started.
+static int run_threads(double seconds, double warmup) {
+  // A short lead lets every thread reach the start before the (untimed) warm-up ends.
   warm_end = now() + 0.005 + warmup;
   run_end = warm_end + seconds;
-  pthread_barrier_init(&start_line, NULL, (unsigned)nthreads);
+  atomic_store(&abandon, 0);
   for (size_t i = 0; i < nthreads; i++) {
     if (pthread_create(&workers[i].tid, NULL, work, &workers[i]) != 0) {
+      atomic_store(&abandon, 1);
+      for (size_t j = 0; j < i; j++) pthread_join(workers[j].tid, NULL);
       printf("{\"error\":\"pthread_create failed\"}\n");
       fflush(stdout);
-      exit(1);
+      return -1;
     }
   }
   for (size_t i = 0; i < nthreads; i++) pthread_join(workers[i].tid, NULL);
-  pthread_barrier_destroy(&start_line);
   size_t bytes = 0;
   double first = workers[0].t_first, last = workers[0].t_last, tmin = 0, tmax = 0;
   for (size_t i = 0; i < nthreads; i++) {
@@ -168,29 +172,29 @@ static void run_threads(double seconds, double warmup) {
          "\"thread_gbps_min\":%.4f,\"thread_gbps_max\":%.4f}\n",
          s > 0 ? bytes / s / 1e9 : 0, bytes, s, bytes / bs, nthreads, tmin, tmax);
   fflush(stdout);
+  return 0;
 }
 
-// Maps one pre-touched buffer of `ws` bytes filled with `fill`.
+// Maps one pre-touched buffer of `ws` bytes filled with `fill`; NULL (reported) when it cannot.
 static char *touched(int fill) {
   char *p = mmap(NULL, ws, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
     perror("mmap");
-    exit(1);
+    return NULL;
   }
   memset(p, fill, ws);  // every page faulted in before anything is timed
   return p;
 }
 
-static void run(double seconds, double warmup) {
-  if (nthreads) {
-    run_threads(seconds, warmup);
-    return;
-  }
+// One measured run; 0, or -1 when it could not be made (reported on stdout).
+static int run(double seconds, double warmup) {
+  if (nthreads) return run_threads(seconds, warmup);
   double s;
   copy_for(warmup, &s);
   size_t bytes = copy_for(seconds, &s);
   printf("{\"gbps\":%.4f,\"bytes\":%zu,\"seconds\":%.4f,\"blocks\":%zu}\n", bytes / s / 1e9, bytes, s, bytes / bs);
   fflush(stdout);
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -236,10 +240,12 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < nthreads; i++) {
       workers[i].src = touched(0x5a);
       workers[i].dst = touched(0);
+      if (!workers[i].src || !workers[i].dst) return 1;
     }
   } else {
     src = touched(0x5a);
     dst = touched(0);
+    if (!src || !dst) return 1;
   }
   if (shuffle) {
     pages = ws / bs;
@@ -251,8 +257,7 @@ int main(int argc, char **argv) {
     }
   }
   if (argc > 3) {
-    run(atof(argv[3]), argc > 4 ? atof(argv[4]) : 0);
-    return 0;
+    return run(atof(argv[3]), argc > 4 ? atof(argv[4]) : 0) == 0 ? 0 : 1;
   }
   printf("{\"ready\":true,\"working_set_bytes\":%zu,\"block_bytes\":%zu,\"threads\":%zu}\n", ws, bs, nthreads ? nthreads : 1);
   fflush(stdout);

@@ -45,10 +45,11 @@ static double now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static void fail(const char *what) {
+// Reports what failed (with errno) as the run's JSON line; main returns its result (1).
+static int failed(const char *what) {
   printf("{\"error\":\"%s: %s\"}\n", what, strerror(errno));
   fflush(stdout);
-  exit(1);
+  return 1;
 }
 
 static int fcntl_nonblock(int fd) {
@@ -56,9 +57,9 @@ static int fcntl_nonblock(int fd) {
   return flags < 0 ? -1 : fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
-static void nodelay(int fd) {
+static int nodelay(int fd) {
   int one = 1;
-  if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0) fail("setsockopt TCP_NODELAY");
+  return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 // Writes all `len` bytes; on a non-blocking socket it retries while the send buffer is full.
@@ -105,18 +106,19 @@ static int recv_polling(int fd, char *p, size_t len) {
   return 0;
 }
 
-// The server: answers every request until the client closes the connection.
-static void serve(int listener, size_t req, size_t ans) {
+// The server (the forked child; its main returns what this returns): answers every request
+// until the client closes the connection.
+static int serve(int listener, size_t req, size_t ans) {
   int fd = accept(listener, NULL, NULL);
-  if (fd < 0) _exit(1);
+  if (fd < 0) return 1;
   close(listener);
-  nodelay(fd);
+  if (nodelay(fd) != 0) return 1;
   char *in = malloc(req), *out = calloc(1, ans);
-  if (!in || !out) _exit(1);
+  if (!in || !out) return 1;
   while (recv_blocking(fd, in, req) == 0) {
     if (send_all(fd, out, ans) != 0) break;
   }
-  _exit(0);
+  return 0;
 }
 
 static int by_value(const void *a, const void *b) {
@@ -144,31 +146,32 @@ int main(int argc, char **argv) {
   }
 
   int listener = socket(AF_INET, SOCK_STREAM, 0);
-  if (listener < 0) fail("socket");
+  if (listener < 0) return failed("socket");
   struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t alen = sizeof addr;
-  if (bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0) fail("bind");
-  if (listen(listener, 1) != 0) fail("listen");
-  if (getsockname(listener, (struct sockaddr *)&addr, &alen) != 0) fail("getsockname");
+  if (bind(listener, (struct sockaddr *)&addr, sizeof addr) != 0) return failed("bind");
+  if (listen(listener, 1) != 0) return failed("listen");
+  if (getsockname(listener, (struct sockaddr *)&addr, &alen) != 0) return failed("getsockname");
 
+  fflush(stdout);  // nothing buffered for the child to print again when it returns
   pid_t server = fork();
-  if (server < 0) fail("fork");
+  if (server < 0) return failed("fork");
   if (server == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the client
-    serve(listener, req, ans);
+    return serve(listener, req, ans);
   }
   close(listener);
 
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) fail("socket");
-  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) fail("connect");
-  nodelay(fd);
-  if (poll_mode && fcntl_nonblock(fd) != 0) fail("fcntl O_NONBLOCK");
+  if (fd < 0) return failed("socket");
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) return failed("connect");
+  if (nodelay(fd) != 0) return failed("setsockopt TCP_NODELAY");
+  if (poll_mode && fcntl_nonblock(fd) != 0) return failed("fcntl O_NONBLOCK");
 
   char *out = calloc(1, req), *in = malloc(ans);
   size_t cap = 1 << 20, ops = 0;
   double *us = malloc(cap * sizeof *us);
-  if (!out || !in || !us) fail("malloc");
+  if (!out || !in || !us) return failed("malloc");
   int (*wait_answer)(int, char *, size_t) = poll_mode ? recv_polling : recv_blocking;
 
   double t = now(), warm_end = t + warmup, end = warm_end + seconds, t_first = 0;
@@ -180,18 +183,18 @@ int main(int argc, char **argv) {
       t_first = t0;
     }
     if (timed && t0 >= end) break;
-    if (send_all(fd, out, req) != 0) fail("send");
+    if (send_all(fd, out, req) != 0) return failed("send");
     int r = wait_answer(fd, in, ans);
     if (r != 0) {
       if (r > 0) errno = ECONNRESET;
-      fail("recv");
+      return failed("recv");
     }
     double t1 = now();
     if (!timed) continue;
     if (ops == cap) {
       cap *= 2;
       us = realloc(us, cap * sizeof *us);
-      if (!us) fail("realloc");
+      if (!us) return failed("realloc");
     }
     us[ops++] = (t1 - t0) * 1e6;
   }
