@@ -35,7 +35,8 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(helpText())
     return 0
   }
-  interrupt.install()
+  // A second Ctrl-C or SIGTERM forces the end: the only process.exit.
+  interrupt.install(() => process.exit(130))
   const out = new Output(cfg.format)
 
   if (!cfg.local && cfg.targetSegNames.length === 0) return runTarget(cfg, out)

@@ -1,7 +1,8 @@
 /**
  * Ctrl-C and SIGTERM: the first one stops what runs (the initiator's bench, whose results
  * so far are printed; the target's wait); a second one kills what registered to be forced
- * (the --local child) and exits at once.
+ * (the --local child) and calls what main gave `install` to end the process: only main
+ * chooses the exit code.
  */
 
 export const interrupt = {
@@ -9,7 +10,7 @@ export const interrupt = {
   signal: '' as '' | 'SIGINT' | 'SIGTERM',
   onStop: new Set<() => void>(),
   onForce: new Set<() => void>(),
-  install(): void {
+  install(forceExit: () => void): void {
     const handler = (sig: 'SIGINT' | 'SIGTERM') => {
       this.count++
       if (this.count === 1) {
@@ -17,7 +18,7 @@ export const interrupt = {
         for (const f of this.onStop) f()
       } else {
         for (const f of this.onForce) f()
-        process.exit(130) // second Ctrl-C: force (the only process.exit)
+        forceExit()
       }
     }
     process.on('SIGINT', () => handler('SIGINT'))
