@@ -2,8 +2,8 @@
 import test from 'ava'
 import { createHash } from 'node:crypto'
 import * as net from 'node:net'
-import { Engine, type EngineEvent, type FerryError } from '../index'
-import { startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
+import { Engine, type EngineEvent, type FerryError, type PeerLostEvent, type Region, type Segment } from '../index'
+import { etcdRecords, startEtcd, stopAllEtcd, testWithEtcd, type EtcdServer } from './etcd'
 import { delay, killAll, startTarget } from './helpers'
 import { pattern } from './fixtures/pattern'
 
@@ -98,7 +98,7 @@ etcdTest('SIGKILL in etcd mode: peerLost through the control connection at once,
   }
 })
 
-etcdTest('a hung target (SIGSTOP) that the control link would not notice for a minute is lost through lease expiry', async (t) => {
+etcdTest('a hung target (SIGSTOP) that the control link would not notice for a minute is lost through lease expiry and a direct check', async (t) => {
   t.timeout(60_000)
   const etcd = await startEtcd()
   const target = await startTarget({
@@ -117,12 +117,177 @@ etcdTest('a hung target (SIGSTOP) that the control link would not notice for a m
     while (lost.length === 0 && Date.now() - stoppedAt < 10_000) await delay(20)
     t.is(lost.length, 1, 'peerLost through the lease')
     t.regex(lost[0]?.reason ?? '', /etcd/)
-    t.true(lost[0].at - stoppedAt < 2000 + 3000, `lost ${lost[0]?.at - stoppedAt} ms after SIGSTOP (TTL 2000 ms)`)
+    // The lease (2 s), etcd's expiry check, then the direct check that the record's removal
+    // starts (1.5 s without an answer), with a margin.
+    t.true(lost[0].at - stoppedAt < 2000 + 1500 + 3000, `lost ${lost[0]?.at - stoppedAt} ms after SIGSTOP (TTL 2000 ms)`)
     t.log(`peerLost ${lost[0].at - stoppedAt} ms after SIGSTOP: ${lost[0].reason}`)
   } finally {
     process.kill(target.pid, 'SIGCONT')
     await engine.close()
     await target.kill()
+    await etcd.stop()
+  }
+})
+
+/** Waits (bounded) until `done()` holds; how long it took, in ms. */
+async function waitUntil(what: string, withinMs: number, done: () => boolean | Promise<boolean>): Promise<number> {
+  const started = Date.now()
+  while (!(await done())) {
+    if (Date.now() - started > withinMs) throw new Error(`${what}: not within ${withinMs} ms`)
+    await delay(20)
+  }
+  return Date.now() - started
+}
+
+/** Pauses etcd (SIGSTOP, by pid) until `resume` (SIGCONT), which cleanup calls too. */
+function pauseEtcd(etcd: EtcdServer) {
+  process.kill(etcd.pid, 'SIGSTOP')
+  let paused = true
+  return {
+    resume() {
+      if (paused) process.kill(etcd.pid, 'SIGCONT')
+      paused = false
+    },
+  }
+}
+
+/** Writers that each loop 64 KiB writes into their own slot of a peer's buffer, paced. */
+function startPairWriters(pairs: Array<{ engine: Engine; local: Region; remote: Segment; remoteBuffer: number; slot: number }>) {
+  const SLOT = 64 << 10
+  let running = true
+  const completed = pairs.map(() => 0)
+  const failures: string[] = []
+  const pump = async (i: number) => {
+    const { engine, local, remote, remoteBuffer, slot } = pairs[i]
+    while (running) {
+      try {
+        await engine.write({ local, remote, remoteBuffer, remoteOffset: slot * SLOT, length: SLOT })
+        completed[i]++
+      } catch (e) {
+        failures.push(`${remote.name}: ${(e as FerryError).code} ${(e as Error).message}`)
+      }
+      await delay(10)
+    }
+  }
+  const done = Promise.all(pairs.map((_, i) => pump(i)))
+  return {
+    failures,
+    /** Waits (bounded) until every writer completed `more` writes beyond what it had. */
+    async progress(more: number, withinMs: number, when: string) {
+      const from = [...completed]
+      await waitUntil(`writes ${when}`, withinMs, () => completed.every((c, i) => c >= from[i] + more))
+    },
+    async stop() {
+      running = false
+      await done
+    },
+  }
+}
+
+etcdTest('a paused etcd loses no peer: links and writes go on, every record is published again within 10 s', async (t) => {
+  t.timeout(90_000)
+  const etcd = await startEtcd()
+  const TTL = 2000
+  const target = await startTarget({
+    FERRY_TARGET_BYTES: String(MiB),
+    FERRY_TARGET_METADATA: etcd.url,
+    FERRY_TARGET_SEGMENT_NAME: 'pause-t',
+    FERRY_TARGET_LEASE_TTL_MS: String(TTL),
+  })
+  const names = ['pause-0', 'pause-1', 'pause-2']
+  const engines: Engine[] = []
+  let pause: { resume(): void } | undefined
+  let writers: ReturnType<typeof startPairWriters> | undefined
+  const lost: string[] = []
+  try {
+    for (const segmentName of names) {
+      const e = await Engine.create({ transports: ['tcp'], metadata: etcd.url, segmentName, leaseTtlMs: TTL })
+      e.on('peerLost', (ev: PeerLostEvent) => lost.push(`${segmentName} lost ${ev.segment}: ${ev.reason}`))
+      engines.push(e)
+    }
+    const inboxes = engines.map((e) => e.allocate(MiB))
+    const pairs = []
+    for (const [i, engine] of engines.entries()) {
+      const local = engine.allocate(64 << 10)
+      local.buffer.fill(i + 1)
+      pairs.push({ engine, local, remote: await engine.openSegment('pause-t'), remoteBuffer: target.buffer, slot: i })
+      for (const [j, name] of names.entries()) {
+        if (j !== i) pairs.push({ engine, local, remote: await engine.openSegment(name), remoteBuffer: inboxes[j].id, slot: i })
+      }
+    }
+    writers = startPairWriters(pairs)
+    await writers.progress(3, 20_000, 'before the pause')
+    const before = await etcdRecords(etcd)
+    t.truthy(before, 'etcd answers')
+    t.deepEqual([...before!.created.keys()].filter((n) => n.startsWith('pause-')).sort(), ['pause-0', 'pause-1', 'pause-2', 'pause-t'])
+
+    // Paused three times the lease: every lease has expired when etcd runs again.
+    pause = pauseEtcd(etcd)
+    const pausedAt = Date.now()
+    await writers.progress(3, 3 * TTL, 'while etcd is paused')
+    await delay(Math.max(0, 3 * TTL - (Date.now() - pausedAt)))
+    pause.resume()
+    const took = await waitUntil('every record published again', 10_000, async () => {
+      const now = await etcdRecords(etcd)
+      return ['pause-t', ...names].every((n) => (now?.created.get(n) ?? 0) > before!.revision)
+    })
+    t.log(`every record published again ${took} ms after etcd resumed`)
+    await writers.progress(3, 10_000, 'after etcd resumed')
+    // A direct check that failed would show by now (its bound is 1.5 s).
+    await delay(3000)
+    await writers.stop()
+    t.deepEqual(lost, [], 'no peerLost')
+    t.deepEqual(writers.failures.slice(0, 3), [], `${writers.failures.length} writes failed`)
+  } finally {
+    pause?.resume()
+    await writers?.stop()
+    for (const e of engines) await e.close()
+    await target.kill()
+    await etcd.stop()
+  }
+})
+
+etcdTest('during an etcd outage a peer that dies or hangs is still lost through its control link', async (t) => {
+  t.timeout(60_000)
+  const etcd = await startEtcd()
+  const PEER_TIMEOUT = 2000
+  const start = (name: string) =>
+    startTarget({
+      FERRY_TARGET_BYTES: String(MiB),
+      FERRY_TARGET_METADATA: etcd.url,
+      FERRY_TARGET_SEGMENT_NAME: name,
+      FERRY_TARGET_LEASE_TTL_MS: '2000',
+    })
+  const killed = await start('outage-killed')
+  const hung = await start('outage-hung')
+  const engine = await Engine.create({ transports: ['tcp'], metadata: etcd.url, peerTimeoutMs: PEER_TIMEOUT })
+  const lost = new Map<string, { at: number; reason: string }>()
+  engine.on('peerLost', (e: PeerLostEvent) => lost.set(e.segment, { at: Date.now(), reason: e.reason }))
+  let pause: { resume(): void } | undefined
+  let hungStopped = false
+  try {
+    await engine.openSegment('outage-killed')
+    await engine.openSegment('outage-hung')
+    pause = pauseEtcd(etcd)
+    const killedAt = Date.now()
+    await killed.kill('SIGKILL')
+    process.kill(hung.pid, 'SIGSTOP')
+    hungStopped = true
+    const stoppedAt = Date.now()
+    await waitUntil('both peers lost', PEER_TIMEOUT + 5000, () => lost.size === 2)
+    const k = lost.get('outage-killed')!
+    const h = lost.get('outage-hung')!
+    t.log(`killed: lost ${k.at - killedAt} ms after SIGKILL (${k.reason}); hung: ${h.at - stoppedAt} ms after SIGSTOP (${h.reason})`)
+    t.true(k.at - killedAt < PEER_TIMEOUT, `the killed peer was lost ${k.at - killedAt} ms after the kill`)
+    t.notRegex(k.reason, /etcd/)
+    t.true(h.at - stoppedAt < PEER_TIMEOUT + 1500, `the hung peer was lost ${h.at - stoppedAt} ms after SIGSTOP (peer timeout ${PEER_TIMEOUT} ms)`)
+    t.regex(h.reason, /no heartbeat answer/)
+  } finally {
+    pause?.resume()
+    if (hungStopped) process.kill(hung.pid, 'SIGCONT')
+    await engine.close()
+    await killed.kill()
+    await hung.kill()
     await etcd.stop()
   }
 })

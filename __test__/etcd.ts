@@ -7,6 +7,8 @@
  * `makePki` with the openssl CLI) and reports health on a plain-http metrics port;
  * `enableAuth` then turns on its username/password auth through the JSON gateway.
  *
+ * `etcdRecords` reads the engines' records through etcd's JSON gateway (plain http only).
+ *
  * Where etcd (or, for TLS, openssl) is not installed, `testWithEtcd` registers the tests
  * that need it as skipped, saying why; under CI it fails instead (`etcdUnavailable`).
  */
@@ -255,4 +257,37 @@ export async function startEtcd(timeoutMs = 20_000, host = '127.0.0.1', tls?: Et
     await delay(50)
   }
   return { url: `etcd://${host}:${clientPort}`, clientUrl, pid: proc.pid!, stop }
+}
+
+/** Records under `prefix`: each segment name with the revision that created its record. */
+export interface EtcdRecords {
+  /** The store's revision when read. */
+  revision: number
+  created: Map<string, number>
+}
+
+/**
+ * The records under `prefix` (the engines' default), read through etcd's JSON gateway, or
+ * undefined when etcd does not answer within `timeoutMs` (it is paused, or down).
+ */
+export async function etcdRecords(etcd: EtcdServer, prefix = '/ferry/segments/', timeoutMs = 2000): Promise<EtcdRecords | undefined> {
+  const b64 = (x: string) => Buffer.from(x).toString('base64')
+  // The range end of a prefix: its last byte plus one.
+  const end = prefix.slice(0, -1) + String.fromCharCode(prefix.charCodeAt(prefix.length - 1) + 1)
+  try {
+    const r = await fetch(`${etcd.clientUrl}/v3/kv/range`, {
+      method: 'POST',
+      body: JSON.stringify({ key: b64(prefix), range_end: b64(end) }),
+      signal: AbortSignal.timeout(timeoutMs),
+    })
+    if (!r.ok) return undefined
+    const body = (await r.json()) as { header?: { revision?: string }; kvs?: Array<{ key: string; create_revision?: string }> }
+    const created = new Map<string, number>()
+    for (const kv of body.kvs ?? []) {
+      created.set(Buffer.from(kv.key, 'base64').toString().slice(prefix.length), Number(kv.create_revision ?? 0))
+    }
+    return { revision: Number(body.header?.revision ?? 0), created }
+  } catch {
+    return undefined
+  }
 }

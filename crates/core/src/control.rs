@@ -261,7 +261,11 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
             biased;
             got = heard.recv() => match got {
                 Some(Ok(answered)) => {
+                    let checking = link.checking();
                     link.heard(Instant::now());
+                    if checking && !link.checking() {
+                        tracing::info!(peer = peer.name(), "the peer answered directly: its etcd record's removal is no loss");
+                    }
                     if vouching.is_some_and(|first| answered >= first) {
                         vouching = None;
                         peer.vouch_alive();
@@ -275,6 +279,11 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
                 if peer.holds() {
                     vouching.get_or_insert(seq + 1);
                     link.probe(Instant::now());
+                }
+            }
+            _ = peer.check.notified() => {
+                if link.check(Instant::now(), LossReason::RecordRemoved) {
+                    tracing::info!(peer = peer.name(), "etcd record removed: checking the peer directly");
                 }
             }
         }

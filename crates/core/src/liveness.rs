@@ -11,8 +11,13 @@
 //! - A broken or silent link waits a backoff before it reconnects: 100 ms, doubling to
 //!   5 s, each delay with ±20 % jitter so that peers do not reconnect in lockstep; a
 //!   connection resets it.
+//! - A direct check (asked for when the peer's etcd record went away): ping now; a frame
+//!   heard within `CHECK_TIMEOUT` (at most the timeout) answers it, else the peer is lost
+//!   for the reason the check was asked with. Only the link decides: a record that goes
+//!   while the peer answers (etcd paused, its lease expired) loses no one. A link that is
+//!   not up has no check to make: connecting, or failing to, decides as it does anyway.
 //! - Loss is reported once per loss; recovery once per recovery (the peer's own flag,
-//!   shared with the other sources of loss — etcd, the same-host watcher — decides).
+//!   shared with the other sources of loss — the same-host watcher — decides).
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -27,6 +32,10 @@ pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(5);
 pub(crate) const JITTER_PERCENT: u64 = 20;
 /// Shortest heartbeat interval.
 pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(20);
+/// How long a direct check waits for the peer to be heard (unless the timeout is
+/// shorter): long enough for a loaded peer to answer a ping, short enough that a hung
+/// peer whose lease expired is lost well before a long peer timeout.
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// Why a peer was declared lost, with what was seen (`kind` is the reason alone).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +51,8 @@ pub enum LossReason {
     Broken(String),
     /// Connecting (or the descriptor refresh after a restart) failed.
     Unreachable(String),
-    /// Its etcd record went away (lease expired or engine closed).
+    /// Its etcd record went away (lease expired or engine closed) and it did not answer the
+    /// direct check that followed.
     RecordRemoved,
     /// A transport found it dead (e.g. the same-host process exited).
     Transport(String),
@@ -123,9 +133,9 @@ impl fmt::Display for LossReason {
             Self::Closed => f.write_str("control connection closed by peer"),
             Self::Broken(e) => write!(f, "control connection failed: {e}"),
             Self::Unreachable(e) => f.write_str(e),
-            Self::RecordRemoved => {
-                f.write_str("etcd record removed (lease expired or engine closed)")
-            }
+            Self::RecordRemoved => f.write_str(
+                "etcd record removed (lease expired or engine closed) and no answer to a direct ping",
+            ),
             Self::Transport(e) => f.write_str(e),
         }
     }
@@ -161,6 +171,15 @@ pub(crate) enum Action {
     Lost(LossReason),
 }
 
+/// A direct check in progress: a frame heard at or after `since`, by `until`, answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Check {
+    since: Instant,
+    until: Instant,
+    /// The loss to report when it fails.
+    reason: LossReason,
+}
+
 /// A link's state machine.
 #[derive(Debug, Clone)]
 pub(crate) struct Link {
@@ -169,6 +188,8 @@ pub(crate) struct Link {
     state: LinkState,
     backoff: Duration,
     rng: u64,
+    /// Only while up.
+    check: Option<Check>,
 }
 
 impl Link {
@@ -180,6 +201,7 @@ impl Link {
             state: LinkState::Connecting,
             backoff: BACKOFF_START,
             rng: seed,
+            check: None,
         }
     }
 
@@ -202,7 +224,10 @@ impl Link {
             LinkState::Up {
                 last_heard,
                 next_ping,
-            } => Some(next_ping.min(last_heard + self.timeout)),
+            } => {
+                let due = next_ping.min(last_heard + self.timeout);
+                Some(self.check.as_ref().map_or(due, |c| due.min(c.until)))
+            }
             LinkState::Waiting { until } => Some(until),
         }
     }
@@ -216,7 +241,31 @@ impl Link {
             next_ping: now,
         };
         self.backoff = BACKOFF_START;
+        // Connecting is a direct answer: a check asked for before needs no other.
+        self.check = None;
         peer_lost
+    }
+
+    /// Another source doubts the peer (its etcd record went away): ping now, and unless a
+    /// frame is heard within `CHECK_TIMEOUT` (at most the timeout), the peer is lost for
+    /// `reason`. Returns whether a check started: not when the link is not up (connecting,
+    /// or failing to, decides), nor when one runs already (its deadline stands).
+    pub(crate) fn check(&mut self, now: Instant, reason: LossReason) -> bool {
+        if !matches!(self.state, LinkState::Up { .. }) || self.check.is_some() {
+            return false;
+        }
+        self.check = Some(Check {
+            since: now,
+            until: now + CHECK_TIMEOUT.min(self.timeout),
+            reason,
+        });
+        self.probe(now);
+        true
+    }
+
+    /// Whether a direct check is waiting for an answer.
+    pub(crate) fn checking(&self) -> bool {
+        self.check.is_some()
     }
 
     /// A proof of life is wanted: ping now (when up).
@@ -231,6 +280,9 @@ impl Link {
         if let LinkState::Up { last_heard, .. } = &mut self.state {
             *last_heard = (*last_heard).max(now);
         }
+        if self.check.as_ref().is_some_and(|c| now >= c.since) {
+            self.check = None;
+        }
     }
 
     /// The connection (or the attempt to make one) failed. Returns the loss to report,
@@ -244,6 +296,7 @@ impl Link {
         let delay = self.jittered(self.backoff);
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
         self.state = LinkState::Waiting { until: now + delay };
+        self.check = None;
         (!peer_lost).then_some(Action::Lost(reason))
     }
 
@@ -269,6 +322,20 @@ impl Link {
                     }
                     let timeout_ms = self.timeout.as_millis() as u64;
                     return self.broken(LossReason::Silent { timeout_ms }, now, peer_lost);
+                }
+                if let Some(check) = self.check.as_mut().filter(|c| now >= c.until) {
+                    if now > check.until + self.interval {
+                        // As above: the late poll is this side's stall. Ping again and
+                        // give the peer one interval.
+                        check.until = now + self.interval;
+                        self.state = LinkState::Up {
+                            last_heard,
+                            next_ping: now + self.interval,
+                        };
+                        return Some(Action::Ping);
+                    }
+                    let reason = check.reason.clone();
+                    return self.broken(reason, now, peer_lost);
                 }
                 if now >= next_ping {
                     // Pings keep their cadence; a late poll does not send a burst.
@@ -482,6 +549,117 @@ mod tests {
             );
         }
         assert!(matches!(link.state(), LinkState::Waiting { .. }));
+    }
+
+    #[test]
+    fn a_direct_check_is_answered_by_any_frame_heard_after_it_began() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 3);
+        // Not up: nothing to check, connecting decides.
+        assert!(!link.check(t0, LossReason::RecordRemoved));
+        link.connected(t0, false);
+        assert_eq!(link.poll(t0, false), Some(Action::Ping));
+        link.heard(t0 + ms(1));
+        // The check pings at once and bounds the wait by CHECK_TIMEOUT, not the timeout.
+        assert!(link.check(t0 + ms(100), LossReason::RecordRemoved));
+        assert!(link.checking());
+        assert!(
+            !link.check(t0 + ms(200), LossReason::RecordRemoved),
+            "one at a time"
+        );
+        assert_eq!(link.next_deadline(), Some(t0 + ms(100)));
+        assert_eq!(link.poll(t0 + ms(100), false), Some(Action::Ping));
+        // The answer: the check ends, and silence is judged by the timeout again.
+        link.heard(t0 + ms(105));
+        assert!(!link.checking());
+        let mut at = t0 + ms(105);
+        while at < t0 + ms(105) + T - ms(1) {
+            at = link
+                .next_deadline()
+                .expect("up")
+                .min(t0 + ms(105) + T - ms(1));
+            assert!(matches!(link.poll(at, false), None | Some(Action::Ping)));
+        }
+        assert!(matches!(link.state(), LinkState::Up { .. }));
+    }
+
+    #[test]
+    fn a_direct_check_unanswered_within_its_bound_loses_the_peer() {
+        let t0 = Instant::now();
+        let mut link = Link::new(ms(60_000), 3);
+        link.connected(t0, false);
+        assert_eq!(link.poll(t0, false), Some(Action::Ping));
+        link.heard(t0 + ms(1));
+        assert!(link.check(t0 + ms(10), LossReason::RecordRemoved));
+        assert_eq!(link.poll(t0 + ms(10), false), Some(Action::Ping));
+        let until = t0 + ms(10) + CHECK_TIMEOUT;
+        assert_eq!(link.poll(until - Duration::from_nanos(1), false), None);
+        assert_eq!(
+            link.poll(until, false),
+            Some(Action::Lost(LossReason::RecordRemoved))
+        );
+        assert!(matches!(link.state(), LinkState::Waiting { .. }));
+        assert!(!link.checking(), "a broken link holds no check");
+        // Already lost through another source: the link breaks, and reports nothing new.
+        let mut lost = Link::new(ms(60_000), 3);
+        lost.connected(t0, true);
+        assert!(lost.check(t0, LossReason::RecordRemoved));
+        assert_eq!(lost.poll(t0, true), Some(Action::Ping));
+        assert_eq!(lost.poll(t0 + CHECK_TIMEOUT, true), None);
+        assert!(matches!(lost.state(), LinkState::Waiting { .. }));
+        // A short timeout bounds the check too: lost at the timeout, not later.
+        let mut short = Link::new(ms(400), 3);
+        short.connected(t0, false);
+        assert!(short.check(t0, LossReason::RecordRemoved));
+        let mut at = t0;
+        let lost = loop {
+            match short.poll(at, false) {
+                Some(Action::Lost(reason)) => break reason,
+                _ => at = short.next_deadline().expect("up until lost"),
+            }
+        };
+        assert_eq!(at, t0 + ms(400), "{lost}");
+    }
+
+    #[test]
+    fn a_stall_on_this_side_does_not_fail_a_direct_check() {
+        let t0 = Instant::now();
+        let mut link = Link::new(ms(60_000), 3);
+        link.connected(t0, false);
+        link.poll(t0, false);
+        assert!(link.check(t0 + ms(10), LossReason::RecordRemoved));
+        assert_eq!(link.poll(t0 + ms(10), false), Some(Action::Ping));
+        // Polled again long after the check's deadline: this side was not running, the
+        // answer may be waiting unread. One more ping and one interval.
+        let late = t0 + ms(10) + CHECK_TIMEOUT + ms(20_000);
+        assert_eq!(link.poll(late, false), Some(Action::Ping));
+        assert!(link.checking());
+        link.heard(late + ms(1));
+        assert!(!link.checking());
+        assert!(matches!(link.state(), LinkState::Up { .. }));
+        // Without an answer, it fails one interval later.
+        let mut quiet = Link::new(ms(60_000), 3);
+        quiet.connected(t0, false);
+        quiet.poll(t0, false);
+        quiet.check(t0 + ms(10), LossReason::RecordRemoved);
+        quiet.poll(t0 + ms(10), false);
+        assert_eq!(quiet.poll(late, false), Some(Action::Ping));
+        assert_eq!(
+            quiet.poll(late + quiet.interval(), false),
+            Some(Action::Lost(LossReason::RecordRemoved))
+        );
+    }
+
+    #[test]
+    fn a_new_connection_answers_a_check() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 3);
+        link.connected(t0, false);
+        assert!(link.check(t0, LossReason::RecordRemoved));
+        link.broken(LossReason::Closed, t0 + ms(5), false);
+        assert!(!link.checking());
+        link.connected(t0 + ms(200), false);
+        assert!(!link.checking());
     }
 
     #[test]

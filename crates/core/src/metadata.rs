@@ -7,19 +7,24 @@
 //!
 //! `open_segment(name)` looks the record up and then fetches the full descriptor from the
 //! control address as in p2p mode, so buffers registered later are seen and the data path
-//! does not depend on etcd. Each opened peer's key is watched: a delete (lease expired or
-//! the peer closed) declares the peer lost; a put from another engine instance
-//! (re-registration after a restart) refreshes its address and descriptor and reports it
-//! back.
+//! does not depend on etcd. Each opened peer's key is watched: a put from another engine
+//! instance (re-registration after a restart) refreshes its address and descriptor and
+//! reports it back; a delete (lease expired or the peer closed) is no loss by itself, only
+//! a reason to check the peer directly: its control link pings it at once, and it is lost
+//! only if it does not answer within the check's bound (`liveness::CHECK_TIMEOUT`). A lease
+//! also expires while the peer is fine — etcd was paused or unreachable past the TTL, or
+//! the peer could not reach etcd — and then the peer answers and publishes again.
 //!
-//! etcd going away later does not stop running transfers; only opening a name that is not
-//! cached fails (`ERR_FERRY_METADATA`). The keep-alive loop and the watches retry with a
-//! bounded backoff; when etcd returns, a lease that expired meanwhile is granted anew and
-//! the record published again, and the watches resume from the last revision they saw.
+//! etcd going away later does not stop running transfers, and loses no peer; only opening
+//! a name that is not cached fails (`ERR_FERRY_METADATA`). The keep-alive loop and the
+//! watches retry with a bounded backoff; when etcd returns, a lease that expired meanwhile
+//! is granted anew and the record published again at once, and the watches resume from the
+//! last revision they saw.
 //!
-//! Time to peer-lost through etcd: at most `lease_ttl` plus etcd's expiry check (about half
-//! a second) after the last keep-alive. A process death is usually seen sooner by the
-//! control link (connection reset); the lease covers a silent host.
+//! Time to peer-lost through etcd (a host that hangs, whose connections stay open): at
+//! most `lease_ttl` plus etcd's expiry check (about half a second) after the last
+//! keep-alive, plus the check's bound. A process death is seen sooner by the control link
+//! (connection reset).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -36,13 +41,14 @@ pub use crate::config::etcd::{parse_endpoints, EtcdConfig, DEFAULT_LEASE_TTL, DE
 use crate::control::{fetch_descriptor, LinkEvents};
 use crate::error::{Error, Result};
 pub use crate::etcd_access::{EtcdAuth, EtcdIdentity, EtcdTls};
-use crate::liveness::LossReason;
 use crate::segment::Peer;
 
 /// First retry delay of the keep-alive loop and the watches.
 const BACKOFF_START: Duration = Duration::from_millis(100);
 /// Longest retry delay.
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How a keep-alive stream ends when etcd says the lease is gone.
+const LEASE_EXPIRED: &str = "lease expired";
 
 /// Checks a logical segment name.
 ///
@@ -264,8 +270,9 @@ impl Registry {
         }
     }
 
-    /// Keeps the lease alive; re-grants and re-publishes when it expired. Runs until
-    /// `cancel` fires; each etcd call is bounded, retries back off up to `BACKOFF_MAX`.
+    /// Keeps the lease alive; re-grants and re-publishes when it expired (after the
+    /// shortest delay). Runs until `cancel` fires; each etcd call is bounded, retries back
+    /// off up to `BACKOFF_MAX`.
     async fn keep_alive(self: Arc<Self>) {
         let mut backoff = BACKOFF_START;
         loop {
@@ -274,6 +281,11 @@ impl Registry {
                 _ = self.cancel.cancelled() => return,
                 r = self.keep_alive_once(&mut backoff) => r,
             };
+            if outcome == LEASE_EXPIRED {
+                // etcd answers again and the record is gone: publish after the shortest
+                // delay, not after the backoff that etcd's silence built up.
+                backoff = BACKOFF_START;
+            }
             tracing::info!(name = %self.record.name, reason = %outcome, "etcd keep-alive interrupted; retrying");
             tokio::select! {
                 biased;
@@ -308,7 +320,7 @@ impl Registry {
             // The client's word for a keep-alive answered with TTL 0.
             Ok(Err(etcd_client::Error::LeaseKeepAliveError(m))) if m.contains("not found") => {
                 self.lease.store(0, Ordering::Release);
-                return "lease expired".into();
+                return LEASE_EXPIRED.into();
             }
             Ok(Err(e)) => return etcd_err("lease keep-alive", e).to_string(),
             Err(_) => return "lease keep-alive: no answer".into(),
@@ -322,7 +334,7 @@ impl Registry {
                     Ok(Some(resp)) if resp.ttl() > 0 => *backoff = BACKOFF_START,
                     Ok(Some(_)) => {
                         self.lease.store(0, Ordering::Release);
-                        return "lease expired".into();
+                        return LEASE_EXPIRED.into();
                     }
                     Ok(None) => return "keep-alive stream closed".into(),
                     Err(e) => return e.to_string(),
@@ -435,7 +447,7 @@ impl Registry {
                 let Some(kv) = ev.kv() else { continue };
                 *rev = (*rev).max(kv.mod_revision());
                 match ev.event_type() {
-                    EventType::Delete => events.peer_lost(peer, LossReason::RecordRemoved),
+                    EventType::Delete => record_removed(peer),
                     EventType::Put => match SegmentRecord::parse(kv.value()) {
                         Ok(record) => self.apply(peer, events, &record, local_engine_id).await,
                         Err(e) => tracing::warn!(peer = peer.name(), error = %e, "ignored"),
@@ -458,9 +470,7 @@ impl Registry {
                 *rev = revision;
                 self.apply(peer, events, &record, local_engine_id).await;
             }
-            Err(Error::UnknownSegment(_)) => {
-                events.peer_lost(peer, LossReason::RecordRemoved);
-            }
+            Err(Error::UnknownSegment(_)) => record_removed(peer),
             Err(e) => tracing::info!(peer = peer.name(), error = %e, "etcd lookup failed"),
         }
     }
@@ -492,6 +502,16 @@ impl Registry {
             }
         }
     }
+}
+
+/// `peer`'s record went away: its link checks it directly (a loss only if it does not
+/// answer).
+fn record_removed(peer: &Peer) {
+    tracing::info!(
+        peer = peer.name(),
+        "etcd record removed: asking the control link for a direct check"
+    );
+    peer.check.notify_one();
 }
 
 /// Publishes an engine in etcd: its segment name (`cfg.segment_name`, else its address),

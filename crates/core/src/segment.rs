@@ -106,6 +106,9 @@ pub struct Peer {
     fate: Mutex<Fate>,
     /// Asks the link for a fresh proof of life (a ping answered after now).
     pub(crate) probe: tokio::sync::Notify,
+    /// Asks the link for a direct check: the peer's etcd record went away, so it is lost
+    /// unless it answers within the check's bound (`liveness::Link::check`).
+    pub(crate) check: tokio::sync::Notify,
 }
 
 /// What a held failure learns: `Some(loss)` once the loss is announced, `None` when the
@@ -147,6 +150,7 @@ impl Peer {
             link_cancel,
             fate: Mutex::default(),
             probe: tokio::sync::Notify::new(),
+            check: tokio::sync::Notify::new(),
         }
     }
 

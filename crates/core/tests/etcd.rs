@@ -1,13 +1,16 @@
 //! Cluster mode against a real etcd server (Debian's `etcd-server`, which CI installs):
-//! publishing, opening by logical name, lease expiry, re-registration and etcd outages.
+//! publishing, opening by logical name, lease expiry, re-registration and etcd outages
+//! (etcd killed, or paused past every lease).
 
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Child;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_core::metadata::DEFAULT_PREFIX;
 use ferry_core::{
     Engine, EngineConfig, EngineEvent, EtcdConfig, Opcode, Region, Request, TransferStatus,
     TransportKind,
@@ -78,6 +81,50 @@ impl Etcd {
 
     fn healthy(&self) -> bool {
         etcd_healthy(self.client_port)
+    }
+
+    /// Sends `signal` to the server, by pid (SIGSTOP pauses it, SIGCONT resumes it).
+    fn signal(&self, signal: libc::c_int) {
+        let child = self.child.as_ref().expect("etcd is running");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) takes no pointers; `pid` is our own child, not reaped yet (we hold
+        // its `Child`), so the number cannot name another process.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {signal}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// The records under the default prefix (segment name → the revision that created the
+    /// record) and the store's revision, or `None` when etcd does not answer within 2 s.
+    fn records(&self) -> Option<(i64, HashMap<String, i64>)> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let endpoint = format!("127.0.0.1:{}", self.client_port);
+        rt.block_on(async {
+            let limit = Duration::from_secs(2);
+            let connect = etcd_client::Client::connect([endpoint], None);
+            let mut c = tokio::time::timeout(limit, connect).await.ok()?.ok()?;
+            let all = etcd_client::GetOptions::new().with_prefix();
+            let get = c.get(DEFAULT_PREFIX, Some(all));
+            let resp = tokio::time::timeout(limit, get).await.ok()?.ok()?;
+            let revision = resp.header()?.revision();
+            let names = resp
+                .kvs()
+                .iter()
+                .map(|kv| {
+                    let key = String::from_utf8_lossy(kv.key());
+                    let name = key.trim_start_matches(DEFAULT_PREFIX).to_string();
+                    (name, kv.create_revision())
+                })
+                .collect();
+            Some((revision, names))
+        })
     }
 
     /// Kills the server (SIGKILL, by pid) and reaps it.
@@ -203,8 +250,39 @@ fn open_by_logical_name_and_transfer() {
     target.close();
 }
 
+/// Waits (bounded) until `done` holds; returns how long it took.
+fn wait_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    t0.elapsed()
+}
+
+/// Longer than a direct check of a peer whose record went away takes to fail (its bound
+/// is at most 1.5 s), with a margin for a loaded machine: a loss it would cause shows by then.
+const CHECK_MARGIN: Duration = Duration::from_secs(3);
+
+fn assert_no_loss(events: &Events, who: &str) {
+    let lost: Vec<_> = events
+        .lock()
+        .expect("events")
+        .iter()
+        .filter(|e| matches!(e, EngineEvent::PeerLost { .. }))
+        .cloned()
+        .collect();
+    assert!(lost.is_empty(), "{who} declared peers lost: {lost:?}");
+}
+
+/// Whether etcd holds `name`'s record, created after `revision`.
+fn registered_after(etcd: &Etcd, name: &str, revision: i64) -> bool {
+    etcd.records()
+        .is_some_and(|(_, r)| r.get(name).is_some_and(|&created| created > revision))
+}
+
 #[test]
-fn lease_expiry_declares_the_peer_lost_and_republishing_brings_it_back() {
+fn an_expired_lease_is_no_loss_while_the_peer_answers_directly_and_the_record_returns() {
     skip_without_etcd!();
     let etcd = Etcd::new();
     let target = Engine::new(config(&etcd, Some("decode-0"))).expect("target");
@@ -212,35 +290,183 @@ fn lease_expiry_declares_the_peer_lost_and_republishing_brings_it_back() {
     let initiator = Engine::new(config(&etcd, None)).expect("initiator");
     let events = record_events(&initiator);
     let seg = initiator.open_segment_blocking("decode-0").expect("open");
+    let (revision, _) = etcd.records().expect("etcd answers");
 
-    // The target stays up (heartbeats go on) but stops renewing its lease.
-    let t0 = Instant::now();
+    // The target stays up (its control link answers) but stops renewing its lease: etcd
+    // removes its record. That only makes the initiator check the peer directly.
     target.pause_metadata_keepalive(true);
-    let lost = wait_event(&events, TTL + Duration::from_secs(4), |e| {
-        matches!(e, EngineEvent::PeerLost { .. })
+    wait_until(TTL + Duration::from_secs(4), "the record expired", || {
+        etcd.records()
+            .is_some_and(|(_, r)| !r.contains_key("decode-0"))
     });
-    let took = t0.elapsed();
-    match lost {
-        EngineEvent::PeerLost { segment, reason } => {
-            assert_eq!(segment, "decode-0");
-            assert!(reason.to_string().contains("etcd"), "{reason}");
-        }
-        other => panic!("{other:?}"),
-    }
-    // Keep-alives were last sent up to TTL/3 before the pause.
-    assert!(took <= TTL + Duration::from_secs(3), "lost after {took:?}");
+    std::thread::sleep(CHECK_MARGIN);
+    assert_no_loss(&events, "the initiator");
+    write_and_verify(&initiator, seg.handle, &remote, 2);
 
     // Keep-alives resume: the lease is gone, so a new one is granted and the record put
-    // again; the watch reports the peer back.
+    // again.
     target.pause_metadata_keepalive(false);
-    wait_event(
-        &events,
-        Duration::from_secs(10),
-        |e| matches!(e, EngineEvent::PeerRecovered { segment } if segment == "decode-0"),
-    );
-    write_and_verify(&initiator, seg.handle, &remote, 2);
+    let took = wait_until(Duration::from_secs(10), "the record returned", || {
+        registered_after(&etcd, "decode-0", revision)
+    });
+    eprintln!("record re-registered {took:?} after keep-alives resumed");
+    write_and_verify(&initiator, seg.handle, &remote, 3);
+    assert_no_loss(&events, "the initiator");
     initiator.close();
     target.close();
+}
+
+/// Writes `SLOT` bytes from `engine` to each of `targets` in turn, each into the writer's
+/// own slot (`index`) of the target's inbox, and checks the bytes, until `stop`.
+struct Writer {
+    done: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+const SLOT: u64 = 64 << 10;
+
+impl Writer {
+    fn start(
+        engine: Engine,
+        index: u64,
+        targets: Vec<(u64, Arc<Region>)>,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        let done = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let (d, f) = (done.clone(), failures.clone());
+        let thread = std::thread::spawn(move || {
+            let local = engine.allocate(SLOT).expect("local");
+            let mut round = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                for (segment, inbox) in &targets {
+                    round += 1;
+                    fill(&local, index << 32 | round);
+                    let req = Request {
+                        opcode: Opcode::Write,
+                        local: local.id(),
+                        local_offset: 0,
+                        segment: *segment,
+                        remote_buffer: inbox.id(),
+                        remote_offset: index * SLOT,
+                        length: SLOT,
+                        hint: ferry_core::TransportHint::Auto,
+                    };
+                    let (tx, rx) = std::sync::mpsc::channel();
+                    let outcome = engine
+                        .transfer(&[req], move |s| {
+                            let _ = tx.send(s);
+                        })
+                        .map_err(|e| format!("submit: {e}"))
+                        .and_then(|_| {
+                            rx.recv_timeout(Duration::from_secs(20))
+                                .map_err(|_| "no outcome within 20 s".to_string())
+                        });
+                    match outcome {
+                        Ok(s) if s[0].status == TransferStatus::Completed => {
+                            if bytes_at(inbox, index * SLOT, SLOT) == bytes_at(&local, 0, SLOT) {
+                                d.fetch_add(1, Ordering::AcqRel);
+                            } else {
+                                f.lock().expect("failures").push("bytes differ".into());
+                            }
+                        }
+                        Ok(s) => f.lock().expect("failures").push(format!("{:?}", s[0])),
+                        Err(e) => f.lock().expect("failures").push(e),
+                    }
+                    // Paced, so that 4 writers leave the machine's cores to etcd and the
+                    // links.
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            let _ = engine.release(local.id());
+        });
+        Self {
+            done,
+            failures,
+            thread,
+        }
+    }
+
+    fn done(&self) -> u64 {
+        self.done.load(Ordering::Acquire)
+    }
+}
+
+/// Waits (bounded) until every writer completed `more` writes beyond what it had.
+fn wait_for_writes(writers: &[Writer], more: u64, within: Duration, when: &str) {
+    let from: Vec<u64> = writers.iter().map(Writer::done).collect();
+    wait_until(within, &format!("writes {when}"), || {
+        writers.iter().zip(&from).all(|(w, f)| w.done() >= f + more)
+    });
+}
+
+#[test]
+fn a_paused_etcd_is_no_peer_death_and_every_record_returns() {
+    skip_without_etcd!();
+    const N: usize = 4;
+    // Longer than the lease, so every lease has expired when etcd runs again.
+    const PAUSE: Duration = Duration::from_secs(6);
+    let etcd = Etcd::new();
+    let names: Vec<String> = (0..N).map(|i| format!("node-{i}")).collect();
+    let engines: Vec<Engine> = names
+        .iter()
+        .map(|n| Engine::new(config(&etcd, Some(n))).expect("engine"))
+        .collect();
+    let events: Vec<Events> = engines.iter().map(record_events).collect();
+    let inboxes: Vec<Arc<Region>> = engines
+        .iter()
+        .map(|e| e.allocate(SLOT * N as u64).expect("inbox"))
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<Writer> = (0..N)
+        .map(|i| {
+            let targets = (0..N)
+                .filter(|&j| j != i)
+                .map(|j| {
+                    let seg = engines[i].open_segment_blocking(&names[j]).expect("open");
+                    (seg.handle, inboxes[j].clone())
+                })
+                .collect();
+            Writer::start(engines[i].clone(), i as u64, targets, stop.clone())
+        })
+        .collect();
+    wait_for_writes(&writers, 3, Duration::from_secs(20), "before the pause");
+    let (revision, records) = etcd.records().expect("etcd answers");
+    assert!(names.iter().all(|n| records.contains_key(n)), "{records:?}");
+
+    etcd.signal(libc::SIGSTOP);
+    let paused = Instant::now();
+    wait_for_writes(&writers, 3, PAUSE, "while etcd is paused");
+    std::thread::sleep(PAUSE.saturating_sub(paused.elapsed()));
+    etcd.signal(libc::SIGCONT);
+
+    // Every lease expired in the pause: each engine grants a new one and publishes again.
+    let took = wait_until(
+        Duration::from_secs(10),
+        "every record re-registered",
+        || names.iter().all(|n| registered_after(&etcd, n, revision)),
+    );
+    eprintln!("every record re-registered {took:?} after etcd resumed");
+    wait_for_writes(&writers, 3, Duration::from_secs(10), "after etcd resumed");
+    std::thread::sleep(CHECK_MARGIN);
+    stop.store(true, Ordering::Release);
+    for (i, w) in writers.into_iter().enumerate() {
+        w.thread.join().expect("writer");
+        let failures = w.failures.lock().expect("failures");
+        assert!(
+            failures.is_empty(),
+            "{} of node-{i}'s writes failed, the first: {:?}",
+            failures.len(),
+            &failures[..failures.len().min(3)]
+        );
+    }
+    for (i, e) in events.iter().enumerate() {
+        assert_no_loss(e, &names[i]);
+    }
+    for e in &engines {
+        e.close();
+    }
 }
 
 #[test]
@@ -363,18 +589,25 @@ fn an_etcd_outage_spares_transfers_and_cached_segments_and_ends_when_etcd_return
         .collect();
     assert!(lost.is_empty(), "{lost:?}");
 
-    // The watch resumed: the target's lease expiring is still seen.
-    target.pause_metadata_keepalive(true);
-    let lost = wait_event(
+    // The watch resumed: a new engine instance that takes the name once the target closed
+    // is followed (its address and descriptor fetched, the peer reported back).
+    target.close();
+    wait_event(
         &events,
-        TTL + Duration::from_secs(4),
+        Duration::from_secs(5),
         |e| matches!(e, EngineEvent::PeerLost { segment, .. } if segment == "big"),
     );
-    assert!(
-        matches!(&lost, EngineEvent::PeerLost { reason, .. } if reason.to_string().contains("etcd")),
-        "{lost:?}"
+    let successor = Engine::new(config(&etcd, Some("big"))).expect("successor");
+    let moved = successor.allocate(64 << 10).expect("successor's buffer");
+    wait_event(
+        &events,
+        Duration::from_secs(10),
+        |e| matches!(e, EngineEvent::PeerRecovered { segment } if segment == "big"),
     );
-    target.close();
+    let info = initiator.open_segment_blocking("big").expect("reopen");
+    assert_eq!(info.engine_id, successor.engine_id());
+    write_and_verify(&initiator, seg.handle, &moved, 5);
+    successor.close();
     initiator.close();
     late.close();
 }

@@ -21,8 +21,9 @@ pub struct EtcdConfig {
     /// Prefix of the record keys. Default [`DEFAULT_PREFIX`].
     pub prefix: String,
     /// Lease TTL of this engine's record (whole seconds, at least 1 s; etcd may raise it
-    /// to its minimum). Bounds the time until peers declare this engine lost when it stops
-    /// answering. Default [`DEFAULT_LEASE_TTL`].
+    /// to its minimum). Once it expired, peers check this engine directly and declare it
+    /// lost only if it does not answer, so it bounds how soon a hung engine is lost.
+    /// Default [`DEFAULT_LEASE_TTL`].
     pub lease_ttl: Duration,
     /// Deadline of each etcd request and of connecting. Default 3 s.
     pub connect_timeout: Duration,
