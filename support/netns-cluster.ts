@@ -33,7 +33,7 @@ export const MAX_CLUSTER_HOSTS = 250
 
 let serial = 0
 
-const namePrefix = () => `ferry-c-${process.pid % 100_000}`
+const namePrefix = (pid = process.pid) => `ferry-c-${pid % 100_000}`
 
 /** Builds the hub, `n` host namespaces and the link to this namespace. */
 export function createCluster(n: number): Cluster {
@@ -99,15 +99,35 @@ function quietly(args: string[]): void {
   }
 }
 
-/** Removes every cluster namespace this process made and did not remove (a last-resort sweep). */
-export function sweepClusters(): void {
+/**
+ * Removes every cluster namespace and link that process `pid` (this one by default) made and
+ * did not remove: a last-resort sweep, also for a test after its child died.
+ */
+export function sweepClusters(pid = process.pid): void {
+  for (const name of clusterNamespaces(pid)) quietly(['netns', 'del', name])
+  let links = ''
+  try {
+    links = execFileSync('ip', ['-o', 'link', 'show'], { encoding: 'utf8', timeout: 10_000 })
+  } catch {
+    return
+  }
+  for (const c of 'abcdefghijklmnopqrstuvwxyz') {
+    const name = `fc${pid % 100_000}${c}`.slice(0, 15)
+    if (links.includes(`: ${name}@`) || links.includes(`: ${name}:`)) quietly(['link', 'del', name])
+  }
+}
+
+/** The cluster namespaces of process `pid` that exist now (none once it cleaned up). */
+export function clusterNamespaces(pid = process.pid): string[] {
   let list = ''
   try {
     list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8', timeout: 10_000 })
   } catch {
-    return
+    return []
   }
-  const mine = new RegExp(`^${namePrefix()}[a-z]-(hub|h\\d+)$`)
-  for (const name of list.split('\n').map((l) => l.split(' ')[0])) if (mine.test(name)) quietly(['netns', 'del', name])
-  for (const c of 'abcdefghijklmnopqrstuvwxyz') quietly(['link', 'del', `fc${process.pid % 100_000}${c}`.slice(0, 15)])
+  const mine = new RegExp(`^${namePrefix(pid)}[a-z]-(hub|h\\d+)$`)
+  return list
+    .split('\n')
+    .map((l) => l.split(' ')[0])
+    .filter((name) => mine.test(name))
 }

@@ -177,32 +177,45 @@ export function mismatchFigures(records: readonly MismatchRecord[], kills: reado
 export type RssSeries = Array<number | null>
 
 export interface RssFigures {
-  /** Per host: RSS at the end of the warm-up, at the end, growth in between (MB, same incarnation only). */
-  hosts: Array<{ host: number; warmMb: number | null; endMb: number | null; growthMb: number | null; flat: boolean | null }>
-  /** Every host with a figure grew less than the threshold. */
+  /** The round whose end is the baseline (0-based). */
+  fromRound: number
+  /** Per host: RSS at the baseline, at the end, growth in between (MB, same incarnation only). */
+  hosts: Array<{ host: number; fromMb: number | null; endMb: number | null; growthMb: number | null; flat: boolean | null }>
+  /** Every host with a figure grew less than the threshold; null when none has one. */
   flat: boolean | null
   maxGrowthMb: number | null
 }
 
 /**
- * RSS growth per host after warm-up. `series[h][r]` is host h's RSS after round r and
- * `incarnations[h][r]` its incarnation then: growth is measured over the last run of rounds
- * of one incarnation that starts at or after the warm-up (a restarted host starts afresh).
+ * The round after which RSS is judged: the later of the warm-up's end and the run's middle
+ * (memory that grows while a process warms up — V8's heap, pages of its regions touched for
+ * the first time — takes several rounds to settle; a leak goes on growing).
  */
-export function rssFigures(series: RssSeries[], incarnations: Array<Array<number | null>>, warmupRounds: number, flatMb: number): RssFigures {
+export function rssBaselineRound(rounds: number, warmupRounds: number): number {
+  return Math.max(0, Math.min(rounds - 1, Math.max(warmupRounds, Math.floor(rounds / 2)) - 1))
+}
+
+/**
+ * RSS growth per host from the end of round `fromRound` to the end. `series[h][r]` is host
+ * h's RSS after round r and `incarnations[h][r]` its incarnation then: growth is measured
+ * within the last incarnation only (a restarted host starts afresh), from the baseline or,
+ * if that incarnation started later, from its first sample.
+ */
+export function rssFigures(series: RssSeries[], incarnations: Array<Array<number | null>>, fromRound: number, flatMb: number): RssFigures {
   const hosts = series.map((s, host) => {
     const inc = incarnations[host]
     let end = s.length - 1
     while (end >= 0 && s[end] === null) end--
-    if (end < 0) return { host, warmMb: null, endMb: null, growthMb: null, flat: null }
+    if (end < 0) return { host, fromMb: null, endMb: null, growthMb: null, flat: null }
     let start = end
-    while (start - 1 >= Math.max(0, warmupRounds - 1) && s[start - 1] !== null && inc[start - 1] === inc[end]) start--
-    if (start === end) return { host, warmMb: s[start], endMb: s[end], growthMb: null, flat: null }
+    while (start - 1 >= fromRound && s[start - 1] !== null && inc[start - 1] === inc[end]) start--
+    if (start === end) return { host, fromMb: s[start], endMb: s[end], growthMb: null, flat: null }
     const growthMb = Math.round(((s[end] as number) - (s[start] as number)) * 10) / 10
-    return { host, warmMb: s[start], endMb: s[end], growthMb, flat: growthMb <= flatMb }
+    return { host, fromMb: s[start], endMb: s[end], growthMb, flat: growthMb <= flatMb }
   })
   const judged = hosts.filter((h) => h.flat !== null)
   return {
+    fromRound,
     hosts,
     flat: judged.length ? judged.every((h) => h.flat) : null,
     maxGrowthMb: judged.length ? Math.max(...judged.map((h) => h.growthMb as number)) : null,

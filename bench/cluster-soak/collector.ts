@@ -20,6 +20,9 @@ export class Collector {
   readonly errors: Array<{ host: number; t: number; message: string }> = []
   /** Latest counters per host incarnation, key `host/inc`. */
   readonly #counters = new Map<string, Counters>()
+  /** Host → its JS heap and external (Buffer) memory as last reported, MB. */
+  readonly heapMb = new Map<number, number>()
+  readonly externalMb = new Map<number, number>()
   /** Host → current incarnation. */
   readonly incarnation = new Map<number, number>()
   readonly #opened = new Set<string>()
@@ -52,6 +55,8 @@ export class Collector {
         break
       case 'counters':
         this.#counters.set(`${r.host}/${r.inc}`, r.counters)
+        this.heapMb.set(r.host, Math.round(r.heapUsed / 1e5) / 10)
+        this.externalMb.set(r.host, Math.round(r.external / 1e5) / 10)
         break
       case 'error':
         this.errors.push({ host: r.host, t: r.t, message: r.message })

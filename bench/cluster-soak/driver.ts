@@ -94,7 +94,9 @@ export async function runSoak(config: SoakConfig, io: SoakIo): Promise<Summary> 
         rss[i].push(v)
         incarnations[i].push(hosts.alive(i) ? (collector.incarnation.get(i) ?? null) : null)
       })
-      io.emit({ record: 'round', round: r, warmup: plan.warmup, length_ms: plan.lengthMs, rss_mb: rssNow, ...disruptions, delta: delta(before, totals) })
+      const heap = cluster.hosts.map((_, i) => (hosts.alive(i) ? (collector.heapMb.get(i) ?? null) : null))
+      const external = cluster.hosts.map((_, i) => (hosts.alive(i) ? (collector.externalMb.get(i) ?? null) : null))
+      io.emit({ record: 'round', round: r, warmup: plan.warmup, length_ms: plan.lengthMs, rss_mb: rssNow, heap_mb: heap, external_mb: external, ...disruptions, delta: delta(before, totals) })
       io.log(`round ${r + 1}/${config.rounds}${plan.warmup ? ' (warm-up)' : ''}: ${JSON.stringify(delta(before, totals))}`)
       before = totals
     }

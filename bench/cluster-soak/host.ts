@@ -57,7 +57,10 @@ async function main(): Promise<number> {
     counters.peerRecovered++
     emit({ ev: 'peerRecovered', event: { ...e } })
   })
-  const report = () => emit({ ev: 'counters', counters, rss: process.memoryUsage().rss })
+  const report = () => {
+    const m = process.memoryUsage()
+    emit({ ev: 'counters', counters, rss: m.rss, heapUsed: m.heapUsed, external: m.external })
+  }
   const ticker = setInterval(report, COUNTERS_EVERY_MS)
   const peers = Array.from({ length: settings.hosts }, (_, i) => (i === settings.index ? null : new PeerTraffic(ctx, i)))
   const lanes: Promise<void>[] = []

@@ -8,6 +8,7 @@ import {
   mismatchFigures,
   peerLostFigures,
   restartFigures,
+  rssBaselineRound,
   rssFigures,
   type Distribution,
   type FailRecord,
@@ -49,7 +50,8 @@ export function summarize(s: SummaryInput) {
   const restart = restartFigures(s.kills, s.ups, s.config.hosts)
   const lost = peerLostFigures(s.peerLost.filter((e) => e.t < s.stoppedAt), s.kills)
   const mism = mismatchFigures(s.mismatches.filter((m) => m.tEnd < s.stoppedAt), s.kills)
-  const rss = rssFigures(s.rss, s.incarnations, s.config.warmupRounds, s.config.rssFlatMb)
+  const rss = rssFigures(s.rss, s.incarnations, rssBaselineRound(s.config.rounds, s.config.warmupRounds), s.config.rssFlatMb)
+  const afterWarmup = rssFigures(s.rss, s.incarnations, Math.max(0, s.config.warmupRounds - 1), s.config.rssFlatMb)
   const t = s.totals
   const goals = {
     restart_p90_le_500ms: s.config.storm ? restart.p90 !== null && restart.p90 <= GOALS.restartP90Ms : null,
@@ -96,8 +98,17 @@ export function summarize(s: SummaryInput) {
     rss: {
       flat: rss.flat,
       flat_mb: s.config.rssFlatMb,
+      from_round: rss.fromRound,
       max_growth_mb: rss.maxGrowthMb,
-      hosts: rss.hosts.map((h) => ({ host: h.host, warm_mb: h.warmMb, end_mb: h.endMb, growth_mb: h.growthMb, flat: h.flat })),
+      max_growth_after_warmup_mb: afterWarmup.maxGrowthMb,
+      hosts: rss.hosts.map((h, i) => ({
+        host: h.host,
+        from_mb: h.fromMb,
+        end_mb: h.endMb,
+        growth_mb: h.growthMb,
+        growth_after_warmup_mb: afterWarmup.hosts[i].growthMb,
+        flat: h.flat,
+      })),
     },
     rss_mb_by_round: s.rss,
     floods: s.floods,
@@ -132,8 +143,8 @@ export function readable(s: Summary): string {
     `  notifications: ${s.notifications}, verified ${s.notifications_verified}, superseded ${s.notifications_superseded}, misdelivered ${s.misdelivered}${s.misdelivered ? ` (${counts(s.misdelivered_by)})` : ''}`,
     `  peerLost: ${s.peer_lost}, false ${s.false_peer_lost}; reasons: true ${counts(s.peer_lost_reasons.true)}; false ${counts(s.peer_lost_reasons.false)}`,
     `  failures by code: ${counts(s.failures_by_code)}; unexplained by a kill: ${counts(s.unexplained_failures)}; hung ${s.hung}; reopens ${s.reopens}`,
-    `  RSS after warm-up: ${s.rss.flat === null ? 'not judged' : s.rss.flat ? 'flat' : 'grows'} (max growth ${s.rss.max_growth_mb ?? '-'} MB, flat below ${s.rss.flat_mb} MB)`,
-    ...s.rss.hosts.map((h) => `    host ${h.host}: ${h.warm_mb ?? '-'} -> ${h.end_mb ?? '-'} MB`),
+    `  RSS from round ${s.rss.from_round + 1} on: ${s.rss.flat === null ? 'not judged' : s.rss.flat ? 'flat' : 'grows'} (max growth ${s.rss.max_growth_mb ?? '-'} MB, flat at most ${s.rss.flat_mb} MB; ${s.rss.max_growth_after_warmup_mb ?? '-'} MB after warm-up)`,
+    ...s.rss.hosts.map((h) => `    host ${h.host}: ${h.from_mb ?? '-'} -> ${h.end_mb ?? '-'} MB (after warm-up: +${h.growth_after_warmup_mb ?? '-'} MB)`),
   ]
   for (const f of s.floods as Array<Record<string, unknown>>) lines.push(`  flood: ${JSON.stringify(f)}`)
   for (const e of s.host_errors as Array<Record<string, unknown>>) lines.push(`  host error: ${JSON.stringify(e)}`)
