@@ -6,6 +6,9 @@
 import type { FailRecord, Kill, MismatchRecord, PeerLostRecord, UpRecord } from './accounting'
 import { addCounters, newCounters, type Counters, type Report } from './protocol'
 
+/** Bytes in MB (10^6), one decimal. */
+const mb = (bytes: number) => Math.round(bytes / 1e5) / 10
+
 /** Misdeliveries kept one by one for the summary; the rest only counted. */
 const KEEP_MISDELIVERED = 20
 
@@ -20,9 +23,8 @@ export class Collector {
   readonly errors: Array<{ host: number; t: number; message: string }> = []
   /** Latest counters per host incarnation, key `host/inc`. */
   readonly #counters = new Map<string, Counters>()
-  /** Host → its JS heap and external (Buffer) memory as last reported, MB. */
-  readonly heapMb = new Map<number, number>()
-  readonly externalMb = new Map<number, number>()
+  /** Host → its V8 heap (reserved, used) and external (Buffer) memory as last reported, MB. */
+  readonly memory = new Map<number, { heapTotal: number; heapUsed: number; external: number }>()
   /** Host → current incarnation. */
   readonly incarnation = new Map<number, number>()
   readonly #opened = new Set<string>()
@@ -55,8 +57,7 @@ export class Collector {
         break
       case 'counters':
         this.#counters.set(`${r.host}/${r.inc}`, r.counters)
-        this.heapMb.set(r.host, Math.round(r.heapUsed / 1e5) / 10)
-        this.externalMb.set(r.host, Math.round(r.external / 1e5) / 10)
+        this.memory.set(r.host, { heapTotal: mb(r.heapTotal), heapUsed: mb(r.heapUsed), external: mb(r.external) })
         break
       case 'error':
         this.errors.push({ host: r.host, t: r.t, message: r.message })

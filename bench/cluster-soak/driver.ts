@@ -84,6 +84,8 @@ export async function runSoak(config: SoakConfig, io: SoakIo): Promise<Summary> 
     io.log('every host opened its peers')
     const rss: Array<Array<number | null>> = cluster.hosts.map(() => [])
     const incarnations: Array<Array<number | null>> = cluster.hosts.map(() => [])
+    /** RSS less V8's heap: what native memory (the engine's included) holds. */
+    const besideHeap: Array<Array<number | null>> = cluster.hosts.map(() => [])
     let before = collector.totals()
     for (let r = 0; r < config.rounds; r++) {
       const plan = planRound(config, r)
@@ -94,9 +96,21 @@ export async function runSoak(config: SoakConfig, io: SoakIo): Promise<Summary> 
         rss[i].push(v)
         incarnations[i].push(hosts.alive(i) ? (collector.incarnation.get(i) ?? null) : null)
       })
-      const heap = cluster.hosts.map((_, i) => (hosts.alive(i) ? (collector.heapMb.get(i) ?? null) : null))
-      const external = cluster.hosts.map((_, i) => (hosts.alive(i) ? (collector.externalMb.get(i) ?? null) : null))
-      io.emit({ record: 'round', round: r, warmup: plan.warmup, length_ms: plan.lengthMs, rss_mb: rssNow, heap_mb: heap, external_mb: external, ...disruptions, delta: delta(before, totals) })
+      const mem = cluster.hosts.map((_, i) => (hosts.alive(i) ? collector.memory.get(i) : undefined))
+      const beside = mem.map((m, i) => (m && rssNow[i] !== null ? Math.round(((rssNow[i] as number) - m.heapTotal) * 10) / 10 : null))
+      beside.forEach((v, i) => besideHeap[i].push(v))
+      io.emit({
+        record: 'round',
+        round: r,
+        warmup: plan.warmup,
+        length_ms: plan.lengthMs,
+        rss_mb: rssNow,
+        heap_total_mb: mem.map((m) => m?.heapTotal ?? null),
+        heap_used_mb: mem.map((m) => m?.heapUsed ?? null),
+        external_mb: mem.map((m) => m?.external ?? null),
+        ...disruptions,
+        delta: delta(before, totals),
+      })
       io.log(`round ${r + 1}/${config.rounds}${plan.warmup ? ' (warm-up)' : ''}: ${JSON.stringify(delta(before, totals))}`)
       before = totals
     }
@@ -115,6 +129,7 @@ export async function runSoak(config: SoakConfig, io: SoakIo): Promise<Summary> 
       peerLost: c.peerLost,
       peerRecovered: c.peerRecovered.length,
       rss,
+      besideHeap,
       incarnations,
       floods: run.floods,
       etcdPauses: run.etcdPauses,

@@ -10,7 +10,7 @@ export const SOAK_OPTIONS = {
   hosts: { type: 'integer', default: 8, min: 2, max: 64, help: 'hosts, each a process with an engine in a network namespace of its own' },
   rounds: { type: 'integer', default: 10, min: 1, max: 10_000, help: 'rounds, the first --warmup-rounds without disruption' },
   'round-ms': { type: 'integer', default: 8000, min: 500, max: 3_600_000, help: 'length of a round (longer when its disruptions need it)' },
-  'warmup-rounds': { type: 'integer', default: 1, min: 0, max: 1000, help: 'rounds at the start without disruption; RSS is judged after them' },
+  'warmup-rounds': { type: 'integer', default: 1, min: 0, max: 1000, help: 'rounds at the start without disruption' },
   storm: { type: 'boolean', default: false, help: 'kill/restart storms: each round SIGKILLs --kill hosts at once and restarts them on the same address' },
   kill: { type: 'integer', default: 2, min: 1, max: 63, help: 'hosts killed at once in a storm' },
   'down-ms': { type: 'integer', default: 500, min: 0, max: 600_000, help: 'how long killed hosts stay down before their restart' },

@@ -59,7 +59,7 @@ async function main(): Promise<number> {
   })
   const report = () => {
     const m = process.memoryUsage()
-    emit({ ev: 'counters', counters, rss: m.rss, heapUsed: m.heapUsed, external: m.external })
+    emit({ ev: 'counters', counters, rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external })
   }
   const ticker = setInterval(report, COUNTERS_EVERY_MS)
   const peers = Array.from({ length: settings.hosts }, (_, i) => (i === settings.index ? null : new PeerTraffic(ctx, i)))

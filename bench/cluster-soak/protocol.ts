@@ -88,8 +88,8 @@ export type Report = { host: number; inc: number; t: number } & (
   | { ev: 'misdelivered'; from: string; why: string; payload: string }
   /** Every field of the engine's event as it came (a later version may add some). */
   | { ev: 'peerLost' | 'peerRecovered'; event: Record<string, unknown> }
-  /** With the process's memory: rss, and what of it the JS heap and Buffers hold (bytes). */
-  | { ev: 'counters'; counters: Counters; rss: number; heapUsed: number; external: number }
+  /** With the process's memory (bytes): rss, V8's heap (reserved and used) and Buffers' memory. */
+  | { ev: 'counters'; counters: Counters; rss: number; heapTotal: number; heapUsed: number; external: number }
   | { ev: 'error'; message: string }
 )
 

@@ -34,6 +34,8 @@ export interface SummaryInput {
   peerLost: readonly PeerLostRecord[]
   peerRecovered: number
   rss: RssSeries[]
+  /** RSS less V8's reserved heap, per host per round. */
+  besideHeap: RssSeries[]
   incarnations: Array<Array<number | null>>
   floods: readonly object[]
   etcdPauses: readonly object[]
@@ -52,6 +54,7 @@ export function summarize(s: SummaryInput) {
   const mism = mismatchFigures(s.mismatches.filter((m) => m.tEnd < s.stoppedAt), s.kills)
   const rss = rssFigures(s.rss, s.incarnations, rssBaselineRound(s.config.rounds, s.config.warmupRounds), s.config.rssFlatMb)
   const afterWarmup = rssFigures(s.rss, s.incarnations, Math.max(0, s.config.warmupRounds - 1), s.config.rssFlatMb)
+  const besideHeap = rssFigures(s.besideHeap, s.incarnations, rssBaselineRound(s.config.rounds, s.config.warmupRounds), s.config.rssFlatMb)
   const t = s.totals
   const goals = {
     restart_p90_le_500ms: s.config.storm ? restart.p90 !== null && restart.p90 <= GOALS.restartP90Ms : null,
@@ -59,6 +62,7 @@ export function summarize(s: SummaryInput) {
     zero_misdelivered: t.misdelivered === 0,
     zero_false_peer_lost: lost.falsePeerLost === 0,
     rss_flat: rss.flat,
+    rss_beside_heap_flat: besideHeap.flat,
   }
   return {
     record: 'summary' as const,
@@ -101,16 +105,19 @@ export function summarize(s: SummaryInput) {
       from_round: rss.fromRound,
       max_growth_mb: rss.maxGrowthMb,
       max_growth_after_warmup_mb: afterWarmup.maxGrowthMb,
+      max_growth_beside_heap_mb: besideHeap.maxGrowthMb,
       hosts: rss.hosts.map((h, i) => ({
         host: h.host,
         from_mb: h.fromMb,
         end_mb: h.endMb,
         growth_mb: h.growthMb,
         growth_after_warmup_mb: afterWarmup.hosts[i].growthMb,
+        growth_beside_heap_mb: besideHeap.hosts[i].growthMb,
         flat: h.flat,
       })),
     },
     rss_mb_by_round: s.rss,
+    rss_beside_heap_mb_by_round: s.besideHeap,
     floods: s.floods,
     etcd_pauses: s.etcdPauses,
     host_errors: s.hostErrors,
@@ -128,6 +135,14 @@ const counts = (r: Record<string, number>) => {
 }
 const GiB = 1024 ** 3
 
+/** What the driver records of a flood (driver.ts). */
+interface FloodRecord {
+  round: number
+  host: number
+  stats: { peakOpen: number; dropped: number }
+  probe: { ok: boolean; openMs?: number; ioMs?: number; code?: string; message?: string }
+}
+
 /** The summary as lines for people. */
 export function readable(s: Summary): string {
   const d = s.disruptions
@@ -143,10 +158,14 @@ export function readable(s: Summary): string {
     `  notifications: ${s.notifications}, verified ${s.notifications_verified}, superseded ${s.notifications_superseded}, misdelivered ${s.misdelivered}${s.misdelivered ? ` (${counts(s.misdelivered_by)})` : ''}`,
     `  peerLost: ${s.peer_lost}, false ${s.false_peer_lost}; reasons: true ${counts(s.peer_lost_reasons.true)}; false ${counts(s.peer_lost_reasons.false)}`,
     `  failures by code: ${counts(s.failures_by_code)}; unexplained by a kill: ${counts(s.unexplained_failures)}; hung ${s.hung}; reopens ${s.reopens}`,
-    `  RSS from round ${s.rss.from_round + 1} on: ${s.rss.flat === null ? 'not judged' : s.rss.flat ? 'flat' : 'grows'} (max growth ${s.rss.max_growth_mb ?? '-'} MB, flat at most ${s.rss.flat_mb} MB; ${s.rss.max_growth_after_warmup_mb ?? '-'} MB after warm-up)`,
-    ...s.rss.hosts.map((h) => `    host ${h.host}: ${h.from_mb ?? '-'} -> ${h.end_mb ?? '-'} MB (after warm-up: +${h.growth_after_warmup_mb ?? '-'} MB)`),
+    `  RSS from round ${s.rss.from_round + 1} on: ${s.rss.flat === null ? 'not judged' : s.rss.flat ? 'flat' : 'grows'} (max growth ${s.rss.max_growth_mb ?? '-'} MB, flat at most ${s.rss.flat_mb} MB; ${s.rss.max_growth_after_warmup_mb ?? '-'} MB after warm-up; beside V8's heap ${s.rss.max_growth_beside_heap_mb ?? '-'} MB)`,
+    ...s.rss.hosts.map((h) => `    host ${h.host}: ${h.from_mb ?? '-'} -> ${h.end_mb ?? '-'} MB (after warm-up: +${h.growth_after_warmup_mb ?? '-'} MB; beside the heap +${h.growth_beside_heap_mb ?? '-'} MB)`),
   ]
-  for (const f of s.floods as Array<Record<string, unknown>>) lines.push(`  flood: ${JSON.stringify(f)}`)
+  for (const f of s.floods as FloodRecord[]) {
+    const p = f.probe
+    const outcome = p.ok ? `opened in ${p.openMs} ms, wrote and read back in ${p.ioMs} ms` : `failed: ${p.code} ${p.message ?? ''}`.trim()
+    lines.push(`  flood, round ${f.round + 1}, host ${f.host}: ${f.stats.peakOpen} idle open at most, ${f.stats.dropped} dropped by the host; a new engine ${outcome}`)
+  }
   for (const e of s.host_errors as Array<Record<string, unknown>>) lines.push(`  host error: ${JSON.stringify(e)}`)
   const g = Object.entries(s.goals).map(([k, v]) => `${k} ${v === null ? '-' : v ? 'yes' : 'NO'}`)
   lines.push(`  goals: ${g.join(', ')}`)
