@@ -28,6 +28,7 @@ export class Collector {
   /** Host → current incarnation. */
   readonly incarnation = new Map<number, number>()
   readonly #opened = new Set<string>()
+  readonly #quiet = new Set<string>()
 
   report(r: Report): void {
     switch (r.ev) {
@@ -59,6 +60,9 @@ export class Collector {
         this.#counters.set(`${r.host}/${r.inc}`, r.counters)
         this.memory.set(r.host, { heapTotal: mb(r.heapTotal), heapUsed: mb(r.heapUsed), external: mb(r.external) })
         break
+      case 'quiet':
+        this.#quiet.add(`${r.host}/${r.inc}`)
+        break
       case 'error':
         this.errors.push({ host: r.host, t: r.t, message: r.message })
         break
@@ -68,6 +72,11 @@ export class Collector {
   /** Whether host `host`'s incarnation `inc` has opened its peers. */
   opened(host: number, inc: number): boolean {
     return this.#opened.has(`${host}/${inc}`)
+  }
+
+  /** Whether host `host`'s incarnation `inc` has ended its traffic. */
+  quiet(host: number, inc: number): boolean {
+    return this.#quiet.has(`${host}/${inc}`)
   }
 
   /** Counters summed over every incarnation of every host, as last reported. */

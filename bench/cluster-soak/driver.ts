@@ -114,7 +114,10 @@ export async function runSoak(config: SoakConfig, io: SoakIo): Promise<Summary> 
       io.log(`round ${r + 1}/${config.rounds}${plan.warmup ? ' (warm-up)' : ''}: ${JSON.stringify(delta(before, totals))}`)
       before = totals
     }
+    // Traffic ends everywhere before any engine closes: closing is no loss to count.
     const stoppedAt = Date.now()
+    hosts.broadcast({ cmd: 'quiesce' })
+    await untilQuiet(run, config.hangMs + 5000)
     await hosts.stopAll(config.hangMs + 5000)
     const c = collector
     return summarize({
@@ -167,6 +170,14 @@ async function untilOpened(run: Run, ms: number): Promise<void> {
       if (Date.now() > deadline) throw new Error(`host ${i} did not open its peers in ${ms} ms`)
       await delay(100)
     }
+  }
+}
+
+/** Waits, at most `ms`, until every running host has ended its traffic. */
+async function untilQuiet(run: Run, ms: number): Promise<void> {
+  const deadline = Date.now() + ms
+  for (let i = 0; i < run.config.hosts; i++) {
+    while (run.hosts.alive(i) && !run.collector.quiet(i, run.collector.incarnation.get(i) ?? -1) && Date.now() < deadline) await delay(50)
   }
 }
 

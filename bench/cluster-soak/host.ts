@@ -70,6 +70,17 @@ async function main(): Promise<number> {
     for (const p of peers) for (let l = 0; p && l < settings.lanes; l++) lanes.push(p.lane(l))
   }
   emit({ ev: 'ready', pid: process.pid })
+  // The traffic ends, then its last counters go out (`quiet`); every lane ends after its
+  // current call, which is bounded by hangMs.
+  let quiet: Promise<void> | null = null
+  const quiesce = () =>
+    (quiet ??= (async () => {
+      running = false
+      await within(Promise.all(lanes), settings.hangMs + 1000)
+      clearInterval(ticker)
+      report()
+      emit({ ev: 'quiet' })
+    })())
 
   const stopped = new Promise<void>((resolve) => {
     const rl = readline.createInterface({ input: process.stdin })
@@ -82,17 +93,14 @@ async function main(): Promise<number> {
       }
       if (c.cmd === 'go') void go()
       else if (c.cmd === 'killed') peers[c.target]?.link.killed(c.t)
+      else if (c.cmd === 'quiesce') void quiesce()
       else if (c.cmd === 'stop') rl.close()
     })
     // Stop also when the driver goes away (its end of the pipe closes).
     rl.once('close', () => resolve())
   })
   await stopped
-  running = false
-  // Each lane ends after its current call, which is bounded by hangMs.
-  await within(Promise.all(lanes), settings.hangMs + 1000)
-  clearInterval(ticker)
-  report()
+  await quiesce()
   await engine.close()
   process.stdin.destroy()
   return 0

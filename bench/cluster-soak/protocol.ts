@@ -31,6 +31,8 @@ export type Command =
   | { cmd: 'go' }
   /** Host `target` was SIGKILLed at `t`. */
   | { cmd: 'killed'; target: number; t: number }
+  /** End the traffic and report the last counters (then `quiet`). */
+  | { cmd: 'quiesce' }
   /** Close the engine and exit. */
   | { cmd: 'stop' }
 
@@ -90,6 +92,8 @@ export type Report = { host: number; inc: number; t: number } & (
   | { ev: 'peerLost' | 'peerRecovered'; event: Record<string, unknown> }
   /** With the process's memory (bytes): rss, V8's heap (reserved and used) and Buffers' memory. */
   | { ev: 'counters'; counters: Counters; rss: number; heapTotal: number; heapUsed: number; external: number }
+  /** The traffic ended (`quiesce`); no counters change after this. */
+  | { ev: 'quiet' }
   | { ev: 'error'; message: string }
 )
 
