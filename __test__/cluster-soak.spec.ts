@@ -254,13 +254,14 @@ test('peerLost: true within the attribution window of a kill of its host; reason
       { host: 2, t: 1200, event: { kind: 'peerLost', segment: 'soak-host-0', reason: 'crashed', incarnation: 'x' } },
       { host: 2, t: 5000, event: { kind: 'peerLost', segment: 'soak-host-3', reason: 'etcd record removed' } },
       { host: 3, t: 999, event: { kind: 'peerLost', segment: 'soak-host-0' } }, // before the kill
+      { host: 3, t: 1300, event: { kind: 'peerLost', segment: 'soak-host-0', reason: { kind: 'restarted' } } },
     ],
     [kill(0, 1000, 1500)],
   )
-  t.is(f.total, 4)
+  t.is(f.total, 5)
   t.is(f.falsePeerLost, 2)
   t.deepEqual(f.reasons, {
-    true: { 'control connection closed by peer': 1, crashed: 1 },
+    true: { 'control connection closed by peer': 1, crashed: 1, '{"kind":"restarted"}': 1 },
     false: { 'etcd record removed': 1, '(none)': 1 },
   })
   t.is(hostOf('soak-host-12'), 12)

@@ -149,7 +149,8 @@ export function peerLostFigures(events: readonly PeerLostRecord[], kills: readon
     const target = hostOf(e.event.segment)
     const explained = kills.some((k) => k.host === target && k.tKill <= e.t && e.t - k.tKill <= ATTRIBUTION_MS)
     if (!explained) falsePeerLost++
-    const reason = e.event.reason === undefined ? '(none)' : String(e.event.reason)
+    const r = e.event.reason
+    const reason = r === undefined ? '(none)' : typeof r === 'string' ? r : JSON.stringify(r)
     const bucket = explained ? reasons.true : reasons.false
     bucket[reason] = (bucket[reason] ?? 0) + 1
   }

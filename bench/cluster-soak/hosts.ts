@@ -61,7 +61,10 @@ export class Hosts {
     }
   }
 
-  /** Starts host `i`; resolves when it is ready, rejects when it exits first or after `timeoutMs`. */
+  /**
+   * Starts host `i`; resolves when it is ready, rejects when it exits first, reports an
+   * error or is not ready after `timeoutMs` (then it is killed).
+   */
   start(i: number, timeoutMs: number): Promise<Ready> {
     const proc = startTsx(`host ${i}`, HOST_SCRIPT, [], { FERRY_SOAK_HOST: JSON.stringify(this.settings(i)), FERRY_AUTH_SECRET_FILE: this.secretFile }, this.cluster.prefix(this.cluster.hosts[i]))
     const stderr = tailStderr(proc)
@@ -74,8 +77,10 @@ export class Hosts {
         if (settled) return
         settled = true
         clearTimeout(timer)
-        if (err) reject(err)
-        else resolve(ready!)
+        if (!err) return resolve(ready!)
+        // A host that did not come up never lingers beside its next try.
+        if (running(proc) && proc.pid !== undefined) process.kill(proc.pid, 'SIGKILL')
+        reject(err)
       }
       const lines = readline.createInterface({ input: proc.stdout! })
       lines.on('line', (line) => {
