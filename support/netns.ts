@@ -44,7 +44,8 @@ export function netnsUnavailable(): string | undefined {
   return undefined
 }
 
-function ip(args: string[]): string {
+/** Runs `ip ARGS` (bounded); throws an Error naming the command and why it failed. */
+export function ip(args: string[]): string {
   try {
     return execFileSync('ip', args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 10_000 })
   } catch (err) {
