@@ -251,8 +251,9 @@ async fn decode_reply<S: AsyncRead + Unpin>(
 }
 
 /// The server's side of the handshake: reads exactly a Hello, and with a secret exactly a
-/// proof — nothing larger is read before the peer proved the secret. Answers HelloAck with
-/// `engine_id`; on failure sends an `Error` frame saying so and returns why.
+/// proof — nothing larger is read before the peer proved the secret. Returns the Hello once
+/// the peer is verified, and the caller decides whether to let it in ([`acknowledge`]) or
+/// refuse it ([`refuse`]); on failure sends nothing itself and returns why.
 pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     secret: Option<&Secret>,
@@ -284,13 +285,29 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     };
     // The peer sent all it had to and waits for the verdict: it is told (`Refused::tell`).
     checked.map_err(|why| Refused { why, tell: true })?;
+    Header::decode(&hello).map_err(|_| Refused::silent(Failure::Protocol))
+}
+
+/// Lets a verified peer in: HelloAck with this engine's id.
+pub(crate) async fn acknowledge<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    engine_id: u64,
+) -> Result<()> {
     let mut ack = Header::new(Op::HelloAck);
     ack.request_id = engine_id;
     stream
         .write_all(&ack.encode())
         .await
-        .map_err(|_| Refused::silent(Failure::Protocol))?;
-    Header::decode(&hello).map_err(|_| Refused::silent(Failure::Protocol))
+        .map_err(|e| Error::io("write HelloAck", &e))
+}
+
+/// Tells a peer waiting for the handshake's verdict that it was refused, and why. Best
+/// effort: the connection is dropped next whatever happens.
+pub(crate) async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, reason: &[u8]) {
+    let mut e = Header::new(Op::Error);
+    e.flags = RejectCode::Auth as u16;
+    e.length = reason.len() as u64;
+    let _ = write_all_pair(stream, &e.encode(), reason).await;
 }
 
 /// A handshake the serving side failed: why, and whether the peer waits to be told.
@@ -323,8 +340,7 @@ impl Refused {
         let _ = tokio::time::timeout(deadline, self.tell(stream)).await;
     }
 
-    /// Tells the peer why it was refused, when it waits for the answer. Best effort: the
-    /// connection is dropped next whatever happens.
+    /// Tells the peer why it was refused, when it waits for the answer.
     async fn tell<S: AsyncWrite + Unpin>(&self, stream: &mut S) {
         if !self.tell {
             return;
@@ -333,9 +349,6 @@ impl Refused {
             Failure::NoSecret => b"this engine requires the cluster secret (authSecret)",
             _ => b"authentication failed",
         };
-        let mut e = Header::new(Op::Error);
-        e.flags = RejectCode::Auth as u16;
-        e.length = text.len() as u64;
-        let _ = write_all_pair(stream, &e.encode(), text).await;
+        refuse(stream, text).await;
     }
 }
