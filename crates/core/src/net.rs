@@ -167,14 +167,24 @@ pub(crate) async fn connect(
         reason,
     };
     let attempt = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        tune(&stream, kind);
-        let id = client_handshake(&mut stream, kind, local_engine_id)
-            .await
-            .map_err(fail)?;
-        Ok((stream, id))
+        let mut cuts = 0;
+        loop {
+            let mut stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            tune(&stream, kind);
+            match client_handshake(&mut stream, kind, local_engine_id).await {
+                Ok(id) => return Ok((stream, id)),
+                // Cut before any verdict: a target whose handshake budget is full pushes
+                // out its oldest handshake (`handshakes`). A new connection is the newest
+                // there, so a flood must push it out again: a few more tries, in the time
+                // left.
+                Err(reason) if reason.starts_with(HANDSHAKE_CUT) && cuts < CUT_RETRIES => {
+                    cuts += 1;
+                }
+                Err(reason) => return Err(fail(reason)),
+            }
+        }
     };
     tokio::time::timeout(timeout, attempt)
         .await
@@ -223,17 +233,25 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(h.request_id)
 }
 
+/// How a handshake the server closed without a verdict begins its error.
+const HANDSHAKE_CUT: &str = "closed during the handshake";
+/// New connections [`connect`] tries after a handshake was cut.
+const CUT_RETRIES: u32 = 3;
+
 async fn read_handshake<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut [u8],
 ) -> std::result::Result<(), String> {
-    stream.read_exact(buf).await.map(|_| ()).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            "closed during the handshake".to_string()
-        } else {
-            format!("handshake: {e}")
-        }
-    })
+    stream
+        .read_exact(buf)
+        .await
+        .map(|_| ())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => HANDSHAKE_CUT.to_string(),
+            // Closed with our Hello still unread there.
+            std::io::ErrorKind::ConnectionReset => format!("{HANDSHAKE_CUT}: {e}"),
+            _ => format!("handshake: {e}"),
+        })
 }
 
 /// Decodes a handshake reply; an `Error` frame becomes its text.

@@ -210,6 +210,13 @@ async fn serve(
     handshake: Handshake,
 ) -> Result<()> {
     let (hello, _slot) = let_in(&mut stream, from, &local, handshake).await?;
+    // On the heap, made only now: a connection in its handshake holds a small future (its
+    // read buffers are a header and a proof), whatever serving it later takes.
+    Box::pin(serve_admitted(stream, hello, local)).await
+}
+
+/// Serves an admitted connection of the kind its Hello named.
+async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegment>) -> Result<()> {
     let kind = ConnKind::from_raw(hello.buffer_id)
         .ok_or_else(|| Error::Protocol(format!("unknown connection kind {}", hello.buffer_id)))?;
     tune_accepted(&stream, kind);
