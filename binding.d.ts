@@ -375,7 +375,10 @@ export interface EngineMetrics {
    * zeros too; `ferry_auth_failures_total{reason}`).
    */
   authFailures: Record<string, number>
-  /** Connections refused at once by a cap, by which (`total`, `per_address`). */
+  /**
+   * Connections refused by a cap once they authenticated (`total`, `per_address`), or
+   * pushed out of the full handshake budget before (`evicted`).
+   */
   connectionsRefused: Record<string, number>
 }
 
@@ -455,19 +458,26 @@ export interface EngineOptions {
   etcdPasswordFile?: string
   /**
    * The cluster secret, at least 32 bytes: every connection proves it both ways before
-   * anything else is exchanged [FERRY_AUTH_SECRET_FILE's content, else none]. index.ts
-   * also takes a Buffer, passed on as `authSecretHex`.
+   * anything else is exchanged [FERRY_AUTH_SECRET_FILE's content, else the per-user
+   * secret: this user's processes only]. index.ts also takes a Buffer, passed on as
+   * `authSecretHex`.
    */
   authSecret?: string
   /** The cluster secret's bytes in hex (what index.ts makes of a Buffer `authSecret`). */
   authSecretHex?: string
-  /** Listen beyond loopback without a secret [false: refused]. */
+  /**
+   * Without authSecret, no secret at all, not even the per-user one: anyone who can reach
+   * the engine may use it; needed to listen beyond loopback without a secret [false].
+   */
   allowUnauthenticated?: boolean
   /** Serve the shm socket to processes of any uid [false: this process's uid only]. */
   shmAnyUid?: boolean
-  /** Connections open at once, all peers [4096; 1..=1000000]; excess refused at once. */
+  /**
+   * Authenticated connections open at once, all peers [4096; 1..=1000000]; excess
+   * refused at once.
+   */
   maxConnections?: number
-  /** Connections open at once from one address [1024; 1..=1000000]. */
+  /** Authenticated connections open at once from one address [1024; 1..=1000000]. */
   maxConnectionsPerAddress?: number
   /** A handshake or a started frame must complete within this many ms [30000; 10..=3600000]. */
   frameTimeoutMs?: number

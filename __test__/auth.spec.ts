@@ -1,6 +1,13 @@
 import test from 'ava'
 import { randomBytes } from 'node:crypto'
+import * as fs from 'node:fs'
+import * as os from 'node:os'
+import * as path from 'node:path'
+import * as readline from 'node:readline'
 import { Engine, FerryError, TransferStatus } from '../index'
+import { killAll, spawnNode } from './helpers'
+
+test.after.always(killAll)
 
 const KiB = 1 << 10
 
@@ -49,20 +56,20 @@ test('engines with the same secret (string or Buffer) move bytes; another secret
     const err = await t.throwsAsync(stranger.openSegment(target.segmentName), { instanceOf: FerryError })
     t.is(err?.code, 'ERR_FERRY_CONNECT', err?.message)
   }
-  // A refused peer is counted before it is told, so `no_secret` is in already. `aborted`
-  // is the stranger with another secret walking away, which the target learns of only
-  // when its read of the proof meets the close: wait for it (bounded).
+  // Both strangers hold a secret (the one given no secret holds this user's per-user
+  // secret), find that the target does not hold it, and walk away: `aborted`, which the
+  // target learns of only when its read of the proof meets the close. Wait for it (bounded).
   const deadline = Date.now() + 10_000
-  while (target.metrics().authFailures.aborted < 1 && Date.now() < deadline) {
+  while (target.metrics().authFailures.aborted < 2 && Date.now() < deadline) {
     await new Promise((resolve) => setTimeout(resolve, 5))
   }
   const text = target.metricsText()
-  t.regex(text, /^ferry_auth_failures_total\{reason="aborted"\} 1$/m)
-  t.regex(text, /^ferry_auth_failures_total\{reason="no_secret"\} 1$/m)
+  t.regex(text, /^ferry_auth_failures_total\{reason="aborted"\} 2$/m)
+  t.regex(text, /^ferry_auth_failures_total\{reason="no_secret"\} 0$/m)
   t.regex(text, /^ferry_connections_refused_total\{reason="per_address"\} 0$/m)
   const m = target.metrics()
-  t.like(m.authFailures, { aborted: 1, no_secret: 1, bad_proof: 0 })
-  t.like(m.connectionsRefused, { total: 0, per_address: 0 })
+  t.like(m.authFailures, { aborted: 2, no_secret: 0, bad_proof: 0 })
+  t.like(m.connectionsRefused, { total: 0, per_address: 0, evicted: 0 })
   // A string secret is its UTF-8 bytes.
   const texted = await Engine.create({ authSecret: 'x'.repeat(40) })
   t.teardown(() => texted.close())
@@ -77,4 +84,38 @@ test('a short secret is refused', async (t) => {
     t.is(err?.code, 'ERR_FERRY_INVALID_ARGUMENT')
     t.regex(err?.message ?? '', /at least 32 bytes/)
   }
+})
+
+/** What the initiator fixture (as `prefix` runs it) said first, or how it ended. */
+async function initiatorOutcome(segment: string, buffer: number, env: Record<string, string>, prefix: string[]) {
+  const proc = spawnNode(path.join(__dirname, 'fixtures', 'initiator.ts'), { FERRY_INIT_SEGMENT: segment, FERRY_INIT_BUFFER: String(buffer), ...env }, [], prefix)
+  let stderr = ''
+  proc.stderr?.on('data', (d) => (stderr += d))
+  const lines = readline.createInterface({ input: proc.stdout! })
+  const exited = new Promise<number | null>((resolve) => proc.once('exit', (code) => resolve(code)))
+  const first = new Promise<Record<string, unknown>>((resolve) => lines.once('line', (l) => resolve(JSON.parse(l))))
+  const timer = new Promise<'timeout'>((resolve) => setTimeout(() => resolve('timeout'), 30_000).unref())
+  const said = await Promise.race([first, exited.then((code) => ({ exited: code })), timer])
+  if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL')
+  await exited
+  return { said, stderr }
+}
+
+test('with no secret, another process of this user works with no configuration; a process of another uid is refused', async (t) => {
+  t.timeout(90_000)
+  const target = await Engine.create({ transports: ['shm', 'tcp'] })
+  t.teardown(() => target.close())
+  const region = target.allocate(4 * 1024 * KiB)
+  const same = await initiatorOutcome(target.segmentName, region.id, {}, [])
+  t.like(same.said, { verified: true }, same.stderr)
+  // Another uid, with a per-user secret of its own: refused, and nothing written.
+  region.buffer.fill(5)
+  const theirs = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-nobody-secret-'))
+  t.teardown(() => fs.rmSync(theirs, { recursive: true, force: true }))
+  fs.chownSync(theirs, 65534, 65534)
+  const nobody = ['setpriv', '--reuid=nobody', '--regid=nogroup', '--clear-groups']
+  const other = await initiatorOutcome(target.segmentName, region.id, { FERRY_USER_SECRET_DIR: theirs }, nobody)
+  t.deepEqual(other.said, { exited: 1 }, other.stderr)
+  t.regex(other.stderr, /cannot connect to .*: authentication failed: the peer does not hold our cluster secret/)
+  t.true(region.buffer.every((b) => b === 5), 'another uid wrote nothing')
 })

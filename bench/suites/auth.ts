@@ -54,10 +54,11 @@ async function startSides(transport: Transport, regionBytes: number, options: Su
   const sides: Sides = { targets: {}, rigs: {} }
   const transports: EngineOptions = transport === 'tcp' ? { transports: ['tcp'] } : {}
   for (const side of SIDES) {
-    const env: Record<string, string> = side === 'on' ? { FERRY_AUTH_SECRET_FILE: secretFile } : {}
+    // "off" is no secret at all: without allowUnauthenticated an engine proves the per-user one.
+    const env: Record<string, string> = side === 'on' ? { FERRY_AUTH_SECRET_FILE: secretFile } : { FERRY_BENCH_UNAUTHENTICATED: '1' }
     const target = await startTarget(regionBytes, { env })
     sides.targets[side] = target
-    sides.rigs[side] = await openRig(target, regionBytes, options, side === 'on' ? { ...transports, authSecret: secret } : transports)
+    sides.rigs[side] = await openRig(target, regionBytes, options, side === 'on' ? { ...transports, authSecret: secret } : { ...transports, allowUnauthenticated: true })
   }
   return sides
 }

@@ -12,6 +12,8 @@ fn pair(secret: Option<&[u8]>) -> (Engine, Engine) {
     let cfg = EngineConfig {
         transports: vec![TransportKind::Shm, TransportKind::Tcp],
         auth_secret: secret.map(|s| Secret::new(s.to_vec()).expect("secret")),
+        // Without a secret, none at all (not the per-user one).
+        allow_unauthenticated: secret.is_none(),
         ..EngineConfig::default()
     };
     let target = Engine::new(cfg.clone()).expect("target");

@@ -123,6 +123,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         .local_addr()
         .map_err(|e| Error::io("listen", &e))?;
     crate::config::check_exposure(&config, local_addr)?;
+    let secret = crate::config::effective_secret(&config, crate::user_secret::user_secret)?;
     let name = segment_name(&config, local_addr)?;
     let listener = {
         let _guard = runtime.enter();
@@ -134,7 +135,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
     token[8..].copy_from_slice(&random_u64().to_le_bytes());
     let regions = Arc::new(RegionTable::default());
     let admission = Admission::new(config.connections);
-    let credentials = crate::auth::register(engine_id, config.auth_secret.clone());
+    let credentials = crate::auth::register(engine_id, secret.clone());
     let control_peers: Arc<ControlPeers> = Arc::default();
     let machine_id = config.machine_id.clone().unwrap_or_else(machine_identity);
     let shutdown = CancellationToken::new();
@@ -157,7 +158,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         lost,
         control_peers: control_peers.clone(),
         token,
-        secret: config.auth_secret.clone(),
+        secret: secret.clone(),
         admission: admission.clone(),
         shm_any_uid: config.shm_any_uid,
         frame_timeout: config.frame_timeout,
@@ -192,7 +193,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
             .filter_map(|k| Some((k, transports.iter().find(|(t, _)| *t == k)?.1.clone())))
             .collect(),
         control_peers,
-        secret: config.auth_secret.clone(),
+        secret,
         admission,
         frame_timeout: config.frame_timeout,
         notify_inbox: Arc::new(Inbox::new(config.notify.queue_size, stats.notify.clone())),

@@ -70,16 +70,21 @@ impl Secret {
     /// Reads a secret from a file; one trailing newline (as editors and `echo` leave) is
     /// not part of it.
     pub fn from_file(path: &str) -> Result<Self> {
-        let mut bytes = std::fs::read(path).map_err(|e| {
+        let bytes = std::fs::read(path).map_err(|e| {
             Error::InvalidArgument(format!("cannot read the auth secret file {path:?}: {e}"))
         })?;
+        Self::from_contents(bytes).map_err(|e| Error::InvalidArgument(format!("{path:?}: {e}")))
+    }
+
+    /// A secret file's contents as the secret: one trailing newline is not part of it.
+    pub(crate) fn from_contents(mut bytes: Vec<u8>) -> Result<Self> {
         if bytes.last() == Some(&b'\n') {
             bytes.pop();
             if bytes.last() == Some(&b'\r') {
                 bytes.pop();
             }
         }
-        Self::new(bytes).map_err(|e| Error::InvalidArgument(format!("{path:?}: {e}")))
+        Self::new(bytes)
     }
 
     /// The secret named by `FERRY_AUTH_SECRET_FILE`, if that is set.

@@ -57,13 +57,18 @@ pub struct EngineConfig {
     /// Cluster metadata in etcd; `None` (default) is p2p: segments are named `host:port`.
     pub metadata: Option<EtcdConfig>,
     /// The cluster secret (`authSecret`, or the file named by `FERRY_AUTH_SECRET_FILE`):
-    /// every connection, both ways, proves it before anything else is exchanged.
+    /// every connection, both ways, proves it before anything else is exchanged. `None`:
+    /// the per-user secret (`user_secret`), so that processes of this user work together
+    /// and no other uid can — unless `allow_unauthenticated`.
     pub auth_secret: Option<Secret>,
-    /// Lets an engine listen beyond loopback without a secret (`allowUnauthenticated`).
+    /// Without `auth_secret`, no secret at all, not even the per-user one: anyone who can
+    /// reach the engine may use it, and only engines that do the same can reach it
+    /// (`allowUnauthenticated`). Needed to listen beyond loopback without a secret.
     pub allow_unauthenticated: bool,
     /// Serves the shm socket to processes of any uid, not only this one's (`shmAnyUid`).
     pub shm_any_uid: bool,
-    /// Caps on connections per peer address and in total.
+    /// Caps on authenticated connections per peer address and in total, and the budget of
+    /// connections still in their handshake.
     pub connections: ConnLimits,
     /// A started frame (header and payload) must be complete within this long
     /// (`frameTimeoutMs`); a handshake too.
@@ -216,6 +221,18 @@ impl EngineConfig {
             n,
         )?;
         within(
+            "connections.handshakes",
+            self.connections.handshakes,
+            limits::CONNECTIONS,
+            n,
+        )?;
+        within(
+            "connections.handshakes_per_address",
+            self.connections.handshakes_per_address,
+            limits::CONNECTIONS,
+            n,
+        )?;
+        within(
             "frameTimeoutMs",
             self.frame_timeout,
             limits::FRAME_TIMEOUT,
@@ -264,7 +281,22 @@ impl EngineConfig {
     }
 }
 
-/// Refuses to serve beyond loopback without a secret, unless that was asked for.
+/// What this engine proves and asks for: its `auth_secret`; else none where
+/// `allow_unauthenticated`; else the per-user secret, from the file `user_secret` reads
+/// (made on first use).
+pub(crate) fn effective_secret(
+    config: &EngineConfig,
+    per_user: impl FnOnce() -> Result<Secret>,
+) -> Result<Option<Secret>> {
+    match (&config.auth_secret, config.allow_unauthenticated) {
+        (Some(secret), _) => Ok(Some(secret.clone())),
+        (None, true) => Ok(None),
+        (None, false) => per_user().map(Some),
+    }
+}
+
+/// Refuses to serve beyond loopback without a secret, unless that was asked for. The
+/// per-user secret does not count: no other host holds it.
 pub(crate) fn check_exposure(config: &EngineConfig, bound: SocketAddr) -> Result<()> {
     match exposure_warning(config, bound) {
         None => Ok(()),

@@ -45,6 +45,7 @@ pub mod event_loop;
 mod events;
 pub mod failover;
 pub mod handle;
+mod handshakes;
 pub mod health;
 mod inner;
 mod kind;
@@ -72,6 +73,7 @@ pub mod task;
 mod task_slots;
 pub mod transport;
 pub mod transports;
+pub mod user_secret;
 pub mod wake;
 pub mod wire;
 

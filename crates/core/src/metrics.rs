@@ -153,7 +153,8 @@ pub struct Metrics {
     pub regions: u64,
     /// Failed handshakes by reason (`no_secret`, `bad_proof`, …; zeros too).
     pub auth_failures: Vec<(&'static str, u64)>,
-    /// Connections refused at once by a cap, by which (`total`, `per_address`).
+    /// Connections refused by a cap once they authenticated (`total`, `per_address`), or
+    /// pushed out of the full handshake budget before (`evicted`).
     pub connections_refused: Vec<(&'static str, u64)>,
     /// Notifications sent, received, dropped and waiting.
     pub notifications: NotifyMetrics,
@@ -360,7 +361,7 @@ impl Metrics {
         family(
             "ferry_connections_refused_total",
             "counter",
-            "Connections refused at once by maxConnections or maxConnectionsPerAddress.",
+            "Connections refused by maxConnections or maxConnectionsPerAddress, or pushed out of the full handshake budget (evicted).",
             &by_reason(&self.connections_refused),
         );
         let n = &self.notifications;

@@ -167,14 +167,24 @@ pub(crate) async fn connect(
         reason,
     };
     let attempt = async {
-        let mut stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
-        tune(&stream, kind);
-        let id = client_handshake(&mut stream, kind, local_engine_id)
-            .await
-            .map_err(fail)?;
-        Ok((stream, id))
+        let mut cuts = 0;
+        loop {
+            let mut stream = TcpStream::connect(addr)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            tune(&stream, kind);
+            match client_handshake(&mut stream, kind, local_engine_id).await {
+                Ok(id) => return Ok((stream, id)),
+                // Cut before any verdict: a target whose handshake budget is full pushes
+                // out its oldest handshake (`handshakes`). A new connection is the newest
+                // there, so a flood must push it out again: a few more tries, in the time
+                // left.
+                Err(reason) if reason.starts_with(HANDSHAKE_CUT) && cuts < CUT_RETRIES => {
+                    cuts += 1;
+                }
+                Err(reason) => return Err(fail(reason)),
+            }
+        }
     };
     tokio::time::timeout(timeout, attempt)
         .await
@@ -223,17 +233,25 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(h.request_id)
 }
 
+/// How a handshake the server closed without a verdict begins its error.
+const HANDSHAKE_CUT: &str = "closed during the handshake";
+/// New connections [`connect`] tries after a handshake was cut.
+const CUT_RETRIES: u32 = 3;
+
 async fn read_handshake<S: AsyncRead + Unpin>(
     stream: &mut S,
     buf: &mut [u8],
 ) -> std::result::Result<(), String> {
-    stream.read_exact(buf).await.map(|_| ()).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            "closed during the handshake".to_string()
-        } else {
-            format!("handshake: {e}")
-        }
-    })
+    stream
+        .read_exact(buf)
+        .await
+        .map(|_| ())
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => HANDSHAKE_CUT.to_string(),
+            // Closed with our Hello still unread there.
+            std::io::ErrorKind::ConnectionReset => format!("{HANDSHAKE_CUT}: {e}"),
+            _ => format!("handshake: {e}"),
+        })
 }
 
 /// Decodes a handshake reply; an `Error` frame becomes its text.
@@ -251,8 +269,9 @@ async fn decode_reply<S: AsyncRead + Unpin>(
 }
 
 /// The server's side of the handshake: reads exactly a Hello, and with a secret exactly a
-/// proof — nothing larger is read before the peer proved the secret. Answers HelloAck with
-/// `engine_id`; on failure sends an `Error` frame saying so and returns why.
+/// proof — nothing larger is read before the peer proved the secret. Returns the Hello once
+/// the peer is verified, and the caller decides whether to let it in ([`acknowledge`]) or
+/// refuse it ([`refuse`]); on failure sends nothing itself and returns why.
 pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     secret: Option<&Secret>,
@@ -284,13 +303,29 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     };
     // The peer sent all it had to and waits for the verdict: it is told (`Refused::tell`).
     checked.map_err(|why| Refused { why, tell: true })?;
+    Header::decode(&hello).map_err(|_| Refused::silent(Failure::Protocol))
+}
+
+/// Lets a verified peer in: HelloAck with this engine's id.
+pub(crate) async fn acknowledge<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    engine_id: u64,
+) -> Result<()> {
     let mut ack = Header::new(Op::HelloAck);
     ack.request_id = engine_id;
     stream
         .write_all(&ack.encode())
         .await
-        .map_err(|_| Refused::silent(Failure::Protocol))?;
-    Header::decode(&hello).map_err(|_| Refused::silent(Failure::Protocol))
+        .map_err(|e| Error::io("write HelloAck", &e))
+}
+
+/// Tells a peer waiting for the handshake's verdict that it was refused, and why. Best
+/// effort: the connection is dropped next whatever happens.
+pub(crate) async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, reason: &[u8]) {
+    let mut e = Header::new(Op::Error);
+    e.flags = RejectCode::Auth as u16;
+    e.length = reason.len() as u64;
+    let _ = write_all_pair(stream, &e.encode(), reason).await;
 }
 
 /// A handshake the serving side failed: why, and whether the peer waits to be told.
@@ -323,8 +358,7 @@ impl Refused {
         let _ = tokio::time::timeout(deadline, self.tell(stream)).await;
     }
 
-    /// Tells the peer why it was refused, when it waits for the answer. Best effort: the
-    /// connection is dropped next whatever happens.
+    /// Tells the peer why it was refused, when it waits for the answer.
     async fn tell<S: AsyncWrite + Unpin>(&self, stream: &mut S) {
         if !self.tell {
             return;
@@ -333,9 +367,6 @@ impl Refused {
             Failure::NoSecret => b"this engine requires the cluster secret (authSecret)",
             _ => b"authentication failed",
         };
-        let mut e = Header::new(Op::Error);
-        e.flags = RejectCode::Auth as u16;
-        e.length = text.len() as u64;
-        let _ = write_all_pair(stream, &e.encode(), text).await;
+        refuse(stream, text).await;
     }
 }

@@ -14,14 +14,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Handshake, Slot};
 use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::memory::{check_range, Access, Region, RegionTable, Window};
 use crate::net::{
-    read_frame_within, read_header_within, server_handshake, tune_accepted, write_all_pair,
-    write_frame, Refused,
+    acknowledge, read_frame_within, read_header_within, refuse, server_handshake, tune_accepted,
+    write_all_pair, write_frame, Refused,
 };
 use crate::notify::serve::{serve_notify, Receiving};
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
@@ -132,21 +132,22 @@ pub(crate) async fn accept_loop(
         };
         match accepted {
             Ok((stream, from)) => {
-                // Over a cap: refused at once (dropping the stream closes it), counted.
-                let Ok(slot) = local.admission.enter(Some(from.ip())) else {
-                    continue;
-                };
+                // Never refused here: it waits in the handshake budget, where it may push
+                // out (and end) the oldest handshake of its address, and counts against the
+                // caps once it proved the secret.
+                let handshake = local.admission.start_handshake(Some(from.ip()));
                 let local = local.clone();
                 let cancel = cancel.clone();
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    let evicted = handshake.evicted();
                     // Biased: once close has begun, no frame is answered — above all no
                     // Pong, which would vouch to a peer holding failures that this engine
                     // is alive (an unbiased select may poll `serve` first and answer).
                     tokio::select! {
                         biased;
                         _ = cancel.cancelled() => {}
-                        r = serve(stream, from, local) => {
+                        _ = evicted.cancelled() => {}
+                        r = serve(stream, from, local, handshake) => {
                             if let Err(e) = r {
                                 tracing::debug!(%from, error = %e, "connection dropped");
                             }
@@ -163,17 +164,24 @@ pub(crate) async fn accept_loop(
     }
 }
 
-async fn serve(mut stream: TcpStream, from: SocketAddr, local: Arc<LocalSegment>) -> Result<()> {
-    let handshake = server_handshake(&mut stream, local.secret.as_ref(), local.engine_id);
-    let outcome = tokio::time::timeout(local.frame_timeout, handshake)
+/// Runs the handshake within `frameTimeoutMs`, then lets the peer in: its Hello and its
+/// place among authenticated connections, or why it was refused (counted and told).
+async fn let_in(
+    stream: &mut TcpStream,
+    from: SocketAddr,
+    local: &LocalSegment,
+    handshake: Handshake,
+) -> Result<(Header, Slot)> {
+    let (admission, ip) = (&local.admission, Some(from.ip()));
+    let verified = server_handshake(stream, local.secret.as_ref(), local.engine_id);
+    let outcome = tokio::time::timeout(local.frame_timeout, verified)
         .await
         .unwrap_or(Err(Refused::silent(Failure::Timeout)));
     let hello = match outcome {
         Ok(hello) => hello,
         Err(refused) => {
-            let (admission, ip) = (&local.admission, Some(from.ip()));
             refused
-                .settle(&mut stream, admission, ip, local.frame_timeout)
+                .settle(stream, admission, ip, local.frame_timeout)
                 .await;
             return Err(Error::Protocol(format!(
                 "handshake failed: {}",
@@ -181,6 +189,34 @@ async fn serve(mut stream: TcpStream, from: SocketAddr, local: Arc<LocalSegment>
             )));
         }
     };
+    let slot = match handshake.admit() {
+        Ok(slot) => slot,
+        Err(refusal) => {
+            let told = refuse(stream, refusal.reason().as_bytes());
+            let _ = tokio::time::timeout(local.frame_timeout, told).await;
+            return Err(Error::Protocol(format!("refused: {}", refusal.reason())));
+        }
+    };
+    tokio::time::timeout(local.frame_timeout, acknowledge(stream, local.engine_id))
+        .await
+        .map_err(|_| Error::Protocol("HelloAck not sent within frameTimeoutMs".into()))??;
+    Ok((hello, slot))
+}
+
+async fn serve(
+    mut stream: TcpStream,
+    from: SocketAddr,
+    local: Arc<LocalSegment>,
+    handshake: Handshake,
+) -> Result<()> {
+    let (hello, _slot) = let_in(&mut stream, from, &local, handshake).await?;
+    // On the heap, made only now: a connection in its handshake holds a small future (its
+    // read buffers are a header and a proof), whatever serving it later takes.
+    Box::pin(serve_admitted(stream, hello, local)).await
+}
+
+/// Serves an admitted connection of the kind its Hello named.
+async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegment>) -> Result<()> {
     let kind = ConnKind::from_raw(hello.buffer_id)
         .ok_or_else(|| Error::Protocol(format!("unknown connection kind {}", hello.buffer_id)))?;
     tune_accepted(&stream, kind);

@@ -197,8 +197,13 @@ fn engines_with_another_secret_or_none_cannot_open_the_segment() {
         assert!(matches!(err, Error::Connect { .. }), "{err}");
         i.close();
     }
-    // A target without a secret is refused by an initiator that holds one.
-    let open = Engine::new(config(None)).expect("open target");
+    // A target that does not authenticate at all (no secret, not even the per-user one)
+    // is refused by an initiator that holds one.
+    let open = Engine::new(EngineConfig {
+        allow_unauthenticated: true,
+        ..config(None)
+    })
+    .expect("open target");
     let i = Engine::new(config(Some(SECRET))).expect("initiator");
     let err = i
         .open_segment_blocking(open.segment_name())
@@ -285,33 +290,50 @@ fn connections_over_the_cap_are_refused_at_once_and_counted() {
         connections: ferry_core::ConnLimits {
             total: 1000,
             per_address: 4,
+            ..ferry_core::ConnLimits::default()
         },
         ..config(Some(SECRET))
     })
     .expect("target");
-    let held: Vec<TcpStream> = (0..4)
+    // Connections that have not proved the secret do not count against the cap.
+    let idle: Vec<TcpStream> = (0..10)
         .map(|_| TcpStream::connect(t.segment_name()).expect("connect"))
         .collect();
-    // Accepted in order: the held four are counted first, the fifth closes at once.
-    let mut s = TcpStream::connect(t.segment_name()).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let mut b = [0u8; 1];
-    assert!(matches!(s.read(&mut b), Ok(0)), "closed at once");
+    let held: Vec<TcpStream> = (0..4)
+        .map(|_| authenticated(t.segment_name(), ConnKind::Control).0)
+        .collect();
+    // The fifth that proves it is refused at once, told why instead of HelloAck.
+    let (mut s, reply) = handshake(t.segment_name(), ConnKind::Control);
+    assert_eq!(
+        (reply.op, reply.flags),
+        (Op::Error, RejectCode::Auth as u16)
+    );
+    let mut text = vec![0u8; reply.length as usize];
+    s.read_exact(&mut text).expect("refusal text");
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("maxConnectionsPerAddress"), "{text}");
+    assert!(read_to_close(&mut s).is_empty(), "closed after the refusal");
     let per_address = t
         .metrics()
         .connections_refused
         .iter()
         .find(|(r, _)| *r == "per_address")
         .map_or(0, |(_, n)| *n);
-    assert!(per_address >= 1);
+    assert_eq!(per_address, 1);
     drop(held);
+    drop(idle);
     t.close();
 }
 
 /// A raw client that holds the secret, speaking the handshake through the library's pure
-/// `auth` module: returns the stream and the bytes it sent (to replay).
-fn authenticated(addr: &str, kind: ConnKind) -> (TcpStream, Vec<u8>) {
+/// `auth` module: returns the stream and the server's answer to the proof.
+fn handshake(addr: &str, kind: ConnKind) -> (TcpStream, Header) {
+    let (s, reply, _) = handshake_recorded(addr, kind);
+    (s, reply)
+}
+
+/// [`handshake`], with the bytes it sent (to replay).
+fn handshake_recorded(addr: &str, kind: ConnKind) -> (TcpStream, Header, Vec<u8>) {
     let secret = Secret::new(SECRET.to_vec()).expect("secret");
     let hs = ClientHandshake::new(Some(secret), kind as u64, 77, nonce().expect("nonce"));
     let mut s = TcpStream::connect(addr).expect("connect");
@@ -326,9 +348,15 @@ fn authenticated(addr: &str, kind: ConnKind) -> (TcpStream, Vec<u8>) {
     let proof = hs.answer(&head, &c[HEADER_LEN..]).expect("server proved");
     s.write_all(&proof).expect("proof");
     sent.extend_from_slice(&proof);
-    let mut ack = [0u8; HEADER_LEN];
-    s.read_exact(&mut ack).expect("ack");
-    assert_eq!(Header::decode(&ack).expect("ack").op, Op::HelloAck);
+    let mut reply = [0u8; HEADER_LEN];
+    s.read_exact(&mut reply).expect("reply");
+    (s, Header::decode(&reply).expect("reply"), sent)
+}
+
+/// A raw client that holds the secret and was let in: the stream and the bytes it sent.
+fn authenticated(addr: &str, kind: ConnKind) -> (TcpStream, Vec<u8>) {
+    let (s, ack, sent) = handshake_recorded(addr, kind);
+    assert_eq!(ack.op, Op::HelloAck);
     (s, sent)
 }
 

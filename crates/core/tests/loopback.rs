@@ -5,6 +5,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_core::auth::{nonce, ClientHandshake, Secret, MAC_LEN};
 use ferry_core::wire::{ConnKind, Header, Op, HEADER_LEN, MAX_DATA_PAYLOAD};
 use ferry_core::{Engine, EngineConfig, Opcode, Request, TransferStatus};
 use ferry_testkit::{bytes_of, fill, request};
@@ -217,13 +218,29 @@ fn bad_input_is_refused_and_moves_nothing() {
     target.close();
 }
 
+/// A raw data connection of this user: it proves the per-user secret, as engines given
+/// no secret do.
 fn raw_data_conn(target: &Engine) -> TcpStream {
+    let file = ferry_core::user_secret::user_secret_file().expect("per-user secret file");
+    let secret = Secret::from_file(&file.display().to_string()).expect("per-user secret");
+    let hs = ClientHandshake::new(
+        Some(secret),
+        ConnKind::Data as u64,
+        1,
+        nonce().expect("nonce"),
+    );
     let mut s = TcpStream::connect(target.segment_name()).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
-    let mut hello = Header::new(Op::Hello);
-    hello.buffer_id = ConnKind::Data as u64;
-    s.write_all(&hello.encode()).expect("hello");
+    s.write_all(hs.hello()).expect("hello");
+    let mut challenge = [0u8; HEADER_LEN + MAC_LEN];
+    s.read_exact(&mut challenge).expect("challenge");
+    let (head, mac) = challenge.split_at(HEADER_LEN);
+    let head: [u8; HEADER_LEN] = head.try_into().expect("header");
+    let proof = hs
+        .answer(&head, mac)
+        .expect("the target holds the per-user secret");
+    s.write_all(&proof).expect("proof");
     let mut ack = [0u8; HEADER_LEN];
     s.read_exact(&mut ack).expect("ack");
     assert_eq!(Header::decode(&ack).expect("decode").op, Op::HelloAck);

@@ -63,7 +63,8 @@ pub struct EngineMetrics {
     /// Connections that failed the cluster-secret handshake, by reason (every reason,
     /// zeros too; `ferry_auth_failures_total{reason}`).
     pub auth_failures: std::collections::HashMap<String, f64>,
-    /// Connections refused at once by a cap, by which (`total`, `per_address`).
+    /// Connections refused by a cap once they authenticated (`total`, `per_address`), or
+    /// pushed out of the full handshake budget before (`evicted`).
     pub connections_refused: std::collections::HashMap<String, f64>,
 }
 

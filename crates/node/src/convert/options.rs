@@ -76,18 +76,21 @@ pub struct EngineOptions {
     /// With etcd: file holding the password of `etcdUser` (one line) [none].
     pub etcd_password_file: Option<String>,
     /// The cluster secret, at least 32 bytes: every connection proves it both ways before
-    /// anything else is exchanged [FERRY_AUTH_SECRET_FILE's content, else none]. index.ts
-    /// also takes a Buffer, passed on as `authSecretHex`.
+    /// anything else is exchanged [FERRY_AUTH_SECRET_FILE's content, else the per-user
+    /// secret: this user's processes only]. index.ts also takes a Buffer, passed on as
+    /// `authSecretHex`.
     pub auth_secret: Option<String>,
     /// The cluster secret's bytes in hex (what index.ts makes of a Buffer `authSecret`).
     pub auth_secret_hex: Option<String>,
-    /// Listen beyond loopback without a secret [false: refused].
+    /// Without authSecret, no secret at all, not even the per-user one: anyone who can reach
+    /// the engine may use it; needed to listen beyond loopback without a secret [false].
     pub allow_unauthenticated: Option<bool>,
     /// Serve the shm socket to processes of any uid [false: this process's uid only].
     pub shm_any_uid: Option<bool>,
-    /// Connections open at once, all peers [4096; 1..=1000000]; excess refused at once.
+    /// Authenticated connections open at once, all peers [4096; 1..=1000000]; excess
+    /// refused at once.
     pub max_connections: Option<f64>,
-    /// Connections open at once from one address [1024; 1..=1000000].
+    /// Authenticated connections open at once from one address [1024; 1..=1000000].
     pub max_connections_per_address: Option<f64>,
     /// A handshake or a started frame must complete within this many ms [30000; 10..=3600000].
     pub frame_timeout_ms: Option<f64>,

@@ -183,7 +183,7 @@ mod tests {
     use tokio::net::UnixListener;
 
     use super::*;
-    use crate::net::server_handshake;
+    use crate::net::{acknowledge, server_handshake};
     use crate::transports::shm::serve::bind;
 
     #[test]
@@ -218,6 +218,7 @@ mod tests {
                 server_handshake(&mut stream, None, 0x5eed)
                     .await
                     .expect("handshake");
+                acknowledge(&mut stream, 0x5eed).await.expect("HelloAck");
                 let mut token = [0u8; 16];
                 stream.read_exact(&mut token).await.expect("token");
                 // The initiator now waits for the reply. Did its runtime tick meanwhile?

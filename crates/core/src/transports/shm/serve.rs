@@ -12,13 +12,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, Handshake};
 use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
 use crate::life_word;
 use crate::linux::send_fds_async;
 use crate::memory::RegionTable;
-use crate::net::{server_handshake, Refused};
+use crate::net::{acknowledge, refuse, server_handshake, Refused};
 use crate::wire::{token_eq, ConnKind, Token};
 
 /// How long either side of an shm connection waits for the other's token and replies.
@@ -62,17 +62,18 @@ pub(super) async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: Cance
         };
         match accepted {
             Ok((stream, _)) => {
-                let Ok(slot) = gate.admission.enter(None) else {
-                    continue;
-                };
+                // Local processes are one source of the handshake budget (as an address
+                // is for tcp): never refused here, the oldest handshake may be pushed out.
+                let handshake = gate.admission.start_handshake(None);
                 let gate = gate.clone();
                 let cancel = cancel.clone();
                 tokio::spawn(async move {
-                    let _slot = slot;
+                    let evicted = handshake.evicted();
                     tokio::select! {
                         biased;
                         _ = cancel.cancelled() => {}
-                        r = serve_one(stream, &gate) => {
+                        _ = evicted.cancelled() => {}
+                        r = serve_one(stream, &gate, handshake) => {
                             if let Err(e) = r {
                                 tracing::debug!(error = %e, "shm connection ended");
                             }
@@ -109,7 +110,7 @@ async fn admit_peer(stream: &mut UnixStream, gate: &Gate) -> std::result::Result
 
 /// One client: the handshake, a 16-byte token, then 8-byte buffer ids, each answered with
 /// 16 bytes (status u32, reserved u32, length u64) and, on success, the buffer's memfd.
-async fn serve_one(mut stream: UnixStream, gate: &Gate) -> Result<()> {
+async fn serve_one(mut stream: UnixStream, gate: &Gate, handshake: Handshake) -> Result<()> {
     if let Err(refused) = admit_peer(&mut stream, gate).await {
         refused
             .settle(&mut stream, &gate.admission, None, gate.timeout)
@@ -119,6 +120,20 @@ async fn serve_one(mut stream: UnixStream, gate: &Gate) -> Result<()> {
             refused.why.label()
         )));
     }
+    let _slot = match handshake.admit() {
+        Ok(slot) => slot,
+        Err(refusal) => {
+            let told = refuse(&mut stream, refusal.reason().as_bytes());
+            let _ = tokio::time::timeout(gate.timeout, told).await;
+            return Err(Error::Protocol(format!(
+                "shm peer refused: {}",
+                refusal.reason()
+            )));
+        }
+    };
+    tokio::time::timeout(gate.timeout, acknowledge(&mut stream, gate.engine_id))
+        .await
+        .map_err(|_| Error::Protocol("shm HelloAck not sent in time".into()))??;
     let (regions, token) = (&gate.regions, &gate.token);
     let io = |e: std::io::Error| Error::io("shm serve", &e);
     let mut got = [0u8; 16];
