@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::failover::{decide, Decision, FailReason, FailoverPolicy, Observer};
 use crate::health::HealthTable;
 use crate::kind::{Kinds, TransportKind};
+use crate::liveness::LossReason;
 use crate::status::TransferStatus;
 
 /// Per-task failover bookkeeping, guarded by the task's lock (`Task::with_state`).
@@ -91,6 +92,16 @@ pub(crate) fn on_failure(
     // A peer declared lost is out of reach whatever the transport: end the task now
     // instead of retrying into it, and count nothing against the transport's health.
     if failure.peer_lost {
+        return end(FailReason::PeerLost);
+    }
+    // Planned against an incarnation of the peer that is gone: no transport can serve it.
+    if matches!(
+        failure.error,
+        Error::PeerLost {
+            reason: LossReason::Restarted { .. },
+            ..
+        }
+    ) {
         return end(FailReason::PeerLost);
     }
     let retryable = matches!(
