@@ -72,6 +72,7 @@ etcdTest('SIGKILL in etcd mode: peerLost through the control connection at once,
     const killedAt = Date.now()
     while (lost.length === 0 && Date.now() - killedAt < 5000) await delay(10)
     t.true(lost.length === 1 && lost[0].at - killedAt < 1000, `peerLost ${lost[0]?.at - killedAt} ms after the kill`)
+    t.is(lost[0]?.reason, 'crashed', 'seen by its control connection, closed without a goodbye')
     // The dead engine cannot keep its lease: its record goes within the TTL (2 s), so a
     // fresh engine no longer finds the name.
     const fresh = await Engine.create({ transports: ['tcp'], metadata: etcd.url })
@@ -108,17 +109,18 @@ etcdTest('a hung target (SIGSTOP) that the control link would not notice for a m
     FERRY_TARGET_LEASE_TTL_MS: '2000',
   })
   const engine = await Engine.create({ transports: ['tcp'], metadata: etcd.url, peerTimeoutMs: 60_000 })
-  const lost: Array<{ at: number; reason?: string }> = []
-  engine.on('peerLost', (e) => lost.push({ at: Date.now(), reason: e.reason }))
+  const lost: Array<{ at: number; reason?: string; message?: string }> = []
+  engine.on('peerLost', (e) => lost.push({ at: Date.now(), reason: e.reason, message: e.message }))
   try {
     await engine.openSegment('decode-2')
     process.kill(target.pid, 'SIGSTOP')
     const stoppedAt = Date.now()
     while (lost.length === 0 && Date.now() - stoppedAt < 10_000) await delay(20)
     t.is(lost.length, 1, 'peerLost through the lease')
-    t.regex(lost[0]?.reason ?? '', /etcd/)
+    t.is(lost[0]?.reason, 'timeout', 'an expired lease is silence')
+    t.regex(lost[0]?.message ?? '', /etcd/)
     t.true(lost[0].at - stoppedAt < 2000 + 3000, `lost ${lost[0]?.at - stoppedAt} ms after SIGSTOP (TTL 2000 ms)`)
-    t.log(`peerLost ${lost[0].at - stoppedAt} ms after SIGSTOP: ${lost[0].reason}`)
+    t.log(`peerLost ${lost[0].at - stoppedAt} ms after SIGSTOP: ${lost[0].message}`)
   } finally {
     process.kill(target.pid, 'SIGCONT')
     await engine.close()

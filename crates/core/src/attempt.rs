@@ -225,6 +225,24 @@ mod tests {
     }
 
     #[test]
+    fn work_planned_against_a_gone_incarnation_ends_without_failover() {
+        let (policy, health, now) = (
+            FailoverPolicy::default(),
+            HealthTable::default(),
+            Instant::now(),
+        );
+        let mut st = state(&[Shm, Tcp], false);
+        let e = Error::PeerLost {
+            peer: "p".into(),
+            reason: LossReason::Restarted { engine_id: 2 },
+        };
+        let a = on_failure(&policy, &health, &mut st, failure(&e, Shm), now);
+        assert_eq!(a.next, Next::Fail(FailReason::PeerLost));
+        assert!(!a.recorded, "no transport's fault");
+        assert_eq!(st.switches, 0);
+    }
+
+    #[test]
     fn pinned_lost_closed_and_final_errors_end_at_once() {
         let (policy, now) = (FailoverPolicy::default(), Instant::now());
         let e = io();

@@ -66,7 +66,10 @@ mod tests {
         let f = Arc::new(Farewell::default());
         let owed = f.owe();
         let started = Instant::now();
-        assert!(!f.say(Duration::from_millis(20)), "an owed goodbye never said");
+        assert!(
+            !f.say(Duration::from_millis(20)),
+            "an owed goodbye never said"
+        );
         assert!(started.elapsed() >= Duration::from_millis(20));
         let f2 = f.clone();
         let sayer = std::thread::spawn(move || {

@@ -180,7 +180,11 @@ impl Inner {
         let in_runtime = tokio::runtime::Handle::try_current().is_ok();
         // Peers are told first, so that they report this engine `closed` (not crashed, not
         // its etcd record gone) before its connections go.
-        let grace = if in_runtime { Duration::ZERO } else { GOODBYE_GRACE };
+        let grace = if in_runtime {
+            Duration::ZERO
+        } else {
+            GOODBYE_GRACE
+        };
         if !self.local.farewell.say(grace) {
             tracing::debug!("closing before every peer was told goodbye");
         }

@@ -489,7 +489,10 @@ mod tests {
             (LossReason::Closed, Closed),
             (LossReason::Broken("reset".into()), Crashed),
             (LossReason::Unreachable("refused".into()), Crashed),
-            (LossReason::Transport("target process exited".into()), Crashed),
+            (
+                LossReason::Transport("target process exited".into()),
+                Crashed,
+            ),
             (LossReason::Restarted { engine_id: 9 }, Restarted),
         ];
         for (reason, kind) in &reasons {
@@ -497,6 +500,10 @@ mod tests {
         }
         let mut seen: Vec<LossKind> = reasons.iter().map(|(_, k)| *k).collect();
         seen.dedup();
-        assert_eq!(seen, [Timeout, Closed, Crashed, Restarted], "every kind has a reason");
+        assert_eq!(
+            seen,
+            [Timeout, Closed, Crashed, Restarted],
+            "every kind has a reason"
+        );
     }
 }

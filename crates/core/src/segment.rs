@@ -462,6 +462,46 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_loss_keeps_its_first_reason_and_a_closed_segment_is_no_loss() {
+        let peer = Peer::new(1, "p:1".into(), sample_descriptor(), Default::default());
+        assert!(peer.mark_lost(&LossReason::Broken("reset".into())));
+        assert!(!peer.mark_lost(&LossReason::Restarted { engine_id: 2 }));
+        assert_eq!(peer.lost_error().code(), "ERR_FERRY_PEER_LOST");
+        assert!(matches!(
+            peer.lost_error(),
+            Error::PeerLost {
+                reason: LossReason::Broken(_),
+                ..
+            }
+        ));
+        // Closed by this engine: held failures and later ones end as a closed segment.
+        let got: Arc<Mutex<Vec<Option<&'static str>>>> = Arc::default();
+        let closing = Peer::new(2, "p:2".into(), sample_descriptor(), Default::default());
+        let sink = got.clone();
+        closing.hold_until_fate(Box::new(move |e: Option<Error>| {
+            sink.lock().expect("got").push(e.map(|e| e.code()));
+        }));
+        closing.mark_closed();
+        closing.link_cancel.cancel();
+        closing.vouch_alive();
+        let sink = got.clone();
+        closing.hold_until_fate(Box::new(move |e: Option<Error>| {
+            sink.lock().expect("got").push(e.map(|e| e.code()));
+        }));
+        assert_eq!(
+            *got.lock().expect("got"),
+            [
+                Some("ERR_FERRY_SEGMENT_CLOSED"),
+                Some("ERR_FERRY_SEGMENT_CLOSED")
+            ]
+        );
+        assert_eq!(
+            closing.lost_error_or("target process exited").code(),
+            "ERR_FERRY_SEGMENT_CLOSED"
+        );
+    }
+
+    #[test]
     fn held_failures_end_with_the_verdict_and_never_wait_without_a_link() {
         use std::sync::{Arc, Mutex};
         let got: Arc<Mutex<Vec<Option<&'static str>>>> = Arc::default();

@@ -11,7 +11,7 @@ use ferry_core::{
     Engine, EngineConfig, EngineEvent, Opcode, Region, Request, TaskSnapshot, TransferStatus,
     TransportHint, TransportKind,
 };
-use ferry_testkit::{bytes_at, fill, one, wait_batch, within, Proxy};
+use ferry_testkit::{bytes_at, fill, one, within, Proxy};
 
 const LEN: u64 = 1 << 20;
 const BOUND: Duration = Duration::from_secs(20);
@@ -170,7 +170,9 @@ fn the_old_handle_reaches_a_restarted_peer_and_the_buffer_it_allocates_after_sta
             assert_eq!(reason, "closed", "a closing engine says goodbye");
             let second = target(&KINDS, &listen, None);
             assert_ne!(second.engine_id(), first.engine_id());
-            wait_event(&events, "the recovery", |e| (recoveries(e) > 0).then_some(()));
+            wait_event(&events, "the recovery", |e| {
+                (recoveries(e) > 0).then_some(())
+            });
             // Only now does it allocate: the same buffer id, as the first allocation of
             // its incarnation.
             let buffer = second.allocate(LEN).expect("second buffer");
@@ -196,7 +198,6 @@ fn close_segment_during_shm_copies_ends_them_as_a_closed_segment_not_a_loss() {
         let local = initiator.allocate(64 << 20).expect("local");
         let mut cut = 0;
         for _round in 0..20 {
-            let batch = initiator.allocate_batch(256).expect("batch");
             let seg = initiator
                 .open_segment_blocking(t.segment_name())
                 .expect("(re)open");
@@ -212,11 +213,16 @@ fn close_segment_during_shm_copies_ends_them_as_a_closed_segment_not_a_loss() {
                     hint: TransportHint::Require(TransportKind::Shm),
                 })
                 .collect();
+            // An awaited call: the copies beyond what the submitting thread takes go to the
+            // copy threads, and are still queued when it returns.
+            let (tx, done) = std::sync::mpsc::channel();
             initiator
-                .submit_transfer(batch, &requests)
-                .expect("submit");
+                .transfer(&requests, move |snaps| {
+                    let _ = tx.send(snaps);
+                })
+                .expect("transfer");
             initiator.close_segment(seg.handle).expect("close segment");
-            for s in wait_batch(&initiator, batch, BOUND) {
+            for s in done.recv_timeout(BOUND).expect("the call ended") {
                 if s.status == TransferStatus::Completed {
                     continue;
                 }
@@ -224,7 +230,6 @@ fn close_segment_during_shm_copies_ends_them_as_a_closed_segment_not_a_loss() {
                 let code = s.error.as_ref().map(|e| e.code());
                 assert_eq!(code, Some("ERR_FERRY_SEGMENT_CLOSED"), "{:?}", s.error);
             }
-            initiator.free_batch(batch).expect("free");
             if cut > 0 {
                 break;
             }
@@ -271,7 +276,9 @@ fn cut_link(p: &Proxied) -> &'static str {
         losses(e).get(seen).copied()
     });
     let back = recoveries(&p.events.lock().expect("events"));
-    wait_event(&p.events, "the recovery", |e| (recoveries(e) > back).then_some(()));
+    wait_event(&p.events, "the recovery", |e| {
+        (recoveries(e) > back).then_some(())
+    });
     reason
 }
 

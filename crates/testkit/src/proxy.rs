@@ -122,7 +122,9 @@ fn accept_loop(listener: TcpListener, state: Arc<State>) {
         };
         state.open.lock().expect("open").push((number, c3, s3));
         let (st1, st2) = (state.clone(), state.clone());
-        pumps.push(std::thread::spawn(move || pump(client, server, number, st1)));
+        pumps.push(std::thread::spawn(move || {
+            pump(client, server, number, st1)
+        }));
         pumps.push(std::thread::spawn(move || pump(s2, c2, number, st2)));
     }
     for p in pumps {

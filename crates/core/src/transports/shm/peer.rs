@@ -12,11 +12,11 @@ use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::life_word::PeerLifeWord;
-use crate::liveness::LossReason;
-use crate::linux::{Pidfd, RemoteMapping};
-use crate::segment::Peer;
 use super::serve::GOODBYE;
+use crate::life_word::PeerLifeWord;
+use crate::linux::{Pidfd, RemoteMapping};
+use crate::liveness::LossReason;
+use crate::segment::Peer;
 
 /// A peer's shm buffers, mapped, by buffer id.
 /// By the peer's own buffer ids (an authenticated peer's, read per copy: a fast hash).

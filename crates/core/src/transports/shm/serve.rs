@@ -13,9 +13,9 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
-use crate::farewell::Farewell;
 use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
+use crate::farewell::Farewell;
 use crate::life_word;
 use crate::linux::send_fds_async;
 use crate::memory::RegionTable;
