@@ -16,6 +16,7 @@ export type {
   EngineEvent,
   EngineEvents,
   FailoverEvent,
+  LossReasonName,
   Notification,
   NotificationsDroppedEvent,
   PeerLostEvent,

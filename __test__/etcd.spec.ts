@@ -72,6 +72,7 @@ etcdTest('SIGKILL in etcd mode: peerLost through the control connection at once,
     const killedAt = Date.now()
     while (lost.length === 0 && Date.now() - killedAt < 5000) await delay(10)
     t.true(lost.length === 1 && lost[0].at - killedAt < 1000, `peerLost ${lost[0]?.at - killedAt} ms after the kill`)
+    t.is(lost[0]?.reason, 'crashed', 'seen by its control connection, closed without a goodbye')
     // The dead engine cannot keep its lease: its record goes within the TTL (2 s), so a
     // fresh engine no longer finds the name.
     const fresh = await Engine.create({ transports: ['tcp'], metadata: etcd.url })
@@ -108,19 +109,20 @@ etcdTest('a hung target (SIGSTOP) that the control link would not notice for a m
     FERRY_TARGET_LEASE_TTL_MS: '2000',
   })
   const engine = await Engine.create({ transports: ['tcp'], metadata: etcd.url, peerTimeoutMs: 60_000 })
-  const lost: Array<{ at: number; reason?: string }> = []
-  engine.on('peerLost', (e) => lost.push({ at: Date.now(), reason: e.reason }))
+  const lost: Array<{ at: number; reason?: string; message?: string }> = []
+  engine.on('peerLost', (e) => lost.push({ at: Date.now(), reason: e.reason, message: e.message }))
   try {
     await engine.openSegment('decode-2')
     process.kill(target.pid, 'SIGSTOP')
     const stoppedAt = Date.now()
     while (lost.length === 0 && Date.now() - stoppedAt < 10_000) await delay(20)
     t.is(lost.length, 1, 'peerLost through the lease')
-    t.regex(lost[0]?.reason ?? '', /etcd/)
+    t.is(lost[0]?.reason, 'timeout', 'an unanswered check after the lease expired is silence')
+    t.regex(lost[0]?.message ?? '', /etcd/)
     // The lease (2 s), etcd's expiry check, then the direct check that the record's removal
     // starts (1.5 s without an answer), with a margin.
     t.true(lost[0].at - stoppedAt < 2000 + 1500 + 3000, `lost ${lost[0]?.at - stoppedAt} ms after SIGSTOP (TTL 2000 ms)`)
-    t.log(`peerLost ${lost[0].at - stoppedAt} ms after SIGSTOP: ${lost[0].reason}`)
+    t.log(`peerLost ${lost[0].at - stoppedAt} ms after SIGSTOP: ${lost[0].message}`)
   } finally {
     process.kill(target.pid, 'SIGCONT')
     await engine.close()
@@ -261,8 +263,8 @@ etcdTest('during an etcd outage a peer that dies or hangs is still lost through 
   const killed = await start('outage-killed')
   const hung = await start('outage-hung')
   const engine = await Engine.create({ transports: ['tcp'], metadata: etcd.url, peerTimeoutMs: PEER_TIMEOUT })
-  const lost = new Map<string, { at: number; reason: string }>()
-  engine.on('peerLost', (e: PeerLostEvent) => lost.set(e.segment, { at: Date.now(), reason: e.reason }))
+  const lost = new Map<string, { at: number; reason: string; message: string }>()
+  engine.on('peerLost', (e: PeerLostEvent) => lost.set(e.segment, { at: Date.now(), reason: e.reason, message: e.message }))
   let pause: { resume(): void } | undefined
   let hungStopped = false
   try {
@@ -277,11 +279,13 @@ etcdTest('during an etcd outage a peer that dies or hangs is still lost through 
     await waitUntil('both peers lost', PEER_TIMEOUT + 5000, () => lost.size === 2)
     const k = lost.get('outage-killed')!
     const h = lost.get('outage-hung')!
-    t.log(`killed: lost ${k.at - killedAt} ms after SIGKILL (${k.reason}); hung: ${h.at - stoppedAt} ms after SIGSTOP (${h.reason})`)
+    t.log(`killed: lost ${k.at - killedAt} ms after SIGKILL (${k.reason}: ${k.message}); hung: ${h.at - stoppedAt} ms after SIGSTOP (${h.reason}: ${h.message})`)
     t.true(k.at - killedAt < PEER_TIMEOUT, `the killed peer was lost ${k.at - killedAt} ms after the kill`)
-    t.notRegex(k.reason, /etcd/)
+    t.is(k.reason, 'crashed')
+    t.notRegex(k.message, /etcd/)
     t.true(h.at - stoppedAt < PEER_TIMEOUT + 1500, `the hung peer was lost ${h.at - stoppedAt} ms after SIGSTOP (peer timeout ${PEER_TIMEOUT} ms)`)
-    t.regex(h.reason, /no heartbeat answer/)
+    t.is(h.reason, 'timeout')
+    t.regex(h.message, /no heartbeat answer/)
   } finally {
     pause?.resume()
     if (hungStopped) process.kill(hung.pid, 'SIGCONT')

@@ -204,7 +204,7 @@ test('a peer-lost failure carries the lost peer and why as fields, and its peerL
     const local = engine.allocate(MiB)
     const seg = await engine.openSegment(target.segment)
     await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: MiB })
-    // A hung peer: silent for peerTimeoutMs, so its loss has the `silent` reason. The write
+    // A hung peer: silent for peerTimeoutMs, so its loss has the `timeout` reason. The write
     // goes out once every thread of it has stopped (each takes the signal in its own time).
     process.kill(target.pid, 'SIGSTOP')
     const state = (task: string) => fs.readFileSync(`/proc/${target.pid}/task/${task}/stat`, 'utf8').replace(/^.*\) /s, '')[0]
@@ -224,11 +224,12 @@ test('a peer-lost failure carries the lost peer and why as fields, and its peerL
     t.like(raw.error, {
       code: ERROR_CODE_NUMBERS.ERR_FERRY_PEER_LOST,
       lostPeer: seg.name,
-      lossReason: LOSS_REASON_NUMBERS.silent,
+      lossReason: LOSS_REASON_NUMBERS.timeout,
       lossMessage: reason,
     })
     t.is(status.message, `peer ${seg.name} lost: ${reason}`)
-    t.deepEqual(events, [{ kind: 'peerLost', segment: seg.name, reason }], 'peerLost once, naming the peer and why')
+    t.is(status.lossReason, 'timeout')
+    t.deepEqual(events, [{ kind: 'peerLost', segment: seg.name, reason: 'timeout', message: reason }], 'peerLost once, naming the peer and why')
   } finally {
     process.kill(target.pid, 'SIGCONT')
     await engine.close()

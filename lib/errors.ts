@@ -5,22 +5,34 @@
  */
 import type * as Native from './native'
 import type { TaskStatus, TransferStatus, TransportName } from './status'
-import { ERROR_CODE_NAMES, ERROR_CODE_NUMBERS, type FerryErrorCode } from './tables'
+import { ERROR_CODE_NAMES, ERROR_CODE_NUMBERS, LOSS_REASON_NAMES, type FerryErrorCode, type LossReasonName } from './tables'
 
 export type { FerryErrorCode } from './tables'
 
-/** An error from Ferry. `code` is stable; transfer failures also carry the task statuses. */
+/**
+ * An error from Ferry. `code` is stable; transfer failures also carry the task statuses, and
+ * an `ERR_FERRY_PEER_LOST` failure why the peer was lost (`lossReason`: `'restarted'` for
+ * work planned against an incarnation of the peer that is gone).
+ */
 export class FerryError extends Error {
   readonly code: FerryErrorCode
   readonly status?: TransferStatus
   readonly transport?: TransportName
   readonly attempts?: number
   readonly tasks?: TaskStatus[]
+  readonly lossReason?: LossReasonName
 
   constructor(
     code: FerryErrorCode,
     message: string,
-    extra: { status?: TransferStatus; transport?: TransportName; attempts?: number; tasks?: TaskStatus[]; cause?: unknown } = {},
+    extra: {
+      status?: TransferStatus
+      transport?: TransportName
+      attempts?: number
+      tasks?: TaskStatus[]
+      lossReason?: LossReasonName
+      cause?: unknown
+    } = {},
   ) {
     super(message, extra.cause === undefined ? undefined : { cause: extra.cause })
     this.name = code === 'ABORT_ERR' ? 'AbortError' : 'FerryError'
@@ -29,6 +41,7 @@ export class FerryError extends Error {
     this.transport = extra.transport
     this.attempts = extra.attempts
     this.tasks = extra.tasks
+    this.lossReason = extra.lossReason
   }
 }
 
@@ -50,7 +63,9 @@ export function codeName(code: number): FerryErrorCode {
  * number), or of `fallback` when it reported none.
  */
 export function failureError(f: Native.FailureJs | null | undefined, fallback: [FerryErrorCode, string], extra?: FerryErrorExtra): FerryError {
-  return f ? new FerryError(codeName(f.code), f.message, extra) : new FerryError(fallback[0], fallback[1], extra)
+  if (!f) return new FerryError(fallback[0], fallback[1], extra)
+  const lossReason = f.lossReason == null ? undefined : LOSS_REASON_NAMES[f.lossReason]
+  return new FerryError(codeName(f.code), f.message, lossReason ? { ...extra, lossReason } : extra)
 }
 
 /** napi's own statuses for a value of the wrong type (a safety net: the binding names fields itself). */

@@ -6,16 +6,28 @@
 import type { EventEmitter } from 'node:events'
 import type * as Native from './native'
 import type { TransportName } from './status'
-import { ERROR_CODE_NUMBERS, TRANSPORT_NAMES } from './tables'
+import { ERROR_CODE_NUMBERS, LOSS_REASON_NAMES, TRANSPORT_NAMES, type LossReasonName } from './tables'
+
+export type { LossReasonName } from './tables'
 
 /** A transport's name from the binding's number (events always name one). */
 const transportName = (n: number | null | undefined): TransportName => TRANSPORT_NAMES[n ?? 0] as TransportName
 
-/** A peer was declared lost (reset, EOF, or `peerTimeoutMs` of silence); its in-flight work failed. */
+/** A loss reason's name from the binding's number (`'crashed'` for one this layer does not know). */
+const lossReason = (n: number | null | undefined): LossReasonName => LOSS_REASON_NAMES[n ?? 0] ?? 'crashed'
+
+/**
+ * A peer was declared lost; its in-flight work failed. `reason` says why: `'closed'` (it
+ * said goodbye: its engine closed), `'crashed'` (its connection was reset or closed without
+ * a goodbye, or its process is gone), `'timeout'` (silent for `peerTimeoutMs`, or its etcd
+ * lease expired) or `'restarted'` (a new incarnation answered under its name); `message`
+ * says what was seen.
+ */
 export interface PeerLostEvent {
   kind: 'peerLost'
   segment: string
-  reason: string
+  reason: LossReasonName
+  message: string
 }
 
 /** A lost peer answers again; new transfers to it may succeed. */
@@ -89,7 +101,7 @@ function toEvent(e: Native.EngineEventJs): EngineEvent | undefined {
   const segment = e.segment ?? undefined
   switch (e.kind) {
     case 'peerLost':
-      return { kind: 'peerLost', segment: segment ?? '', reason: e.reason ?? '' }
+      return { kind: 'peerLost', segment: segment ?? '', reason: lossReason(e.lossReason), message: e.reason ?? '' }
     case 'peerRecovered':
       return { kind: 'peerRecovered', segment: segment ?? '' }
     case 'failover':
@@ -143,18 +155,18 @@ export class EventRelay {
       return
     }
     if (event.kind === 'peerLost') {
-      this.#announceLoss(event.segment, event.reason)
+      this.#announceLoss(event)
       return
     }
     if (event.kind === 'peerRecovered') this.#lost.delete(event.segment)
     this.emit(event.kind, event)
   }
 
-  /** Emits `peerLost` for `segment` unless it was emitted for this loss already. */
-  #announceLoss(segment: string, reason: string): void {
-    if (this.#lost.has(segment)) return
-    this.#lost.add(segment)
-    this.emit('peerLost', { kind: 'peerLost', segment, reason })
+  /** Emits `peerLost` for its segment unless it was emitted for this loss already. */
+  #announceLoss(event: PeerLostEvent): void {
+    if (this.#lost.has(event.segment)) return
+    this.#lost.add(event.segment)
+    this.emit('peerLost', event)
   }
 
   /**
@@ -162,12 +174,13 @@ export class EventRelay {
    * a Promise's settlement reach JS through different native queues, in either order. So a
    * status that shows such a failure emits the event first if it has not arrived yet (the
    * native one is then not emitted again). A peer-loss failure names the peer and why in
-   * fields of its own (`lostPeer`, `lossMessage`), never read out of its message.
+   * fields of its own (`lostPeer`, `lossReason`, `lossMessage`), never read out of its
+   * message. Only a peer-loss failure counts: a closed segment's (`closeSegment`) is none.
    */
   explainLosses(failures: Iterable<Native.FailureJs | null | undefined>): void {
     for (const f of failures) {
       if (f?.code !== ERROR_CODE_NUMBERS.ERR_FERRY_PEER_LOST || f.lostPeer == null) continue
-      this.#announceLoss(f.lostPeer, f.lossMessage ?? '')
+      this.#announceLoss({ kind: 'peerLost', segment: f.lostPeer, reason: lossReason(f.lossReason), message: f.lossMessage ?? '' })
     }
   }
 }

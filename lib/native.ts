@@ -7,7 +7,7 @@
 import * as path from 'node:path'
 import type * as Binding from '../binding'
 import { loadBinding } from '../loader'
-import type { OpcodeName, TransportName } from './tables'
+import type { LossReasonName, OpcodeName, TransportName } from './tables'
 
 export type * from '../binding'
 
@@ -33,6 +33,8 @@ export interface TaskStatus {
   code?: string
   /** Error message when it did not complete. */
   message?: string
+  /** Why the peer was lost, when it failed with `ERR_FERRY_PEER_LOST`. */
+  lossReason?: LossReasonName
 }
 
 /** Aggregate status of a batch: the binding's `BatchStatusJs` with its status's name. */

@@ -128,6 +128,7 @@ export function transferOutcome(tasks: TaskStatus[], signal: AbortSignal | undef
     status: failed.status,
     transport: failed.transport,
     attempts: failed.attempts,
+    lossReason: failed.lossReason,
     tasks,
   })
 }

@@ -4,7 +4,7 @@
  */
 import { codeName } from './errors'
 import type * as Native from './native'
-import { STATUS_NAMES, TRANSPORT_NAMES, type StatusName, type STATUS_NUMBERS } from './tables'
+import { LOSS_REASON_NAMES, STATUS_NAMES, TRANSPORT_NAMES, type StatusName, type STATUS_NUMBERS } from './tables'
 
 /** Transfer status values, with Mooncake TENT's numbering. */
 export enum TransferStatus {
@@ -50,6 +50,7 @@ export function completedTask(done: number, length: number): TaskStatus {
     attempts: Math.floor(done / 256),
     code: undefined,
     message: undefined,
+    lossReason: undefined,
   }
 }
 
@@ -63,6 +64,7 @@ export function toTaskStatus(s: Native.TaskStatusJs): TaskStatus {
     attempts: s.attempts,
     code: s.error ? codeName(s.error.code) : undefined,
     message: s.error?.message ?? undefined,
+    lossReason: s.error?.lossReason == null ? undefined : LOSS_REASON_NAMES[s.error.lossReason],
   }
 }
 

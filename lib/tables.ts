@@ -97,6 +97,7 @@ export type FerryErrorCode =
   | 'ERR_FERRY_INTERNAL'
   | 'ERR_FERRY_NOTIFY_TOO_LARGE'
   | 'ERR_FERRY_NOTIFY_FAILED'
+  | 'ERR_FERRY_SEGMENT_CLOSED'
   | 'ABORT_ERR'
 
 /** Error codes by number (`ferry_core::ErrorCode`); 0 is none. */
@@ -125,6 +126,7 @@ export const ERROR_CODE_NAMES: Readonly<Partial<Record<number, FerryErrorCode>>>
   22: 'ERR_FERRY_INTERNAL',
   23: 'ERR_FERRY_NOTIFY_TOO_LARGE',
   24: 'ERR_FERRY_NOTIFY_FAILED',
+  25: 'ERR_FERRY_SEGMENT_CLOSED',
 }
 
 /** The number of each of the error codes. */
@@ -153,33 +155,24 @@ export const ERROR_CODE_NUMBERS = {
   ERR_FERRY_INTERNAL: 22,
   ERR_FERRY_NOTIFY_TOO_LARGE: 23,
   ERR_FERRY_NOTIFY_FAILED: 24,
+  ERR_FERRY_SEGMENT_CLOSED: 25,
 } as const
 
 /** Why a peer was declared lost. */
-export type LossReasonName =
-  | 'silent'
-  | 'closed'
-  | 'broken'
-  | 'unreachable'
-  | 'recordRemoved'
-  | 'transport'
+export type LossReasonName = 'timeout' | 'crashed' | 'closed' | 'restarted'
 
 /** Reasons a peer was lost by number (`ferry_core::LossKind`). */
 export const LOSS_REASON_NAMES: Readonly<Partial<Record<number, LossReasonName>>> = {
-  1: 'silent',
-  2: 'closed',
-  3: 'broken',
-  4: 'unreachable',
-  5: 'recordRemoved',
-  6: 'transport',
+  1: 'timeout',
+  3: 'crashed',
+  7: 'closed',
+  8: 'restarted',
 }
 
 /** The number of each of the reasons a peer was lost. */
 export const LOSS_REASON_NUMBERS = {
-  silent: 1,
-  closed: 2,
-  broken: 3,
-  unreachable: 4,
-  recordRemoved: 5,
-  transport: 6,
+  timeout: 1,
+  crashed: 3,
+  closed: 7,
+  restarted: 8,
 } as const

@@ -18,6 +18,7 @@ use crate::config::{advertised_name, EngineConfig};
 use crate::deadlines::Deadlines;
 use crate::error::{Error, Result};
 use crate::events::{EngineEvent, EventHub};
+use crate::farewell::Farewell;
 use crate::handle::Handles;
 use crate::health::HealthTable;
 use crate::inner::{Inner, Shell, Stats, OPEN};
@@ -146,9 +147,10 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
     let lost_slot = slot.clone();
     let lost: LostHook = Arc::new(move |peer, reason| {
         if let Some(inner) = lost_slot.get().and_then(Weak::upgrade) {
-            inner.declare_lost(peer, crate::liveness::LossReason::Transport(reason));
+            inner.declare_lost(peer, reason);
         }
     });
+    let farewell: Arc<Farewell> = Arc::default();
     let context = TransportContext {
         engine_id,
         machine_id: machine_id.clone(),
@@ -162,6 +164,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         admission: admission.clone(),
         shm_any_uid: config.shm_any_uid,
         frame_timeout: config.frame_timeout,
+        farewell: farewell.clone(),
     };
     let (transports, disabled) = {
         let _guard = runtime.enter();
@@ -198,6 +201,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         frame_timeout: config.frame_timeout,
         notify_inbox: Arc::new(Inbox::new(config.notify.queue_size, stats.notify.clone())),
         notify_max_bytes: config.notify.max_bytes,
+        farewell,
         _credentials: credentials,
     });
     let metadata = match &config.metadata {

@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::failover::{decide, Decision, FailReason, FailoverPolicy, Observer};
 use crate::health::HealthTable;
 use crate::kind::{Kinds, TransportKind};
+use crate::liveness::LossReason;
 use crate::status::TransferStatus;
 
 /// Per-task failover bookkeeping, guarded by the task's lock (`Task::with_state`).
@@ -91,6 +92,16 @@ pub(crate) fn on_failure(
     // A peer declared lost is out of reach whatever the transport: end the task now
     // instead of retrying into it, and count nothing against the transport's health.
     if failure.peer_lost {
+        return end(FailReason::PeerLost);
+    }
+    // Planned against an incarnation of the peer that is gone: no transport can serve it.
+    if matches!(
+        failure.error,
+        Error::PeerLost {
+            reason: LossReason::Restarted { .. },
+            ..
+        }
+    ) {
         return end(FailReason::PeerLost);
     }
     let retryable = matches!(
@@ -211,6 +222,24 @@ mod tests {
         let a = on_failure(&policy, &health, &mut st, failure(&e, Tcp), now);
         assert_eq!(a.next, Next::Fail(FailReason::BudgetExhausted));
         assert_eq!(st.switches, 2);
+    }
+
+    #[test]
+    fn work_planned_against_a_gone_incarnation_ends_without_failover() {
+        let (policy, health, now) = (
+            FailoverPolicy::default(),
+            HealthTable::default(),
+            Instant::now(),
+        );
+        let mut st = state(&[Shm, Tcp], false);
+        let e = Error::PeerLost {
+            peer: "p".into(),
+            reason: LossReason::Restarted { engine_id: 2 },
+        };
+        let a = on_failure(&policy, &health, &mut st, failure(&e, Shm), now);
+        assert_eq!(a.next, Next::Fail(FailReason::PeerLost));
+        assert!(!a.recorded, "no transport's fault");
+        assert_eq!(st.switches, 0);
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The client side of the control plane: fetching a peer's segment descriptor, and the
 //! I/O of the per-peer link whose decisions (heartbeats, silence, backoff, loss and
 //! recovery) are the state machine of `liveness.rs`. A reconnect refetches the descriptor
-//! when the peer's engine id changed, i.e. it restarted.
+//! when the peer's engine id changed, i.e. it restarted, and reports the new incarnation
+//! (`LinkEvents::descriptor_seen`); a link whose connection belongs to an incarnation that
+//! is no longer the peer's leaves it for the new one (`Peer::relink`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,9 @@ async fn request_descriptor(stream: &mut TcpStream) -> Result<SegmentDescriptor>
                     .map_err(|e| Error::Protocol(format!("bad descriptor: {e}")));
             }
             Some((h, _)) if h.op == Op::Pong => continue,
+            Some((h, _)) if h.op == Op::Goodbye => {
+                return Err(Error::Protocol("the peer is closing".into()))
+            }
             Some((h, _)) => {
                 return Err(Error::Protocol(format!(
                     "expected Descriptor, got {:?}",
@@ -111,6 +116,9 @@ pub(crate) trait LinkEvents: Send + Sync + 'static {
     fn peer_lost(&self, peer: &Arc<Peer>, reason: LossReason);
     /// The peer answered again after being lost.
     fn peer_back(&self, peer: &Arc<Peer>);
+    /// The peer's descriptor, just fetched from it: maybe of a new incarnation (the old
+    /// one is then lost, restarted) or with buffers it allocated since.
+    fn descriptor_seen(&self, peer: &Arc<Peer>, desc: SegmentDescriptor);
 }
 
 /// Settings of a link.
@@ -140,10 +148,10 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
                 let connected = tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return,
-                    r = connect_fresh(&peer, cfg) => r,
+                    r = connect_fresh(&peer, cfg, &*events) => r,
                 };
-                let stream = match connected {
-                    Ok(stream) => stream,
+                let (stream, remote_id) = match connected {
+                    Ok(connected) => connected,
                     Err(reason) => {
                         report(link.broken(reason, Instant::now(), peer.is_lost()));
                         continue;
@@ -156,7 +164,7 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
                 let ended = tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return,
-                    r = heartbeat(stream, &mut link, &peer) => r,
+                    r = heartbeat(stream, remote_id, &mut link, &peer) => r,
                 };
                 report(ended);
             }
@@ -170,18 +178,21 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
             }
             // `heartbeat` returns only once the link has left this state.
             LinkState::Up { .. } => {
-                report(link.broken(LossReason::Closed, Instant::now(), peer.is_lost()));
+                let reason = LossReason::Broken("the link stopped".into());
+                report(link.broken(reason, Instant::now(), peer.is_lost()));
             }
         }
     }
 }
 
-/// Connects to the peer and, when its engine id changed (it restarted), refreshes the
-/// descriptor.
+/// Connects to the peer and, when its engine id changed (it restarted), fetches the new
+/// incarnation's descriptor and reports it. Returns the connection and the engine id of
+/// the incarnation it reached.
 async fn connect_fresh(
     peer: &Arc<Peer>,
     cfg: LinkConfig,
-) -> std::result::Result<TcpStream, LossReason> {
+    events: &dyn LinkEvents,
+) -> std::result::Result<(TcpStream, u64), LossReason> {
     let addr = peer.addr();
     let unreachable = |e: Error| LossReason::Unreachable(e.to_string());
     let (mut stream, remote_id) = connect(
@@ -192,20 +203,33 @@ async fn connect_fresh(
     )
     .await
     .map_err(unreachable)?;
-    if remote_id != peer.descriptor().engine_id {
+    if remote_id != peer.engine_id() {
         let desc = tokio::time::timeout(cfg.peer_timeout, request_descriptor(&mut stream))
             .await
             .map_err(|_| LossReason::Unreachable("descriptor refresh timed out".into()))?
             .map_err(unreachable)?;
+        if desc.engine_id != remote_id {
+            return Err(LossReason::Unreachable(format!(
+                "the peer's descriptor names engine {:016x}, its handshake {remote_id:016x}",
+                desc.engine_id
+            )));
+        }
         tracing::info!(peer = peer.name(), "peer restarted: descriptor refreshed");
-        peer.set_descriptor(desc);
+        events.descriptor_seen(peer, desc);
     }
-    Ok(stream)
+    Ok((stream, remote_id))
 }
 
-/// Runs an up link: pings when due, notes every frame heard, and returns the action that
-/// ended it (a loss to report, or `None` when the peer was already declared lost).
-async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Action> {
+/// Runs an up link to incarnation `remote_id` of the peer: pings when due, notes every
+/// frame heard, and returns the action that ended it (a loss to report, or `None` when the
+/// peer was already declared lost, or when the peer's incarnation is no longer the one this
+/// connection reached).
+async fn heartbeat(
+    stream: TcpStream,
+    remote_id: u64,
+    link: &mut Link,
+    peer: &Peer,
+) -> Option<Action> {
     let (mut rd, mut wr) = stream.into_split();
     // Frames are read by their own task, so that a ping or a deadline never interrupts a
     // half-read frame; it ends with the connection, or when this function returns.
@@ -215,8 +239,11 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
         loop {
             let got = match read_frame(&mut rd).await {
                 Ok(Some((h, _))) if h.op == Op::Pong => Ok(h.request_id),
+                Ok(Some((h, _))) if h.op == Op::Goodbye => Err(LossReason::Closed),
                 Ok(Some(_)) => Ok(0),
-                Ok(None) => Err(LossReason::Closed),
+                Ok(None) => Err(LossReason::Broken(
+                    "control connection closed without a goodbye".into(),
+                )),
                 Err(e) => Err(LossReason::Broken(e.to_string())),
             };
             let end = got.is_err();
@@ -272,7 +299,10 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
                     }
                 }
                 Some(Err(reason)) => return link.broken(reason, Instant::now(), peer.is_lost()),
-                None => return link.broken(LossReason::Closed, Instant::now(), peer.is_lost()),
+                None => {
+                    let reason = LossReason::Broken("the frame reader stopped".into());
+                    return link.broken(reason, Instant::now(), peer.is_lost());
+                }
             },
             _ = tokio::time::sleep_until(deadline.into()) => {}
             _ = peer.probe.notified() => {
@@ -284,6 +314,14 @@ async fn heartbeat(stream: TcpStream, link: &mut Link, peer: &Peer) -> Option<Ac
             _ = peer.check.notified() => {
                 if link.check(Instant::now(), LossReason::RecordRemoved) {
                     tracing::info!(peer = peer.name(), "etcd record removed: checking the peer directly");
+                }
+            }
+            _ = peer.relink.notified() => {
+                let now_known = peer.engine_id();
+                if now_known != remote_id {
+                    // Whoever saw the new incarnation reported it: no loss to report here.
+                    let reason = LossReason::Restarted { engine_id: now_known };
+                    return link.broken(reason, Instant::now(), true);
                 }
             }
         }

@@ -75,6 +75,8 @@ pub enum ErrorCode {
     NotifyTooLarge = 23,
     /// `Error::NotifyFailed`.
     NotifyFailed = 24,
+    /// `Error::SegmentClosed`.
+    SegmentClosed = 25,
 }
 
 impl ErrorCode {
@@ -105,6 +107,7 @@ impl ErrorCode {
             Self::Internal => "ERR_FERRY_INTERNAL",
             Self::NotifyTooLarge => "ERR_FERRY_NOTIFY_TOO_LARGE",
             Self::NotifyFailed => "ERR_FERRY_NOTIFY_FAILED",
+            Self::SegmentClosed => "ERR_FERRY_SEGMENT_CLOSED",
         }
     }
 }
@@ -136,6 +139,7 @@ impl Numbered for ErrorCode {
         Self::Internal,
         Self::NotifyTooLarge,
         Self::NotifyFailed,
+        Self::SegmentClosed,
     ];
 
     fn number(self) -> u32 {
@@ -249,6 +253,10 @@ pub enum Error {
     /// The data landed but its notification could not be delivered.
     #[error("the data landed but its notification was not delivered: {0}")]
     NotifyFailed(String),
+    /// This engine closed the segment (`closeSegment`) while the work was in flight: no
+    /// loss of the peer, which may be opened again.
+    #[error("segment {0} was closed")]
+    SegmentClosed(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -291,6 +299,7 @@ impl Error {
             Self::Metadata(_) => ErrorCode::Metadata,
             Self::NotifyTooLarge { .. } => ErrorCode::NotifyTooLarge,
             Self::NotifyFailed(_) => ErrorCode::NotifyFailed,
+            Self::SegmentClosed(_) => ErrorCode::SegmentClosed,
         }
     }
 
@@ -308,7 +317,7 @@ impl Error {
             | Self::InvalidTask { .. }
             | Self::BatchFull { .. }
             | Self::NotifyTooLarge { .. } => TransferStatus::Invalid,
-            Self::Closed | Self::Canceled => TransferStatus::Canceled,
+            Self::Closed | Self::Canceled | Self::SegmentClosed(_) => TransferStatus::Canceled,
             Self::Timeout => TransferStatus::Timeout,
             Self::TransferFailed { status, .. } => *status,
             Self::PeerLost { .. }

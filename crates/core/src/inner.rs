@@ -93,6 +93,9 @@ pub(crate) struct Stats {
 /// signalled shutdown (the engine's own async calls end at once with `Closed`).
 const SPAWNED_GRACE: Duration = Duration::from_secs(1);
 
+/// How long `close` waits for its goodbye to be written on every connection that owes one.
+const GOODBYE_GRACE: Duration = Duration::from_millis(250);
+
 /// What an `Engine` handle points at: the identity and counters, which stay, and the live
 /// engine, which `close` takes away.
 pub(crate) struct Shell {
@@ -173,6 +176,18 @@ impl Inner {
         {
             return;
         }
+        // Inside some runtime (possibly our own) we may not block.
+        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+        // Peers are told first, so that they report this engine `closed` (not crashed, not
+        // its etcd record gone) before its connections go.
+        let grace = if in_runtime {
+            Duration::ZERO
+        } else {
+            GOODBYE_GRACE
+        };
+        if !self.local.farewell.say(grace) {
+            tracing::debug!("closing before every peer was told goodbye");
+        }
         if let Some(m) = &self.metadata {
             crate::metadata::revoke_blocking(&self.handle, m);
         }
@@ -191,8 +206,6 @@ impl Inner {
         for t in &pending {
             t.finish(TransferStatus::Canceled, Some(Error::Closed));
         }
-        // Inside some runtime (possibly our own) we may not block.
-        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
         if !in_runtime && !self.spawned.wait_idle(SPAWNED_GRACE) {
             tracing::debug!("futures started with spawn still running at close; dropped");
         }

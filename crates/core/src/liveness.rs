@@ -37,7 +37,8 @@ pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(20);
 /// peer whose lease expired is lost well before a long peer timeout.
 pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_millis(1500);
 
-/// Why a peer was declared lost, with what was seen (`kind` is the reason alone).
+/// Why a peer was declared lost, with what was seen (`kind` is what users branch on:
+/// closed, crashed, timed out or restarted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LossReason {
     /// No frame heard for the whole timeout.
@@ -45,9 +46,10 @@ pub enum LossReason {
         /// The timeout, in ms.
         timeout_ms: u64,
     },
-    /// The peer closed the control connection.
+    /// The peer said goodbye: its engine closed (`close()` sends one on every control
+    /// connection and shm connection before it lets go of them).
     Closed,
-    /// The control connection failed (read or write).
+    /// The control connection failed (reset, or closed without a goodbye).
     Broken(String),
     /// Connecting (or the descriptor refresh after a restart) failed.
     Unreachable(String),
@@ -56,52 +58,47 @@ pub enum LossReason {
     RecordRemoved,
     /// A transport found it dead (e.g. the same-host process exited).
     Transport(String),
+    /// A new incarnation of the peer answered under its name: the one this engine knew is
+    /// gone, and with it everything planned against it.
+    Restarted {
+        /// The new incarnation's engine id.
+        engine_id: u64,
+    },
 }
 
-/// Why a peer was declared lost, without the details: `LossReason`'s variant, by a stable
-/// number (the discriminant, which the binding carries with a peer-loss failure and the
-/// `peerLost` event).
+/// Why a peer was declared lost, without the details: what the `peerLost` event and a
+/// peer-loss failure carry, by a stable number (the discriminant). A number never changes
+/// meaning; 2 (a control connection closed, now `Crashed` unless the peer said goodbye),
+/// 4 (unreachable, now `Crashed`), 5 (etcd record removed, now `Timeout`) and 6 (a
+/// transport saw the death, now `Crashed`) are retired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum LossKind {
-    /// `LossReason::Silent`.
-    Silent = 1,
-    /// `LossReason::Closed`.
-    Closed = 2,
-    /// `LossReason::Broken`.
-    Broken = 3,
-    /// `LossReason::Unreachable`.
-    Unreachable = 4,
-    /// `LossReason::RecordRemoved`.
-    RecordRemoved = 5,
-    /// `LossReason::Transport`.
-    Transport = 6,
+    /// Silence: no heartbeat answer within `peerTimeoutMs`, or its etcd lease expired.
+    Timeout = 1,
+    /// The connection was reset or closed without a goodbye, or the process is gone.
+    Crashed = 3,
+    /// The peer said goodbye (its engine closed).
+    Closed = 7,
+    /// A new incarnation of the peer was seen.
+    Restarted = 8,
 }
 
 impl LossKind {
-    /// The name (camelCase, as JS names things).
+    /// The name (as JS names things).
     pub fn name(self) -> &'static str {
         match self {
-            Self::Silent => "silent",
+            Self::Timeout => "timeout",
+            Self::Crashed => "crashed",
             Self::Closed => "closed",
-            Self::Broken => "broken",
-            Self::Unreachable => "unreachable",
-            Self::RecordRemoved => "recordRemoved",
-            Self::Transport => "transport",
+            Self::Restarted => "restarted",
         }
     }
 }
 
 impl Numbered for LossKind {
     const TABLE: &'static str = "loss reason";
-    const ALL: &'static [Self] = &[
-        Self::Silent,
-        Self::Closed,
-        Self::Broken,
-        Self::Unreachable,
-        Self::RecordRemoved,
-        Self::Transport,
-    ];
+    const ALL: &'static [Self] = &[Self::Timeout, Self::Crashed, Self::Closed, Self::Restarted];
 
     fn number(self) -> u32 {
         u32::from(self as u8)
@@ -116,12 +113,10 @@ impl LossReason {
     /// The reason without its details.
     pub fn kind(&self) -> LossKind {
         match self {
-            Self::Silent { .. } => LossKind::Silent,
+            Self::Silent { .. } | Self::RecordRemoved => LossKind::Timeout,
             Self::Closed => LossKind::Closed,
-            Self::Broken(_) => LossKind::Broken,
-            Self::Unreachable(_) => LossKind::Unreachable,
-            Self::RecordRemoved => LossKind::RecordRemoved,
-            Self::Transport(_) => LossKind::Transport,
+            Self::Broken(_) | Self::Unreachable(_) | Self::Transport(_) => LossKind::Crashed,
+            Self::Restarted { .. } => LossKind::Restarted,
         }
     }
 }
@@ -130,13 +125,16 @@ impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Silent { timeout_ms } => write!(f, "no heartbeat answer for {timeout_ms} ms"),
-            Self::Closed => f.write_str("control connection closed by peer"),
+            Self::Closed => f.write_str("the peer closed its engine (it said goodbye)"),
             Self::Broken(e) => write!(f, "control connection failed: {e}"),
             Self::Unreachable(e) => f.write_str(e),
             Self::RecordRemoved => f.write_str(
                 "etcd record removed (lease expired or engine closed) and no answer to a direct ping",
             ),
             Self::Transport(e) => f.write_str(e),
+            Self::Restarted { engine_id } => {
+                write!(f, "the peer restarted (new engine id {engine_id:016x})")
+            }
         }
     }
 }
@@ -664,15 +662,28 @@ mod tests {
 
     #[test]
     fn each_reason_has_its_kind() {
+        use LossKind::*;
         let reasons = [
-            LossReason::Silent { timeout_ms: 1 },
-            LossReason::Closed,
-            LossReason::Broken("reset".into()),
-            LossReason::Unreachable("refused".into()),
-            LossReason::RecordRemoved,
-            LossReason::Transport("target process exited".into()),
+            (LossReason::Silent { timeout_ms: 1 }, Timeout),
+            (LossReason::RecordRemoved, Timeout),
+            (LossReason::Closed, Closed),
+            (LossReason::Broken("reset".into()), Crashed),
+            (LossReason::Unreachable("refused".into()), Crashed),
+            (
+                LossReason::Transport("target process exited".into()),
+                Crashed,
+            ),
+            (LossReason::Restarted { engine_id: 9 }, Restarted),
         ];
-        let kinds: Vec<LossKind> = reasons.iter().map(LossReason::kind).collect();
-        assert_eq!(kinds, LossKind::ALL);
+        for (reason, kind) in &reasons {
+            assert_eq!(reason.kind(), *kind, "{reason}");
+        }
+        let mut seen: Vec<LossKind> = reasons.iter().map(|(_, k)| *k).collect();
+        seen.dedup();
+        assert_eq!(
+            seen,
+            [Timeout, Closed, Crashed, Restarted],
+            "every kind has a reason"
+        );
     }
 }

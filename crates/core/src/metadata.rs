@@ -492,7 +492,7 @@ impl Registry {
         match fetch_descriptor(&addr, local_engine_id, self.cfg.connect_timeout).await {
             Ok(desc) => {
                 tracing::info!(peer = peer.name(), %addr, "re-registered in etcd: descriptor refreshed");
-                peer.set_descriptor(desc);
+                events.descriptor_seen(peer, desc);
                 if back {
                     events.peer_back(peer);
                 }

@@ -164,6 +164,7 @@ mod tests {
                 (22, "ERR_FERRY_INTERNAL"),
                 (23, "ERR_FERRY_NOTIFY_TOO_LARGE"),
                 (24, "ERR_FERRY_NOTIFY_FAILED"),
+                (25, "ERR_FERRY_SEGMENT_CLOSED"),
             ]
         );
     }
@@ -173,12 +174,10 @@ mod tests {
         assert_eq!(
             table::<LossKind>(),
             [
-                (1, "silent"),
-                (2, "closed"),
-                (3, "broken"),
-                (4, "unreachable"),
-                (5, "recordRemoved"),
-                (6, "transport"),
+                (1, "timeout"),
+                (3, "crashed"),
+                (7, "closed"),
+                (8, "restarted"),
             ]
         );
     }

@@ -14,7 +14,7 @@ use crate::kind::TransportKind;
 use crate::liveness::LossReason;
 use crate::metadata::Registry;
 use crate::plan::Path;
-use crate::segment::Peer;
+use crate::segment::{Peer, SegmentDescriptor};
 
 impl Inner {
     /// Opens (or refreshes) a remote segment by name.
@@ -54,7 +54,8 @@ impl Inner {
             }
             self.handle.spawn(run_link(peer.clone(), cfg, events));
         } else {
-            peer.set_descriptor(desc);
+            // Open again: the name may now answer with a new incarnation.
+            self.descriptor_seen(&peer, desc);
         }
         self.attach_transports(&peer).await;
         let desc = peer.descriptor();
@@ -76,12 +77,15 @@ impl Inner {
         Ok((record.addr, Some(revision)))
     }
 
-    /// Closes a segment: its link stops and its in-flight work fails.
+    /// Closes a segment: its link stops and its in-flight work fails as a closed segment
+    /// (`SegmentClosed`), which is no loss of the peer.
     pub(crate) fn close_segment(&self, handle: u64) -> Result<()> {
         self.check_open()?;
         let peer = self.segments.remove(handle)?;
+        // First: whatever fails from here on (a copy, a held failure) sees it closed.
+        peer.mark_closed();
         peer.link_cancel.cancel();
-        let error = Error::UnknownSegment(format!("{} was closed", peer.name()));
+        let error = peer.closed_error();
         for (_, t) in &self.transports {
             t.forget_peer(&peer, error.clone());
         }
@@ -123,9 +127,24 @@ impl Inner {
         }
     }
 
+    /// `peer` answers (again): it is no longer lost, its transports are set up again
+    /// (idempotent: a second notice finds them set up), and a recovery is reported once.
+    pub(crate) fn recover(self: &Arc<Self>, peer: &Arc<Peer>) {
+        let was_lost = peer.mark_alive();
+        let (engine, p) = (self.clone(), peer.clone());
+        self.handle
+            .spawn(async move { engine.attach_transports(&p).await });
+        if was_lost {
+            self.stats.peers_recovered.fetch_add(1, Ordering::Relaxed);
+            self.emit(EngineEvent::PeerRecovered {
+                segment: peer.name().to_string(),
+            });
+        }
+    }
+
     /// Sets up every transport towards `peer` (shm maps its buffers, rdma connects queue
     /// pairs); a failure only leaves that transport unable to reach the peer.
-    async fn attach_transports(&self, peer: &Arc<Peer>) {
+    pub(crate) async fn attach_transports(&self, peer: &Arc<Peer>) {
         let pending: Vec<_> = self
             .transports
             .iter()
@@ -150,19 +169,20 @@ impl LinkEvents for Events {
     }
 
     fn peer_back(&self, peer: &Arc<Peer>) {
-        let was_lost = peer.mark_alive();
-        if let Some(inner) = self.0.upgrade() {
-            // Transports set up again (idempotent: a second notice finds them set up).
-            let (engine, p) = (inner.clone(), peer.clone());
-            inner
-                .handle
-                .spawn(async move { engine.attach_transports(&p).await });
-            if was_lost {
-                inner.stats.peers_recovered.fetch_add(1, Ordering::Relaxed);
-                inner.emit(EngineEvent::PeerRecovered {
-                    segment: peer.name().to_string(),
-                });
+        match self.0.upgrade() {
+            Some(inner) => inner.recover(peer),
+            None => {
+                peer.mark_alive();
             }
+        }
+    }
+
+    fn descriptor_seen(&self, peer: &Arc<Peer>, desc: SegmentDescriptor) {
+        match self.0.upgrade() {
+            Some(inner) => {
+                inner.descriptor_seen(peer, desc);
+            }
+            None => peer.set_descriptor(desc),
         }
     }
 }

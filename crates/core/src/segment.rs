@@ -97,6 +97,9 @@ pub struct Peer {
     /// its lane (`lanes.rs`).
     descriptor: Striped<ArcSwap<SegmentDescriptor>>,
     lost: AtomicBool,
+    /// Set by `closeSegment` before anything else happens to the peer: work that fails from
+    /// then on fails as a closed segment, not as a loss.
+    closed: AtomicBool,
     /// Why it was last declared lost.
     lost_reason: Mutex<Option<LossReason>>,
     lost_count: AtomicU64,
@@ -109,6 +112,9 @@ pub struct Peer {
     /// Asks the link for a direct check: the peer's etcd record went away, so it is lost
     /// unless it answers within the check's bound (`liveness::Link::check`).
     pub(crate) check: tokio::sync::Notify,
+    /// Tells the link that the peer's incarnation changed: a connection to the old one is
+    /// left for a new one.
+    pub(crate) relink: tokio::sync::Notify,
 }
 
 /// What a held failure learns: `Some(loss)` once the loss is announced, `None` when the
@@ -145,12 +151,14 @@ impl Peer {
             name,
             descriptor: Striped::new(|_| ArcSwap::from_pointee(descriptor.clone())),
             lost: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             lost_reason: Mutex::new(None),
             lost_count: AtomicU64::new(0),
             link_cancel,
             fate: Mutex::default(),
             probe: tokio::sync::Notify::new(),
             check: tokio::sync::Notify::new(),
+            relink: tokio::sync::Notify::new(),
         }
     }
 
@@ -159,6 +167,10 @@ impl Peer {
     /// at once when the loss is already announced; else asks the link for a proof of life,
     /// which comes within the peer timeout either way.
     pub(crate) fn hold_until_fate(&self, verdict: Verdict) {
+        if self.is_closed() {
+            verdict(Some(self.closed_error()));
+            return;
+        }
         let mut fate = self.fate.lock().unwrap_or_else(|p| p.into_inner());
         if fate.announced {
             drop(fate);
@@ -190,11 +202,12 @@ impl Peer {
     }
 
     /// The peer answered a ping sent after the failures were held (or its link ended):
-    /// they end with their own errors.
+    /// they end with their own errors — or as a closed segment, when that is why the link
+    /// ended.
     pub(crate) fn vouch_alive(&self) {
         let held = std::mem::take(&mut self.fate.lock().unwrap_or_else(|p| p.into_inner()).held);
         for verdict in held {
-            verdict(None);
+            verdict(self.is_closed().then(|| self.closed_error()));
         }
     }
 
@@ -240,8 +253,37 @@ impl Peer {
     pub fn lost_count(&self) -> u64 {
         self.lost_count.load(Ordering::Relaxed)
     }
-    /// The error to give work aimed at this peer while it is lost.
+    /// Whether this engine closed the segment (`closeSegment`).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+    /// Marks the segment closed by this engine: what fails from now on is no loss.
+    pub(crate) fn mark_closed(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+    /// The error of work cut off by `closeSegment`.
+    pub fn closed_error(&self) -> Error {
+        Error::SegmentClosed(self.name.clone())
+    }
+    /// The error of work planned against an incarnation of the peer that is gone: the
+    /// peer restarted (as the one known now).
+    pub fn restarted_error(&self) -> Error {
+        Error::PeerLost {
+            peer: self.name.clone(),
+            reason: LossReason::Restarted {
+                engine_id: self.engine_id(),
+            },
+        }
+    }
+    /// The engine id of the peer's incarnation this engine knows (its descriptor's).
+    pub fn engine_id(&self) -> u64 {
+        self.descriptor.local().load().engine_id
+    }
+    /// The error to give work aimed at this peer while it is lost (or closed).
     pub fn lost_error(&self) -> Error {
+        if self.is_closed() {
+            return self.closed_error();
+        }
         let reason = self
             .lost_reason
             .lock()
@@ -253,10 +295,10 @@ impl Peer {
             reason: reason.unwrap_or(LossReason::Closed),
         }
     }
-    /// `lost_error` if the peer is declared lost, else a PeerLost error: a transport found
-    /// it dead (`reason`).
+    /// `lost_error` if the peer is declared lost (or the segment closed), else a PeerLost
+    /// error: a transport found it dead (`reason`).
     pub fn lost_error_or(&self, reason: &str) -> Error {
-        if self.is_lost() {
+        if self.is_lost() || self.is_closed() {
             self.lost_error()
         } else {
             Error::PeerLost {
@@ -266,14 +308,16 @@ impl Peer {
         }
     }
 
-    /// Marks the peer lost; returns false if it already was.
+    /// Marks the peer lost; returns false if it already was (the loss keeps its first
+    /// reason: a crashed peer seen again as a new incarnation stays crashed).
     pub(crate) fn mark_lost(&self, reason: &LossReason) -> bool {
-        *self.lost_reason.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason.clone());
-        let was = self.lost.swap(true, Ordering::AcqRel);
-        if !was {
-            self.lost_count.fetch_add(1, Ordering::Relaxed);
+        let mut why = self.lost_reason.lock().unwrap_or_else(|p| p.into_inner());
+        if self.lost.swap(true, Ordering::AcqRel) {
+            return false;
         }
-        !was
+        *why = Some(reason.clone());
+        self.lost_count.fetch_add(1, Ordering::Relaxed);
+        true
     }
     /// Marks the peer alive again; returns whether it was lost (so a recovery is reported
     /// once even when the control link and the metadata watch both notice it).
@@ -418,6 +462,46 @@ pub(crate) mod tests {
         assert!(
             !peer.mark_alive(),
             "the control link and the etcd watch both notice: once"
+        );
+    }
+
+    #[test]
+    fn a_loss_keeps_its_first_reason_and_a_closed_segment_is_no_loss() {
+        let peer = Peer::new(1, "p:1".into(), sample_descriptor(), Default::default());
+        assert!(peer.mark_lost(&LossReason::Broken("reset".into())));
+        assert!(!peer.mark_lost(&LossReason::Restarted { engine_id: 2 }));
+        assert_eq!(peer.lost_error().code(), "ERR_FERRY_PEER_LOST");
+        assert!(matches!(
+            peer.lost_error(),
+            Error::PeerLost {
+                reason: LossReason::Broken(_),
+                ..
+            }
+        ));
+        // Closed by this engine: held failures and later ones end as a closed segment.
+        let got: Arc<Mutex<Vec<Option<&'static str>>>> = Arc::default();
+        let closing = Peer::new(2, "p:2".into(), sample_descriptor(), Default::default());
+        let sink = got.clone();
+        closing.hold_until_fate(Box::new(move |e: Option<Error>| {
+            sink.lock().expect("got").push(e.map(|e| e.code()));
+        }));
+        closing.mark_closed();
+        closing.link_cancel.cancel();
+        closing.vouch_alive();
+        let sink = got.clone();
+        closing.hold_until_fate(Box::new(move |e: Option<Error>| {
+            sink.lock().expect("got").push(e.map(|e| e.code()));
+        }));
+        assert_eq!(
+            *got.lock().expect("got"),
+            [
+                Some("ERR_FERRY_SEGMENT_CLOSED"),
+                Some("ERR_FERRY_SEGMENT_CLOSED")
+            ]
+        );
+        assert_eq!(
+            closing.lost_error_or("target process exited").code(),
+            "ERR_FERRY_SEGMENT_CLOSED"
         );
     }
 

@@ -52,6 +52,8 @@ pub(crate) struct LocalSegment {
     pub notify_inbox: Arc<crate::notify::inbox::Inbox>,
     /// Largest notification payload accepted.
     pub notify_max_bytes: usize,
+    /// The goodbye said on every control connection as the engine closes.
+    pub farewell: Arc<crate::farewell::Farewell>,
     /// Keeps this engine's dialing secret registered while the server lives.
     pub _credentials: crate::auth::Registered,
 }
@@ -223,6 +225,7 @@ async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegmen
     let result = match kind {
         ConnKind::Control => {
             let _counted = local.control_peers.enter(hello.request_id);
+            let _owed = local.farewell.owe();
             serve_control(stream, &local).await
         }
         ConnKind::Data => serve_data(stream, &local).await,
@@ -246,8 +249,23 @@ async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegmen
     result
 }
 
+/// Answers a peer's control frames until it leaves, or says goodbye as this engine closes.
 async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()> {
-    while let Some((header, payload)) = read_frame_within(&mut stream, local.frame_timeout).await? {
+    loop {
+        // A frame half read when the goodbye begins is dropped with the connection.
+        let frame = tokio::select! {
+            biased;
+            _ = local.farewell.begun() => {
+                let goodbye = Header::new(Op::Goodbye);
+                let bye = write_frame(&mut stream, &goodbye, &[]);
+                let _ = tokio::time::timeout(local.frame_timeout, bye).await;
+                return Ok(());
+            }
+            frame = read_frame_within(&mut stream, local.frame_timeout) => frame?,
+        };
+        let Some((header, payload)) = frame else {
+            return Ok(());
+        };
         match header.op {
             Op::TransportReq => {
                 // Handshakes may call into a device (e.g. create queue pairs): keep them
@@ -276,7 +294,6 @@ async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()
             }
         }
     }
-    Ok(())
 }
 
 /// Checks a data request against the local segment; returns the region to touch.

@@ -31,8 +31,19 @@ type NewTasks = SmallVec<[Arc<Task>; INLINE_REQUESTS]>;
 
 impl Inner {
     /// Validates and plans every request, as of the call's time `now`; the first bad one
-    /// fails the call.
-    fn prepare<R: Validate>(&self, requests: &[R], now: &LazyNow) -> Result<Prepared> {
+    /// fails the call. A buffer the segment's descriptor does not list is looked for once
+    /// more after the descriptor was fetched again (`incarnations`): the peer may have
+    /// allocated it since.
+    fn prepare<R: Validate>(self: &Arc<Self>, requests: &[R], now: &LazyNow) -> Result<Prepared> {
+        match self.prepare_all(requests, now) {
+            Err(Error::UnknownBuffer { segment, .. }) if self.refresh_on_miss(&segment) => {
+                self.prepare_all(requests, now)
+            }
+            prepared => prepared,
+        }
+    }
+
+    fn prepare_all<R: Validate>(&self, requests: &[R], now: &LazyNow) -> Result<Prepared> {
         self.check_open()?;
         let lookup = |handle| {
             let peer = self.segments.lend(handle)?;

@@ -15,8 +15,9 @@ use crate::task::Task;
 /// A boxed future, for the trait's async hooks.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Reports a peer found dead by a transport (the engine declares it lost).
-pub type LostHook = Arc<dyn Fn(&Arc<Peer>, String) + Send + Sync>;
+/// Reports a peer found dead, or gone with a goodbye, by a transport (the engine declares
+/// it lost).
+pub type LostHook = Arc<dyn Fn(&Arc<Peer>, crate::liveness::LossReason) + Send + Sync>;
 
 /// One attempt of a task, handed to a transport.
 #[derive(Debug, Clone)]
@@ -206,6 +207,9 @@ pub struct TransportContext {
     pub shm_any_uid: bool,
     /// Deadline of a handshake or a started frame.
     pub frame_timeout: std::time::Duration,
+    /// The goodbye the engine says as it closes, on the connections peers watch its life
+    /// on (shm's).
+    pub(crate) farewell: Arc<crate::farewell::Farewell>,
 }
 
 /// Builds a transport for an engine. Every transport is built this way: tcp, shm and the

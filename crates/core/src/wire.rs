@@ -100,6 +100,9 @@ pub enum Op {
     /// The target took the notification: `request_id` = its sequence number, `flags` =
     /// `NotifyOutcome`.
     NotifyAck = 18,
+    /// The sender's engine is closing (on a control connection, from the server): the
+    /// peer said goodbye, so its loss is `closed`, not a crash.
+    Goodbye = 19,
 }
 
 impl Op {
@@ -123,6 +126,7 @@ impl Op {
             16 => Self::NotifyOpen,
             17 => Self::Notify,
             18 => Self::NotifyAck,
+            19 => Self::Goodbye,
             _ => return None,
         })
     }
@@ -370,7 +374,7 @@ mod tests {
 
     #[test]
     fn round_trip_every_op() {
-        for raw in 1..=18u8 {
+        for raw in 1..=19u8 {
             // Each op at a length it allows (auth frames carry exactly one MAC).
             let op = Op::from_raw(raw).expect("op");
             let h = sample(op, op.payload_cap().min(100));

@@ -9,6 +9,7 @@
 //! - [`user_region`]: registered (leaked) user memory with a chosen access;
 //! - [`request`], [`wait_batch`], [`one`]: requests and bounded waits on their outcome;
 //! - [`notes`]: a target-side notification handler that checks the data is in place;
+//! - [`Proxy`]: a TCP forwarder whose connections a test freezes or cuts;
 //! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness;
 //!   [`skip_without_etcd!`], [`etcd_missing`]: skip a test where etcd is not installed
 //!   (outside CI; under CI that fails it).
@@ -16,10 +17,12 @@
 mod etcd;
 pub mod notes;
 mod pair;
+mod proxy;
 mod region;
 mod wait;
 
 pub use etcd::{etcd_healthy, etcd_missing, spawn_etcd};
 pub use pair::{request, Pair};
+pub use proxy::Proxy;
 pub use region::{bytes_at, bytes_of, fill, user_region};
 pub use wait::{one, wait_batch, within};

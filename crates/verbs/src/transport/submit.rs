@@ -26,6 +26,18 @@ impl Shared {
         let link = self
             .link(req.peer.handle())
             .ok_or_else(|| unavailable(format!("no endpoint to {}", req.peer.name())))?;
+        // The endpoints and the registrations reach one incarnation of the peer: a request
+        // planned against another goes elsewhere (the new one not set up yet) or nowhere
+        // (planned against one that is gone).
+        if link.engine_id.load(Ordering::Acquire) != req.descriptor.engine_id {
+            if req.descriptor.engine_id == req.peer.engine_id() {
+                return Err(unavailable(format!(
+                    "endpoints to the new incarnation of {} are not up yet",
+                    req.peer.name()
+                )));
+            }
+            return Err(req.peer.restarted_error());
+        }
         let eps = link.live();
         if eps.is_empty() {
             return Err(unavailable(format!(

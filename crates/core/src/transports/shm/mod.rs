@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::linux::RemoteMapping;
 use crate::request::ValidatedRequest;
-use crate::segment::Peer;
+use crate::segment::{Peer, SegmentDescriptor};
 use crate::task::Observer;
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 use attach::{connect_and_map, socket_of, Attached};
@@ -112,6 +112,7 @@ impl ShmTransport {
                 admission: context.admission,
                 any_uid: context.shm_any_uid,
                 timeout: context.frame_timeout,
+                farewell: context.farewell,
             }),
             socket: std::sync::OnceLock::new(),
             peers: ArcSwap::default(),
@@ -144,7 +145,8 @@ impl ShmTransport {
         old
     }
 
-    /// Connects to a same-host peer and maps its buffers (again, on refresh). Peers on
+    /// Connects to a same-host peer and maps its buffers; on refresh, maps the buffers of
+    /// the same incarnation not mapped yet, or attaches a new incarnation afresh. Peers on
     /// another host, or without shm, are left alone.
     async fn attach_peer(&self, peer: &Arc<Peer>) -> Result<()> {
         let desc = peer.descriptor();
@@ -155,6 +157,31 @@ impl ShmTransport {
             return Ok(());
         }
         let token = desc.token_bytes()?;
+        let current = self
+            .peer(peer.handle())
+            .filter(|p| p.engine_id == desc.engine_id && p.known_alive());
+        if let Some(current) = current {
+            let mapped = current.maps.load();
+            let missing: Vec<_> = desc
+                .buffers
+                .iter()
+                .filter(|b| b.transports.contains(&TransportKind::Shm))
+                .filter(|b| !mapped.contains_key(&b.id))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let only_missing = SegmentDescriptor {
+                buffers: missing,
+                ..SegmentDescriptor::clone(&desc)
+            };
+            // A connection of its own for them, let go once they are mapped: the first
+            // connection still watches the target's life.
+            let more = connect_and_map(&socket, self.local_engine_id, &token, &only_missing);
+            current.add_maps(more.await?.maps);
+            return Ok(());
+        }
         let attached = connect_and_map(&socket, self.local_engine_id, &token, &desc).await?;
         let Attached {
             stream,
@@ -164,6 +191,7 @@ impl ShmTransport {
         } = attached;
         let shm_peer = Arc::new(ShmPeer::new(
             peer.clone(),
+            desc.engine_id,
             pidfd,
             life,
             maps,
@@ -188,10 +216,24 @@ impl ShmTransport {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
+        if req.peer.is_closed() {
+            return Err(req.peer.closed_error());
+        }
         let peers = self.peers.load();
         let peer = peers.get(&req.peer.handle()).ok_or_else(|| {
             Error::TransportUnavailable(format!("no shared memory with {}", req.peer.name()))
         })?;
+        if peer.engine_id != req.descriptor.engine_id {
+            // Planned against the incarnation known now: its memory is not mapped yet
+            // (another transport serves it meanwhile). Else planned against a gone one.
+            if req.descriptor.engine_id == req.peer.engine_id() {
+                return Err(Error::TransportUnavailable(format!(
+                    "shared memory with the new incarnation of {} is not set up yet",
+                    req.peer.name()
+                )));
+            }
+            return Err(req.peer.restarted_error());
+        }
         if !peer.known_alive() {
             return Err(req.peer.lost_error_or("target process exited"));
         }

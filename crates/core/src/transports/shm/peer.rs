@@ -12,20 +12,24 @@ use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio_util::sync::CancellationToken;
 
+use super::serve::GOODBYE;
 use crate::life_word::PeerLifeWord;
 use crate::linux::{Pidfd, RemoteMapping};
+use crate::liveness::LossReason;
 use crate::segment::Peer;
 
 /// A peer's shm buffers, mapped, by buffer id.
 /// By the peer's own buffer ids (an authenticated peer's, read per copy: a fast hash).
 pub(super) type Mappings = FxHashMap<u64, Arc<RemoteMapping>>;
 
-/// Called when a same-host peer's process is seen to exit.
-pub(super) type DeathHook = Arc<dyn Fn(&Arc<Peer>, String) + Send + Sync>;
+/// Called when a same-host peer's process is seen to exit, or its engine says goodbye.
+pub(super) type DeathHook = Arc<dyn Fn(&Arc<Peer>, LossReason) + Send + Sync>;
 
 /// What the transport knows about one same-host peer.
 pub(super) struct ShmPeer {
     pub(super) peer: Arc<Peer>,
+    /// The incarnation of the peer these mappings are of (its engine id).
+    pub(super) engine_id: u64,
     pidfd: Pidfd,
     /// The target's life word, when it sent one: read after each copy instead of polling
     /// `pidfd`.
@@ -42,6 +46,7 @@ impl ShmPeer {
     /// `cancel` stops its watcher.
     pub(super) fn new(
         peer: Arc<Peer>,
+        engine_id: u64,
         pidfd: Pidfd,
         life: Option<PeerLifeWord>,
         maps: Mappings,
@@ -49,6 +54,7 @@ impl ShmPeer {
     ) -> Self {
         Self {
             peer,
+            engine_id,
             pidfd,
             life,
             maps: ArcSwap::from_pointee(maps),
@@ -85,6 +91,15 @@ impl ShmPeer {
         false
     }
 
+    /// Adds the mappings of buffers the peer allocated since it was attached.
+    pub(super) fn add_maps(&self, more: Mappings) {
+        self.maps.rcu(|maps| {
+            let mut maps = Mappings::clone(maps);
+            maps.extend(more.iter().map(|(id, m)| (*id, m.clone())));
+            maps
+        });
+    }
+
     /// Records the target's death: every later copy fails.
     pub(super) fn mark_dead(&self) {
         self.dead.store(true, Ordering::Release);
@@ -98,20 +113,24 @@ impl ShmPeer {
     }
 }
 
-/// Reports the peer dead when its process exits or its unix connection closes.
+/// Reports the peer gone when its engine says goodbye, its process exits or its unix
+/// connection closes. The connection is looked at first: a goodbye already sent by a
+/// process that then exited is still a goodbye.
 pub(super) async fn watch(peer: Arc<ShmPeer>, mut stream: UnixStream, on_death: DeathHook) {
     let mut byte = [0u8; 1];
+    let crashed = |why: String| LossReason::Transport(why);
     let why = tokio::select! {
         biased;
         _ = peer.cancel.cancelled() => return,
-        r = peer.pidfd.exited() => match r {
-            Ok(()) => "target process exited".to_string(),
-            Err(e) => format!("pidfd failed: {e}"),
-        },
         r = stream.read(&mut byte) => match r {
-            Ok(0) => "shm connection closed by the target".to_string(),
-            Ok(_) => "unexpected bytes on the shm connection".to_string(),
-            Err(e) => format!("shm connection failed: {e}"),
+            Ok(1) if byte[0] == GOODBYE => LossReason::Closed,
+            Ok(0) => crashed("shm connection closed by the target without a goodbye".into()),
+            Ok(_) => crashed("unexpected bytes on the shm connection".into()),
+            Err(e) => crashed(format!("shm connection failed: {e}")),
+        },
+        r = peer.pidfd.exited() => match r {
+            Ok(()) => crashed("target process exited".into()),
+            Err(e) => crashed(format!("pidfd failed: {e}")),
         },
     };
     peer.mark_dead();

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{Admission, Handshake};
 use crate::auth::{Failure, Secret};
 use crate::error::{Error, Result};
+use crate::farewell::Farewell;
 use crate::life_word;
 use crate::linux::send_fds_async;
 use crate::memory::RegionTable;
@@ -50,7 +51,13 @@ pub(super) struct Gate {
     pub(super) any_uid: bool,
     /// How long the handshake may take.
     pub(super) timeout: Duration,
+    /// Said on every served connection as the engine closes (one byte, [`GOODBYE`]).
+    pub(super) farewell: Arc<Farewell>,
 }
+
+/// The byte a closing target sends on each shm connection: its peers then report it
+/// `closed`, not crashed, when the connection ends.
+pub(super) const GOODBYE: u8 = 0x47;
 
 /// Serves fd requests until `cancel` fires.
 pub(super) async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: CancellationToken) {
@@ -155,9 +162,19 @@ async fn serve_one(mut stream: UnixStream, gate: &Gate, handshake: Handshake) ->
             stream.write_all(&[1]).await.map_err(io)?;
         }
     }
+    let _owed = gate.farewell.owe();
     loop {
         let mut id = [0u8; 8];
-        match stream.read_exact(&mut id).await {
+        let read = tokio::select! {
+            biased;
+            _ = gate.farewell.begun() => {
+                let bye = stream.write_all(&[GOODBYE]);
+                let _ = tokio::time::timeout(gate.timeout, bye).await;
+                return Ok(());
+            }
+            read = stream.read_exact(&mut id) => read,
+        };
+        match read {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(io(e)),

@@ -51,7 +51,8 @@ pub(crate) struct Registry {
 }
 
 /// Where an I/O thread puts the stream it connected (or why it could not).
-type Landing = Mutex<Option<Result<std::net::TcpStream>>>;
+/// A connection made for the loop, with the peer incarnation it reached.
+type Landing = Mutex<Option<Result<(std::net::TcpStream, u64)>>>;
 
 impl Registry {
     fn add(&self, conn: &Arc<LoopConn>) {
@@ -158,9 +159,10 @@ pub(super) fn try_send(
             let landed = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
             match landed {
                 None => return None,
-                Some(Ok(stream)) => {
+                Some(Ok((stream, remote_engine))) => {
                     entry.connecting = None;
                     let conn = Arc::new(LoopConn::new(key, forget, peer.clone(), stream));
+                    conn.set_remote_engine(remote_engine);
                     match event_loop.watch(conn.fd(), conn.clone()) {
                         Ok(watch) => {
                             lanes.registry.add(&conn);
@@ -220,11 +222,11 @@ fn start_connect(lanes: &Lanes, peer: &Arc<Peer>) -> Arc<Landing> {
     lanes.rt.spawn(async move {
         let stream = connect(&addr, ConnKind::Data, engine_id, timeout)
             .await
-            .and_then(|(s, _)| s.into_std().map_err(|e| Error::io("loop connection", &e)))
-            .and_then(|s| {
+            .and_then(|(s, remote)| {
+                let s = s.into_std().map_err(|e| Error::io("loop connection", &e))?;
                 s.set_nonblocking(true)
                     .map_err(|e| Error::io("loop connection", &e))?;
-                Ok(s)
+                Ok((s, remote))
             });
         let mut landed = landed.lock().unwrap_or_else(|p| p.into_inner());
         // Under the slot's lock: `break_all` either sees the stream and drops it, or has

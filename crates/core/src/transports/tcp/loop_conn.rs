@@ -62,6 +62,8 @@ enum Body {
 
 struct State {
     open: bool,
+    /// The peer incarnation the connection reached (its handshake's engine id).
+    remote_engine: u64,
     next_id: u64,
     inflight: FxHashMap<u64, Slice>,
     /// The rest of frames the socket did not take whole; nothing else is sent meanwhile.
@@ -126,6 +128,7 @@ impl LoopConn {
             sock,
             state: Mutex::new(State {
                 open: true,
+                remote_engine: 0,
                 next_id: 0,
                 inflight: FxHashMap::default(),
                 out: Vec::new(),
@@ -135,6 +138,12 @@ impl LoopConn {
                 body: None,
             }),
         }
+    }
+
+    /// Records the peer incarnation the connection's handshake reached: only slices
+    /// planned against it go on this connection.
+    pub(super) fn set_remote_engine(&self, engine_id: u64) {
+        self.lock().remote_engine = engine_id;
     }
 
     /// The (engine, peer) this thread's table keeps it under.
@@ -208,7 +217,10 @@ impl LoopConn {
             return Err(slice);
         }
         let mut settle = Settle::default();
-        let payload = match slice.payload() {
+        let payload = match slice
+            .check_incarnation(st.remote_engine)
+            .and_then(|()| slice.payload())
+        {
             Ok(w) => w,
             Err(e) => {
                 settle.failed.push((slice, e));
@@ -475,6 +487,7 @@ mod tests {
                 remote_offset: 0,
                 len: LEN,
                 token: [0; 16],
+                engine_id: 0,
             };
             self.conn.lock().inflight.insert(id, slice);
         }

@@ -152,6 +152,7 @@ impl TcpTransport {
             remote_offset: piece.remote_offset,
             len: piece.length,
             token,
+            engine_id: req.descriptor.engine_id,
         };
         let conns = pool.conns.len();
         if count == 1 && task.observer() == Observer::Progress && req.length <= LOOP_MAX {

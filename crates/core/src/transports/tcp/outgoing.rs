@@ -236,6 +236,7 @@ mod tests {
                     remote_offset: 0,
                     len: 4096,
                     token: [0; 16],
+                    engine_id: 0,
                 })
             };
             // The connection the write started on broke (none now), or broke and another

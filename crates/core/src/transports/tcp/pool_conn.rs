@@ -58,6 +58,8 @@ pub(super) type Slices = SmallVec<[Slice; 1]>;
 #[derive(Default)]
 struct Inflight {
     open: bool,
+    /// The peer incarnation the open connection reached (its handshake's engine id).
+    remote_engine: u64,
     next_id: u64,
     slices: HashMap<u64, Slice>,
 }
@@ -115,7 +117,8 @@ impl PoolConn {
     }
 
     /// Registers a slice as in flight and builds its frame; hands the slice back if the
-    /// connection is closing.
+    /// connection is closing, or failed when it cannot go on it (a payload outside its
+    /// region, or a connection to another incarnation of the peer than it was planned for).
     fn register(&self, slice: Slice) -> std::result::Result<Frame, Slice> {
         let payload = match slice.payload() {
             Ok(w) => w,
@@ -126,6 +129,11 @@ impl PoolConn {
         };
         let mut inf = self.lock();
         if !inf.open {
+            return Err(slice);
+        }
+        if let Err(e) = slice.check_incarnation(inf.remote_engine) {
+            drop(inf);
+            slice.task.attempt_failed(slice.attempt, e);
             return Err(slice);
         }
         inf.next_id = inf.next_id.wrapping_add(1);
@@ -261,8 +269,8 @@ async fn conn_actor(
             _ = shutdown.cancelled() => return,
             c = connect(&addr, ConnKind::Data, local_engine_id, connect_timeout) => c,
         };
-        let stream = match connected {
-            Ok((stream, _)) => stream,
+        let (stream, remote_engine) = match connected {
+            Ok(connected) => connected,
             Err(e) => {
                 tracing::debug!(peer = conn.peer.name(), error = %e, "data connect failed");
                 conn.fail_queued(&e);
@@ -277,7 +285,11 @@ async fn conn_actor(
         *conn.current.lock().unwrap_or_else(|p| p.into_inner()) = cancel.clone();
         let (rd, wr) = stream.into_split();
         let half = Arc::new(wr);
-        conn.lock().open = true;
+        {
+            let mut inf = conn.lock();
+            inf.open = true;
+            inf.remote_engine = remote_engine;
+        }
         conn.write_state().half = Some(half.clone());
         let cause = tokio::select! {
             _ = cancel.cancelled() => Error::Closed,

@@ -24,6 +24,8 @@ pub(super) struct Slice {
     pub(super) remote_offset: u64,
     pub(super) len: u64,
     pub(super) token: Token,
+    /// The peer incarnation the slice was planned against (its descriptor's engine id).
+    pub(super) engine_id: u64,
 }
 
 impl Slice {
@@ -38,6 +40,20 @@ impl Slice {
     /// The request frame's payload (empty for a READ), checked to lie in the local region.
     pub(super) fn payload(&self) -> Result<Window> {
         Window::new(&self.region, self.local_offset, self.payload_len())
+    }
+
+    /// Whether the slice may go on a connection to incarnation `remote` (the engine id its
+    /// handshake answered with): only to the one it was planned against. Otherwise why
+    /// not: the peer restarted. (The token would be refused there too: each incarnation
+    /// draws its own.)
+    pub(super) fn check_incarnation(&self, remote: u64) -> Result<()> {
+        if remote == self.engine_id {
+            return Ok(());
+        }
+        Err(crate::error::Error::PeerLost {
+            peer: self.task.request().peer.name().to_string(),
+            reason: crate::liveness::LossReason::Restarted { engine_id: remote },
+        })
     }
 
     /// The request frame's header, sent as request `request_id` of its connection.
@@ -108,7 +124,20 @@ mod tests {
             remote_offset: 300,
             len,
             token: [5; 16],
+            engine_id: 9,
         }
+    }
+
+    #[test]
+    fn a_slice_goes_only_to_the_incarnation_it_was_planned_against() {
+        let s = slice(Opcode::Write, 0, 4096);
+        assert!(s.check_incarnation(9).is_ok());
+        let e = s.check_incarnation(10).expect_err("another incarnation");
+        assert_eq!(e.code(), "ERR_FERRY_PEER_LOST");
+        assert!(
+            matches!(&e, crate::error::Error::PeerLost { reason, .. } if reason.kind().name() == "restarted"),
+            "{e:?}"
+        );
     }
 
     #[test]

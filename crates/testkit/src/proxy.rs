@@ -1,0 +1,160 @@
+//! A TCP forwarder between an initiator and a target whose connections a test can freeze
+//! (held open, nothing forwarded: a peer that went silent, or a restart the initiator did
+//! not see) or cut (closed without a goodbye: a crash as the initiator sees it).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often a forwarding thread looks at the proxy's state while its socket is quiet.
+const TICK: Duration = Duration::from_millis(10);
+
+/// A forwarder listening on its own loopback port; every connection it accepts is
+/// forwarded to its backend (refused until it has one). Its threads stop when it drops.
+pub struct Proxy {
+    addr: SocketAddr,
+    state: Arc<State>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+struct State {
+    backend: Mutex<Option<SocketAddr>>,
+    stop: AtomicBool,
+    /// Connections numbered below this are frozen.
+    frozen_below: AtomicU64,
+    next: AtomicU64,
+    /// Both sockets of each connection, by number, to cut them.
+    open: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
+}
+
+impl Proxy {
+    /// Starts a forwarder with no backend yet ([`Proxy::forward_to`]).
+    pub fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listen");
+        listener.set_nonblocking(true).expect("proxy nonblocking");
+        let addr = listener.local_addr().expect("proxy addr");
+        let state = Arc::new(State {
+            backend: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            frozen_below: AtomicU64::new(0),
+            next: AtomicU64::new(0),
+            open: Mutex::default(),
+        });
+        let proxy = Self {
+            addr,
+            state: state.clone(),
+            threads: Mutex::default(),
+        };
+        let accept = std::thread::spawn(move || accept_loop(listener, state));
+        proxy.threads.lock().expect("threads").push(accept);
+        proxy
+    }
+
+    /// Connections accepted from now on go to `backend`.
+    pub fn forward_to(&self, backend: SocketAddr) {
+        *self.state.backend.lock().expect("backend") = Some(backend);
+    }
+
+    /// The address initiators connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The connections open now forward nothing more, either way, and stay open; later
+    /// ones are forwarded.
+    pub fn freeze(&self) {
+        let next = self.state.next.load(Ordering::SeqCst);
+        self.state.frozen_below.store(next, Ordering::SeqCst);
+    }
+
+    /// The connections open now are closed on both sides (no goodbye reaches either
+    /// end); later ones are forwarded.
+    pub fn cut(&self) {
+        let open = std::mem::take(&mut *self.state.open.lock().expect("open"));
+        for (_, a, b) in open {
+            let _ = a.shutdown(Shutdown::Both);
+            let _ = b.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        self.cut();
+        for t in std::mem::take(&mut *self.threads.lock().expect("threads")) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    let mut pumps = Vec::new();
+    while !state.stop.load(Ordering::SeqCst) {
+        let client = match listener.accept() {
+            Ok((client, _)) => client,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(TICK);
+                continue;
+            }
+            Err(_) => break,
+        };
+        let backend = *state.backend.lock().expect("backend");
+        let Some(Ok(server)) = backend.map(TcpStream::connect) else {
+            continue; // dropping the client closes it: the backend is not there
+        };
+        let number = state.next.fetch_add(1, Ordering::SeqCst);
+        let _ = client.set_nonblocking(false);
+        for s in [&client, &server] {
+            let _ = s.set_nodelay(true);
+            let _ = s.set_read_timeout(Some(TICK));
+        }
+        let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = (
+            client.try_clone(),
+            server.try_clone(),
+            client.try_clone(),
+            server.try_clone(),
+        ) else {
+            continue;
+        };
+        state.open.lock().expect("open").push((number, c3, s3));
+        let (st1, st2) = (state.clone(), state.clone());
+        pumps.push(std::thread::spawn(move || {
+            pump(client, server, number, st1)
+        }));
+        pumps.push(std::thread::spawn(move || pump(s2, c2, number, st2)));
+    }
+    for p in pumps {
+        let _ = p.join();
+    }
+}
+
+/// Copies `from` → `to` until either closes, the proxy stops, or (frozen) for ever silent.
+fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>) {
+    let mut buf = vec![0u8; 64 << 10];
+    let frozen = |s: &State| number < s.frozen_below.load(Ordering::SeqCst);
+    while !state.stop.load(Ordering::SeqCst) {
+        if frozen(&state) {
+            std::thread::sleep(TICK);
+            continue;
+        }
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+            Err(_) => break,
+        };
+        // Read before the freeze and checked after it: what a frozen connection carries
+        // is dropped.
+        if frozen(&state) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
