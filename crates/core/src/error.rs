@@ -75,6 +75,8 @@ pub enum ErrorCode {
     NotifyTooLarge = 23,
     /// `Error::NotifyFailed`.
     NotifyFailed = 24,
+    /// `Error::NotifyRefused`.
+    NotifyRefused = 25,
 }
 
 impl ErrorCode {
@@ -105,6 +107,7 @@ impl ErrorCode {
             Self::Internal => "ERR_FERRY_INTERNAL",
             Self::NotifyTooLarge => "ERR_FERRY_NOTIFY_TOO_LARGE",
             Self::NotifyFailed => "ERR_FERRY_NOTIFY_FAILED",
+            Self::NotifyRefused => "ERR_FERRY_NOTIFY_REFUSED",
         }
     }
 }
@@ -136,6 +139,7 @@ impl Numbered for ErrorCode {
         Self::Internal,
         Self::NotifyTooLarge,
         Self::NotifyFailed,
+        Self::NotifyRefused,
     ];
 
     fn number(self) -> u32 {
@@ -249,6 +253,11 @@ pub enum Error {
     /// The data landed but its notification could not be delivered.
     #[error("the data landed but its notification was not delivered: {0}")]
     NotifyFailed(String),
+    /// The target did not take the notification: it is another incarnation than the one
+    /// that received the data (the peer restarted), its queue was full for a notification
+    /// riding on a transfer, or it refused the sequence number.
+    #[error("notification refused: {0}")]
+    NotifyRefused(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -291,6 +300,7 @@ impl Error {
             Self::Metadata(_) => ErrorCode::Metadata,
             Self::NotifyTooLarge { .. } => ErrorCode::NotifyTooLarge,
             Self::NotifyFailed(_) => ErrorCode::NotifyFailed,
+            Self::NotifyRefused(_) => ErrorCode::NotifyRefused,
         }
     }
 
@@ -318,6 +328,7 @@ impl Error {
             | Self::RemoteRejected(_)
             | Self::Metadata(_)
             | Self::NotifyFailed(_)
+            | Self::NotifyRefused(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }
