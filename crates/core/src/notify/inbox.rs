@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use super::outcome::NotifyOutcome;
 use super::protocol::{Answer, Open};
 use super::sessions::{Binding, SessionKey, Sessions};
 use super::window::Judged;
@@ -31,16 +32,6 @@ pub struct Notification {
     pub data: Vec<u8>,
     /// Bytes of the call it rode on (0 for one sent alone).
     pub bytes: u64,
-}
-
-/// What the target did with a notification it took. A resend after a reconnect is
-/// answered with what became of its first copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NotifyOutcome {
-    /// Queued for the application.
-    Queued,
-    /// The queue was full: dropped and counted.
-    Dropped,
 }
 
 /// What the inbox tells the application's side.

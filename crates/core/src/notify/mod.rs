@@ -22,11 +22,13 @@
 //! reported as queued: `notify` answers `Dropped`, a call's notification fails.
 //!
 //! Modules: `inbox` (the receive queue, pure), `sessions` and `window` (the senders'
-//! sessions and their sequence numbers, pure), `protocol` (the connection's messages),
+//! sessions and their sequence numbers, pure), `outcome` (what the target did with one),
+//! `protocol` (the connection's messages),
 //! `outbox` (the sender's per-peer actor), `serve` (the target's side of the connection).
 
 pub(crate) mod inbox;
 pub(crate) mod outbox;
+pub(crate) mod outcome;
 pub(crate) mod protocol;
 pub(crate) mod serve;
 pub(crate) mod sessions;
@@ -37,7 +39,8 @@ use std::sync::Arc;
 
 pub use crate::config::notify::NotifyConfig;
 pub use crate::metrics::NotifyCounters;
-pub use inbox::{InboxSignal, InboxWaker, Notification, NotifyOutcome};
+pub use inbox::{InboxSignal, InboxWaker, Notification};
+pub use outcome::NotifyOutcome;
 
 use crate::block_submit::BlockSubmission;
 use crate::blocks::{BlockOutcome, Blocks, Gathered};

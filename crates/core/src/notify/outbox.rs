@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::inbox::NotifyOutcome;
+use super::outcome::NotifyOutcome;
 use super::protocol::{restarted, Answer, Open};
 use super::sessions::SessionToken;
 use super::window::WINDOW;

@@ -10,7 +10,7 @@
 //! the bytes of its call) is answered in order by a `NotifyAck` whose `flags` are an
 //! `Answer`; every answer carries the target's engine id in `buffer_id`.
 
-use super::inbox::NotifyOutcome;
+use super::outcome::NotifyOutcome;
 use super::sessions::SessionToken;
 use crate::error::{Error, Result};
 use crate::wire::{Header, Op};

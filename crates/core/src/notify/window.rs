@@ -7,7 +7,7 @@
 //! with what became of the first copy (queued or dropped), which is remembered for the
 //! window. Pure: no sockets, no clock.
 
-use super::inbox::NotifyOutcome;
+use super::outcome::NotifyOutcome;
 
 /// Notifications a sender may have unacknowledged in one session, and how far behind the
 /// last one taken a resend may be.
