@@ -368,6 +368,11 @@ export interface EngineMetrics {
   notificationsReceived: number
   /** Notifications dropped here: the receive queue was full. */
   notificationsDropped: number
+  /**
+   * Notifications refused here: planned for another incarnation of this engine, a
+   * sequence number outside its session's window, or a superseded connection.
+   */
+  notificationsRefused: number
   /** Notifications waiting in the receive queue. */
   notificationsQueued: number
   /**

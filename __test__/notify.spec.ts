@@ -97,6 +97,78 @@ for (const transport of ['tcp', 'shm', 'rdma'] as TransportName[]) {
   }
 }
 
+// Probe: the target is SIGKILLed and restarted on the same address while writes with
+// notifications are in flight. Each of 4 workers writes its own 1 MiB slot with fresh bytes
+// and a numbered notification naming them (by hash), one call at a time. A call made
+// before the kill planned its data for the old instance: the new one must never get its
+// notification.
+for (const transport of ['tcp', 'shm'] as TransportName[]) {
+  test(`${transport}: a target restarted mid-stream gets no notification for data its predecessor took; the sender's calls end OK or with a typed error`, async (t) => {
+    t.timeout(180_000)
+    const env = { FERRY_PEER_TIMEOUT_MS: '1000' }
+    let target = await notifyTarget(env)
+    const address = target.segment
+    const engine = await Engine.create({ peerTimeoutMs: 1000 })
+    const slots = 4
+    const src = engine.allocate(slots * MiB)
+    const codes: Record<string, number> = {}
+    let made = 0
+    let ended = 0
+    let misdelivered = 0
+    let notLanded = 0
+    let stop = false
+    try {
+      const seg = await engine.openSegment(address)
+      const buffer = target.buffer
+      const worker = async (i: number) => {
+        while (!stop) {
+          src.buffer.set(randomBytes(MiB), i * MiB)
+          const off = i * MiB
+          const note = JSON.stringify({ off, len: MiB, sha: sha256(src.buffer.subarray(off, off + MiB)), call: ++made })
+          try {
+            await engine.write({ local: src, remote: seg, remoteBuffer: buffer, localOffset: off, remoteOffset: off, length: MiB, requireTransport: transport, notify: note })
+            codes.OK = (codes.OK ?? 0) + 1
+          } catch (e) {
+            const code = (e as FerryError).code
+            codes[code] = (codes[code] ?? 0) + 1
+            await new Promise((resolve) => setTimeout(resolve, 5))
+          }
+          ended++
+        }
+      }
+      const workers = Array.from({ length: slots }, (_, i) => worker(i))
+      /** Waits (bounded) until `n` more calls ended. */
+      const calls = async (n: number) => {
+        const until = ended + n
+        const deadline = Date.now() + 30_000
+        while (ended < until && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 5))
+        t.true(ended >= until, `${n} calls ended in time`)
+      }
+      for (let round = 0; round < 6; round++) {
+        await calls(8)
+        const madeBeforeKill = made
+        await target.kill()
+        target = await notifyTarget({ ...env, FERRY_TARGET_LISTEN: address })
+        // Writes go on against the restarted instance (they may fail until the handle
+        // follows it).
+        await calls(24)
+        const { notes } = (await target.ask('notes')) as { notes: Note[] }
+        misdelivered += notes.filter((n) => (JSON.parse(n.data) as { call: number }).call <= madeBeforeKill).length
+        notLanded += notes.filter((n) => n.landed !== true).length
+      }
+      stop = true
+      await Promise.all(workers)
+      t.log(transport, codes, { notLanded })
+      t.is(misdelivered, 0, 'no notification of a call made before the kill reached the new instance')
+      for (const code of Object.keys(codes)) t.regex(code, /^(OK|ERR_FERRY_[A-Z_]+)$/)
+    } finally {
+      stop = true
+      await engine.close()
+      await target.kill()
+    }
+  })
+}
+
 test('a call that fails without failover notifies nothing; one that fails over mid-way notifies exactly once', async (t) => {
   t.timeout(60_000)
   const target = await notifyTarget()

@@ -98,6 +98,7 @@ export type FerryErrorCode =
   | 'ERR_FERRY_NOTIFY_TOO_LARGE'
   | 'ERR_FERRY_NOTIFY_FAILED'
   | 'ERR_FERRY_SEGMENT_CLOSED'
+  | 'ERR_FERRY_NOTIFY_REFUSED'
   | 'ABORT_ERR'
 
 /** Error codes by number (`ferry_core::ErrorCode`); 0 is none. */
@@ -127,6 +128,7 @@ export const ERROR_CODE_NAMES: Readonly<Partial<Record<number, FerryErrorCode>>>
   23: 'ERR_FERRY_NOTIFY_TOO_LARGE',
   24: 'ERR_FERRY_NOTIFY_FAILED',
   25: 'ERR_FERRY_SEGMENT_CLOSED',
+  26: 'ERR_FERRY_NOTIFY_REFUSED',
 }
 
 /** The number of each of the error codes. */
@@ -156,6 +158,7 @@ export const ERROR_CODE_NUMBERS = {
   ERR_FERRY_NOTIFY_TOO_LARGE: 23,
   ERR_FERRY_NOTIFY_FAILED: 24,
   ERR_FERRY_SEGMENT_CLOSED: 25,
+  ERR_FERRY_NOTIFY_REFUSED: 26,
 } as const
 
 /** Why a peer was declared lost. */

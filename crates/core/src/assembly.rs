@@ -199,7 +199,11 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         secret,
         admission,
         frame_timeout: config.frame_timeout,
-        notify_inbox: Arc::new(Inbox::new(config.notify.queue_size, stats.notify.clone())),
+        notify_inbox: Arc::new(Inbox::new(
+            engine_id,
+            config.notify.queue_size,
+            stats.notify.clone(),
+        )),
         notify_max_bytes: config.notify.max_bytes,
         farewell,
         _credentials: credentials,

@@ -77,6 +77,8 @@ pub enum ErrorCode {
     NotifyFailed = 24,
     /// `Error::SegmentClosed`.
     SegmentClosed = 25,
+    /// `Error::NotifyRefused`.
+    NotifyRefused = 26,
 }
 
 impl ErrorCode {
@@ -108,6 +110,7 @@ impl ErrorCode {
             Self::NotifyTooLarge => "ERR_FERRY_NOTIFY_TOO_LARGE",
             Self::NotifyFailed => "ERR_FERRY_NOTIFY_FAILED",
             Self::SegmentClosed => "ERR_FERRY_SEGMENT_CLOSED",
+            Self::NotifyRefused => "ERR_FERRY_NOTIFY_REFUSED",
         }
     }
 }
@@ -140,6 +143,7 @@ impl Numbered for ErrorCode {
         Self::NotifyTooLarge,
         Self::NotifyFailed,
         Self::SegmentClosed,
+        Self::NotifyRefused,
     ];
 
     fn number(self) -> u32 {
@@ -257,6 +261,11 @@ pub enum Error {
     /// loss of the peer, which may be opened again.
     #[error("segment {0} was closed")]
     SegmentClosed(String),
+    /// The target did not take the notification: it is another incarnation than the one
+    /// that received the data (the peer restarted), its queue was full for a notification
+    /// riding on a transfer, or it refused the sequence number.
+    #[error("notification refused: {0}")]
+    NotifyRefused(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -300,6 +309,7 @@ impl Error {
             Self::NotifyTooLarge { .. } => ErrorCode::NotifyTooLarge,
             Self::NotifyFailed(_) => ErrorCode::NotifyFailed,
             Self::SegmentClosed(_) => ErrorCode::SegmentClosed,
+            Self::NotifyRefused(_) => ErrorCode::NotifyRefused,
         }
     }
 
@@ -327,6 +337,7 @@ impl Error {
             | Self::RemoteRejected(_)
             | Self::Metadata(_)
             | Self::NotifyFailed(_)
+            | Self::NotifyRefused(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }

@@ -173,6 +173,9 @@ pub struct NotifyMetrics {
     pub received: u64,
     /// Dropped here: the receive queue was full.
     pub dropped: u64,
+    /// Refused here: planned for another incarnation, a sequence number outside its
+    /// session's window, or from a connection whose session was taken over.
+    pub refused: u64,
     /// Waiting in the receive queue now.
     pub queued: u64,
 }
@@ -191,6 +194,9 @@ pub struct NotifyCounters {
     pub received: AtomicU64,
     /// Notifications dropped here because the queue was full.
     pub dropped: AtomicU64,
+    /// Notifications (and sessions) refused here: planned for another incarnation, out of
+    /// their session's window, or superseded.
+    pub refused: AtomicU64,
 }
 
 impl NotifyCounters {
@@ -222,6 +228,7 @@ impl NotifyMetrics {
             failed: c.failed.load(Relaxed),
             received: c.received.load(Relaxed),
             dropped: c.dropped.load(Relaxed),
+            refused: c.refused.load(Relaxed),
             queued,
         }
     }
@@ -394,6 +401,13 @@ impl Metrics {
             "counter",
             "Notifications dropped here because the receive queue (notifyQueueSize) was full.",
             &plain(n.dropped),
+        );
+        family(
+            "ferry_notifications_refused_total",
+            "counter",
+            "Notifications refused here: planned for another incarnation of this engine, \
+             a sequence number outside its session's window, or a superseded connection.",
+            &plain(n.refused),
         );
         family(
             "ferry_notifications_queued",

@@ -165,6 +165,7 @@ mod tests {
                 (23, "ERR_FERRY_NOTIFY_TOO_LARGE"),
                 (24, "ERR_FERRY_NOTIFY_FAILED"),
                 (25, "ERR_FERRY_SEGMENT_CLOSED"),
+                (26, "ERR_FERRY_NOTIFY_REFUSED"),
             ]
         );
     }

@@ -349,9 +349,9 @@ fn concurrent_senders_to_one_target_lose_nothing_as_duplicates() {
         };
         let r = pair(EngineConfig::default(), target);
         // Threads hand notifications to the one outbox of the target at once. Each must
-        // leave with a sequence number above those before it on the connection: the
-        // target takes one at or below the last it took for a resend, acknowledges it
-        // DUPLICATE and drops it.
+        // leave with the next sequence number of the session: the target takes one at or
+        // below the last it took for a resend (answered, not queued again) and refuses one
+        // beyond the next.
         const THREADS: usize = 4;
         const EACH: usize = 2000;
         let (tx, rx) = mpsc::channel();

@@ -69,8 +69,7 @@ impl NotifyResult {
 fn outcome_name(o: NotifyOutcome) -> &'static str {
     match o {
         NotifyOutcome::Dropped => "dropped",
-        // A duplicate was taken before: for the sender, queued.
-        NotifyOutcome::Queued | NotifyOutcome::Duplicate => "queued",
+        NotifyOutcome::Queued => "queued",
     }
 }
 

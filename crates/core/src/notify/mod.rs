@@ -11,19 +11,36 @@
 //! acknowledges it; a resend after a broken connection is recognised by its sequence number
 //! and taken once.
 //!
-//! Modules: `inbox` (the receive queue, pure), `outbox` (the sender's per-peer actor),
-//! `serve` (the target's side of the connection).
+//! A notification is bound to the incarnation of the target that its call was planned
+//! against (the descriptor's engine id when the call was made): only that incarnation
+//! takes it. If the peer restarted meanwhile, the notification ends refused
+//! (`ERR_FERRY_NOTIFY_REFUSED`) — the new instance never got the data. Sequence numbers
+//! count per session, one per (sender incarnation, receiver incarnation), owned by the
+//! connection that holds the session's token; the target accepts them only within a window
+//! of the last one taken, so a connection claiming another engine's id can neither take
+//! over its numbers nor silence it. A notification the target does not queue is never
+//! reported as queued: `notify` answers `Dropped`, a call's notification fails.
+//!
+//! Modules: `inbox` (the receive queue, pure), `sessions` and `window` (the senders'
+//! sessions and their sequence numbers, pure), `outcome` (what the target did with one),
+//! `protocol` (the connection's messages),
+//! `outbox` (the sender's per-peer actor), `serve` (the target's side of the connection).
 
 pub(crate) mod inbox;
 pub(crate) mod outbox;
+pub(crate) mod outcome;
+pub(crate) mod protocol;
 pub(crate) mod serve;
+pub(crate) mod sessions;
+pub(crate) mod window;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub use crate::config::notify::NotifyConfig;
 pub use crate::metrics::NotifyCounters;
-pub use inbox::{InboxSignal, InboxWaker, Notification, NotifyOutcome};
+pub use inbox::{InboxSignal, InboxWaker, Notification};
+pub use outcome::NotifyOutcome;
 
 use crate::block_submit::BlockSubmission;
 use crate::blocks::{BlockOutcome, Blocks, Gathered};
@@ -83,15 +100,24 @@ impl<F: FnOnce(Vec<TaskSnapshot>, Option<Error>)> Drop for Once<F> {
 }
 
 impl Inner {
-    /// Sends `data` to segment `handle` now; the future ends with the target's answer.
+    /// The incarnation of segment `handle`'s peer as known now: a call planned now goes to
+    /// it, and so may its notification.
+    fn incarnation(&self, handle: u64) -> Result<u64> {
+        Ok(self.segments.get(handle)?.descriptor().engine_id)
+    }
+
+    /// Sends `data` to segment `handle` now, for its incarnation `target` only (`None`:
+    /// the one known now); the future ends with the target's answer.
     fn notify_peer(
         &self,
         handle: u64,
+        target: Option<u64>,
         data: Arc<[u8]>,
         bytes: u64,
     ) -> Result<tokio::sync::oneshot::Receiver<Result<NotifyOutcome>>> {
         let peer = self.segments.get(handle)?;
-        Ok(self.notifier.send(&self.handle, &peer, data, bytes))
+        let target = target.unwrap_or_else(|| peer.descriptor().engine_id);
+        Ok(self.notifier.send(&self.handle, &peer, target, data, bytes))
     }
 
     /// Counts a failed delivery and passes the outcome on.
@@ -103,6 +129,20 @@ impl Inner {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         r
+    }
+}
+
+/// The error a call reports for its notification's outcome: none when queued. A refusal
+/// (the peer restarted, its queue was full) says so in its own code; anything else is
+/// NOTIFY_FAILED with the cause.
+fn call_error(got: Result<NotifyOutcome>) -> Option<Error> {
+    match got {
+        Ok(NotifyOutcome::Queued) => None,
+        Ok(NotifyOutcome::Dropped) => Some(Error::NotifyRefused(
+            "the target's receive queue (notifyQueueSize) was full: dropped".into(),
+        )),
+        Err(e @ Error::NotifyRefused(_)) => Some(e),
+        Err(e) => Some(Error::NotifyFailed(format!("{e} ({})", e.code()))),
     }
 }
 
@@ -118,7 +158,7 @@ impl Engine {
     ) -> impl std::future::Future<Output = Result<NotifyOutcome>> + Send + 'static {
         let sent = self.live().and_then(|live| {
             check_size(data, live.config.notify.max_bytes)?;
-            let rx = live.notify_peer(segment, data.into(), 0)?;
+            let rx = live.notify_peer(segment, None, data.into(), 0)?;
             Ok((Arc::downgrade(&live), rx))
         });
         async move {
@@ -143,8 +183,10 @@ impl Engine {
 
     /// `transfer` with a notification: when every task completed, `notify` is sent to the
     /// requests' segment (they must share one) and `on_done` runs once the target answered,
-    /// with the delivery error if it failed. A call that did not complete sends nothing and
-    /// `on_done` gets no error of its own (the tasks carry theirs).
+    /// with the delivery error if it was not queued: `NotifyRefused` when the target is not
+    /// the incarnation the call was planned against (it restarted) or dropped it,
+    /// `NotifyFailed` otherwise. A call that did not complete sends nothing and `on_done`
+    /// gets no error of its own (the tasks carry theirs).
     pub fn transfer_notify<F>(
         &self,
         requests: &[Request],
@@ -166,6 +208,9 @@ impl Engine {
         let live = self.live()?;
         check_size(&notify, live.config.notify.max_bytes)?;
         let segment = single_target(requests)?;
+        // Read before the call is planned: its data goes to this incarnation or a later
+        // one, and a later one refuses the notification rather than take it blind.
+        let target = live.incarnation(segment)?;
         let weak = Arc::downgrade(&live);
         let data: Arc<[u8]> = notify.into();
         live.transfer(requests, move |snaps| {
@@ -181,26 +226,22 @@ impl Engine {
                 return once.finish(None);
             };
             let bytes = once.snaps.iter().map(|s| s.transferred).sum();
-            let rx = match inner.notify_peer(segment, data, bytes) {
+            let rx = match inner.notify_peer(segment, Some(target), data, bytes) {
                 Ok(rx) => rx,
                 Err(e) => {
                     inner.stats.notify.failed.fetch_add(1, Ordering::Relaxed);
-                    return once.finish(Some(Error::NotifyFailed(format!("{e} ({})", e.code()))));
+                    return once.finish(call_error(Err(e)));
                 }
             };
             let handle = inner.handle.clone();
             drop(inner);
             handle.spawn(async move {
                 let got = rx.await.ok();
-                let error = match weak.upgrade() {
-                    Some(inner) => inner.delivered(got).err(),
-                    None => match got {
-                        Some(Ok(_)) => None,
-                        Some(Err(e)) => Some(e),
-                        None => Some(Error::Closed),
-                    },
+                let got = match weak.upgrade() {
+                    Some(inner) => inner.delivered(got),
+                    None => got.unwrap_or(Err(Error::Closed)),
                 };
-                once.finish(error.map(|e| Error::NotifyFailed(format!("{e} ({})", e.code()))));
+                once.finish(call_error(got));
             });
         })
     }
@@ -237,8 +278,9 @@ impl Engine {
     }
 
     /// `submit_transfer` with a notification, sent when every task of this submission
-    /// completed; a failed delivery is counted (`ferry_notifications_failed_total`) and
-    /// logged, since no one awaits a batch.
+    /// completed, to the incarnation the submission was planned against; a failed delivery
+    /// is counted (`ferry_notifications_failed_total`) and logged, since no one awaits a
+    /// batch.
     pub fn submit_transfer_notify(
         &self,
         batch: u64,
@@ -258,6 +300,7 @@ impl Engine {
         let live = self.live()?;
         check_size(&notify, live.config.notify.max_bytes)?;
         let segment = single_target(requests)?;
+        let target = live.incarnation(segment)?;
         let weak = Arc::downgrade(&live);
         let data: Arc<[u8]> = notify.into();
         let then = move |tasks: &[Arc<Task>]| {
@@ -268,13 +311,13 @@ impl Engine {
                 return;
             };
             let bytes = tasks.iter().map(|t| t.request().length).sum();
-            match inner.notify_peer(segment, data, bytes) {
+            match inner.notify_peer(segment, Some(target), data, bytes) {
                 Ok(rx) => {
                     let weak = weak.clone();
                     inner.handle.spawn(async move {
                         let got = rx.await.ok();
                         if let Some(inner) = weak.upgrade() {
-                            if let Err(e) = inner.delivered(got) {
+                            if let Some(e) = call_error(inner.delivered(got)) {
                                 tracing::warn!(error = %e, "batch notification not delivered");
                             }
                         }

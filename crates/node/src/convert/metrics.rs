@@ -58,6 +58,9 @@ pub struct EngineMetrics {
     pub notifications_received: f64,
     /// Notifications dropped here: the receive queue was full.
     pub notifications_dropped: f64,
+    /// Notifications refused here: planned for another incarnation of this engine, a
+    /// sequence number outside its session's window, or a superseded connection.
+    pub notifications_refused: f64,
     /// Notifications waiting in the receive queue.
     pub notifications_queued: f64,
     /// Connections that failed the cluster-secret handshake, by reason (every reason,
@@ -112,6 +115,7 @@ impl From<Metrics> for EngineMetrics {
             notifications_failed: m.notifications.failed as f64,
             notifications_received: m.notifications.received as f64,
             notifications_dropped: m.notifications.dropped as f64,
+            notifications_refused: m.notifications.refused as f64,
             notifications_queued: m.notifications.queued as f64,
             auth_failures: by_reason(&m.auth_failures),
             connections_refused: by_reason(&m.connections_refused),
