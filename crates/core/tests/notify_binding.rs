@@ -144,9 +144,9 @@ fn a_forged_sender_id_with_the_highest_number_silences_no_one() {
 #[test]
 fn a_session_planned_for_another_incarnation_is_refused_by_the_target() {
     within(LIMIT, "another incarnation", || {
-        let target = Engine::new(tcp(None)).expect("target");
+        let target = Engine::new(tcp(Some(SECRET))).expect("target");
         let earlier = target.engine_id().wrapping_add(1);
-        let answers = raw_notify(target.segment_name(), 77, None, earlier, &[1, 2]);
+        let answers = raw_notify(target.segment_name(), 77, Some(SECRET), earlier, &[1, 2]);
         assert!(answers.is_some(), "the handshake itself is fine");
         assert_eq!(
             target.notifications_queued(),
