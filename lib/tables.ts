@@ -97,6 +97,7 @@ export type FerryErrorCode =
   | 'ERR_FERRY_INTERNAL'
   | 'ERR_FERRY_NOTIFY_TOO_LARGE'
   | 'ERR_FERRY_NOTIFY_FAILED'
+  | 'ERR_FERRY_RESOURCE_LIMIT'
   | 'ABORT_ERR'
 
 /** Error codes by number (`ferry_core::ErrorCode`); 0 is none. */
@@ -125,6 +126,7 @@ export const ERROR_CODE_NAMES: Readonly<Partial<Record<number, FerryErrorCode>>>
   22: 'ERR_FERRY_INTERNAL',
   23: 'ERR_FERRY_NOTIFY_TOO_LARGE',
   24: 'ERR_FERRY_NOTIFY_FAILED',
+  25: 'ERR_FERRY_RESOURCE_LIMIT',
 }
 
 /** The number of each of the error codes. */
@@ -153,6 +155,7 @@ export const ERROR_CODE_NUMBERS = {
   ERR_FERRY_INTERNAL: 22,
   ERR_FERRY_NOTIFY_TOO_LARGE: 23,
   ERR_FERRY_NOTIFY_FAILED: 24,
+  ERR_FERRY_RESOURCE_LIMIT: 25,
 } as const
 
 /** Why a peer was declared lost. */

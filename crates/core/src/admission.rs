@@ -129,6 +129,20 @@ impl Admission {
         }
     }
 
+    /// Which cap `refusal` met, and its value: what a refused peer is told.
+    pub(crate) fn describe(&self, refusal: Refusal) -> String {
+        match refusal {
+            Refusal::Total => format!(
+                "connection cap: the target's maxConnections ({}) reached",
+                self.limits.total
+            ),
+            Refusal::PerAddress => format!(
+                "connection cap: the target's maxConnectionsPerAddress ({}) reached",
+                self.limits.per_address
+            ),
+        }
+    }
+
     /// Counts a failed handshake and logs it (rate-limited).
     pub(crate) fn auth_failed(&self, why: Failure, addr: Option<IpAddr>) {
         let i = Failure::ALL.iter().position(|f| *f == why).unwrap_or(0);
@@ -187,6 +201,10 @@ mod tests {
         drop(s1);
         let _s4 = a.enter(Some(x)).expect("freed");
         assert_eq!(a.refused(), vec![("total", 1), ("per_address", 1)]);
+        assert!(a
+            .describe(Refusal::PerAddress)
+            .contains("maxConnectionsPerAddress (2)"));
+        assert!(a.describe(Refusal::Total).contains("maxConnections (3)"));
     }
 
     #[test]

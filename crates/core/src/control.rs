@@ -45,6 +45,19 @@ pub(crate) async fn fetch_descriptor(
     local_engine_id: u64,
     timeout: Duration,
 ) -> Result<SegmentDescriptor> {
+    let (desc, mut stream) = open_control(addr, local_engine_id, timeout).await?;
+    let _ = stream.shutdown().await;
+    Ok(desc)
+}
+
+/// Connects to `addr` and fetches its descriptor, keeping the control connection open: an
+/// opened segment's link starts on it (`run_link`'s `first`), so that opening a segment
+/// costs one connection and one handshake, not two.
+pub(crate) async fn open_control(
+    addr: &str,
+    local_engine_id: u64,
+    timeout: Duration,
+) -> Result<(SegmentDescriptor, TcpStream)> {
     let (mut stream, _) = connect(addr, ConnKind::Control, local_engine_id, timeout).await?;
     let desc = tokio::time::timeout(timeout, request_descriptor(&mut stream))
         .await
@@ -52,8 +65,7 @@ pub(crate) async fn fetch_descriptor(
             peer: addr.to_string(),
             reason: "descriptor fetch timed out".into(),
         })??;
-    let _ = stream.shutdown().await;
-    Ok(desc)
+    Ok((desc, stream))
 }
 
 /// Sends one transport control request (`TransportReq`, e.g. an RDMA endpoint handshake) to
@@ -121,8 +133,14 @@ pub(crate) struct LinkConfig {
 }
 
 /// Keeps the control link to `peer` alive until `peer.link_cancel` fires: drives its
-/// [`Link`] state machine with the socket's frames and the clock.
-pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn LinkEvents>) {
+/// [`Link`] state machine with the socket's frames and the clock. `first` is a control
+/// connection already made (the one the descriptor came on), taken before any connect.
+pub(crate) async fn run_link(
+    peer: Arc<Peer>,
+    cfg: LinkConfig,
+    events: Arc<dyn LinkEvents>,
+    mut first: Option<TcpStream>,
+) {
     let cancel = peer.link_cancel.clone();
     let seed = cfg.local_engine_id ^ peer.handle().rotate_left(17);
     let mut link = Link::new(cfg.peer_timeout, seed);
@@ -137,10 +155,13 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
     loop {
         match link.state() {
             LinkState::Connecting => {
-                let connected = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return,
-                    r = connect_fresh(&peer, cfg) => r,
+                let connected = match first.take() {
+                    Some(stream) => Ok(stream),
+                    None => tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => return,
+                        r = connect_fresh(&peer, cfg) => r,
+                    },
                 };
                 let stream = match connected {
                     Ok(stream) => stream,

@@ -75,6 +75,8 @@ pub enum ErrorCode {
     NotifyTooLarge = 23,
     /// `Error::NotifyFailed`.
     NotifyFailed = 24,
+    /// `Error::ResourceLimit`.
+    ResourceLimit = 25,
 }
 
 impl ErrorCode {
@@ -105,6 +107,7 @@ impl ErrorCode {
             Self::Internal => "ERR_FERRY_INTERNAL",
             Self::NotifyTooLarge => "ERR_FERRY_NOTIFY_TOO_LARGE",
             Self::NotifyFailed => "ERR_FERRY_NOTIFY_FAILED",
+            Self::ResourceLimit => "ERR_FERRY_RESOURCE_LIMIT",
         }
     }
 }
@@ -136,6 +139,7 @@ impl Numbered for ErrorCode {
         Self::Internal,
         Self::NotifyTooLarge,
         Self::NotifyFailed,
+        Self::ResourceLimit,
     ];
 
     fn number(self) -> u32 {
@@ -249,6 +253,10 @@ pub enum Error {
     /// The data landed but its notification could not be delivered.
     #[error("the data landed but its notification was not delivered: {0}")]
     NotifyFailed(String),
+    /// A limit was reached, here or at the peer: open files (`RLIMIT_NOFILE`, the system's
+    /// file table), memory, or a connection cap. The message names which, and its value.
+    #[error("resource limit reached: {0}")]
+    ResourceLimit(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -291,6 +299,7 @@ impl Error {
             Self::Metadata(_) => ErrorCode::Metadata,
             Self::NotifyTooLarge { .. } => ErrorCode::NotifyTooLarge,
             Self::NotifyFailed(_) => ErrorCode::NotifyFailed,
+            Self::ResourceLimit(_) => ErrorCode::ResourceLimit,
         }
     }
 
@@ -318,12 +327,18 @@ impl Error {
             | Self::RemoteRejected(_)
             | Self::Metadata(_)
             | Self::NotifyFailed(_)
+            | Self::ResourceLimit(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }
 
+    /// An I/O failure in `context`; one that means a limit was reached (out of
+    /// descriptors or kernel memory) is a `ResourceLimit` naming it.
     pub(crate) fn io(context: &str, err: &std::io::Error) -> Self {
-        Self::Io(format!("{context}: {err}"))
+        match crate::resource::limit_of(err) {
+            Some(limit) => Self::ResourceLimit(format!("{limit} in this process ({context})")),
+            None => Self::Io(format!("{context}: {err}")),
+        }
     }
 
     /// An injected failure (`is_injected` tells it apart): `what` happened by design.

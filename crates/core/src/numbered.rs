@@ -164,6 +164,7 @@ mod tests {
                 (22, "ERR_FERRY_INTERNAL"),
                 (23, "ERR_FERRY_NOTIFY_TOO_LARGE"),
                 (24, "ERR_FERRY_NOTIFY_FAILED"),
+                (25, "ERR_FERRY_RESOURCE_LIMIT"),
             ]
         );
     }

@@ -24,6 +24,7 @@ use crate::net::{
     write_frame, Refused,
 };
 use crate::notify::serve::{serve_notify, Receiving};
+use crate::resource::Overflow;
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
 use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
@@ -118,11 +119,21 @@ impl LocalSegment {
     }
 }
 
-/// Accepts connections until `cancel` fires.
-pub(crate) async fn accept_loop(
+/// Accepts connections until `cancel` fires. The spare descriptor for running out
+/// (`Overflow`) is taken now, as the engine starts, not when the loop first runs.
+pub(crate) fn accept_loop(
     listener: TcpListener,
     local: Arc<LocalSegment>,
     cancel: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send {
+    accept_until(listener, local, cancel, Overflow::new())
+}
+
+async fn accept_until(
+    listener: TcpListener,
+    local: Arc<LocalSegment>,
+    cancel: CancellationToken,
+    mut overflow: Overflow,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -132,9 +143,15 @@ pub(crate) async fn accept_loop(
         };
         match accepted {
             Ok((stream, from)) => {
-                // Over a cap: refused at once (dropping the stream closes it), counted.
-                let Ok(slot) = local.admission.enter(Some(from.ip())) else {
-                    continue;
+                // Over a cap: refused at once, counted, and told which cap (what the
+                // socket takes now; dropping the stream closes it).
+                let slot = match local.admission.enter(Some(from.ip())) {
+                    Ok(slot) => slot,
+                    Err(refusal) => {
+                        let why = local.admission.describe(refusal);
+                        let _ = stream.try_write(&crate::resource::refusal_frame(&why));
+                        continue;
+                    }
                 };
                 let local = local.clone();
                 let cancel = cancel.clone();
@@ -154,10 +171,12 @@ pub(crate) async fn accept_loop(
                     }
                 });
             }
+            // Out of descriptors, a waiting connection is told so at once (the spare's
+            // descriptor lets it out of the backlog); otherwise back off, not spin.
             Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !overflow.refuse_waiting(&e, &listener) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
     }

@@ -197,7 +197,7 @@ mod tests {
         assert!(ts.contains("export type TransportName = 'tcp' | 'shm' | 'rdma'\n"));
         assert!(ts.contains("  12: 'ERR_FERRY_PEER_LOST',\n"));
         assert!(ts.contains("  ERR_FERRY_PEER_LOST: 12,\n"));
-        assert!(ts.contains("\n  | 'ERR_FERRY_NOTIFY_FAILED'\n  | 'ABORT_ERR'\n"));
+        assert!(ts.contains("\n  | 'ERR_FERRY_RESOURCE_LIMIT'\n  | 'ABORT_ERR'\n"));
         assert!(
             !ts.contains(": 'ABORT_ERR'"),
             "a JS-only code has no number"

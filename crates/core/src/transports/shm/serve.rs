@@ -19,6 +19,7 @@ use crate::life_word;
 use crate::linux::send_fds_async;
 use crate::memory::RegionTable;
 use crate::net::{server_handshake, Refused};
+use crate::resource::Overflow;
 use crate::wire::{token_eq, ConnKind, Token};
 
 /// How long either side of an shm connection waits for the other's token and replies.
@@ -34,6 +35,7 @@ pub(super) fn bind(engine_id: u64) -> Result<(UnixListener, String)> {
     std_listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("bind shm socket", &e))?;
+    crate::net::deepen_backlog(&std_listener)?;
     let listener =
         UnixListener::from_std(std_listener).map_err(|e| Error::io("bind shm socket", &e))?;
     Ok((listener, name))
@@ -52,8 +54,22 @@ pub(super) struct Gate {
     pub(super) timeout: Duration,
 }
 
-/// Serves fd requests until `cancel` fires.
-pub(super) async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: CancellationToken) {
+/// Serves fd requests until `cancel` fires. The spare descriptor for running out is
+/// taken now, as the engine starts.
+pub(super) fn serve(
+    listener: UnixListener,
+    gate: Arc<Gate>,
+    cancel: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send {
+    serve_until(listener, gate, cancel, Overflow::new())
+}
+
+async fn serve_until(
+    listener: UnixListener,
+    gate: Arc<Gate>,
+    cancel: CancellationToken,
+    mut overflow: Overflow,
+) {
     loop {
         let accepted = tokio::select! {
             biased;
@@ -80,9 +96,11 @@ pub(super) async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: Cance
                     }
                 });
             }
+            // As the tcp listener does: out of descriptors, a waiting peer is told at once.
             Err(e) => {
-                tracing::warn!(error = %e, "shm accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !overflow.refuse_waiting(&e, &listener) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
     }
