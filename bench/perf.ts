@@ -116,7 +116,7 @@ const OPTIONS = {
   'fault-rate': { type: 'number', default: 0.1, min: 0, max: 1, help: 'failover: share of shm completions reported FAILED (corruptCompletionRate)' },
   'fault-seed': { type: 'integer', default: 7, min: 0, max: 2 ** 32 - 1, help: 'failover: seed of the fault injection' },
   trials: { type: 'integer', default: 20, min: 1, max: 1000, help: 'liveness: trials per case' },
-  'peer-timeout-ms': { ...SHARED.peerTimeoutMs, help: `liveness, silent-loss case: ${SHARED.peerTimeoutMs.help}` },
+  'peer-timeout-ms': { ...SHARED.peerTimeoutMs, help: `liveness, silent-loss case, and storm: ${SHARED.peerTimeoutMs.help}` },
   'soak-warmup': { type: 'integer', default: 200_000, min: 1, help: 'soak: transfers per case before the first reading' },
   'soak-transfers': { type: 'integer', default: 2_000_000, min: 1, help: 'soak: transfers per case after the warm-up' },
   'soak-sample-every': { type: 'integer', default: 250_000, min: 1, help: 'soak: a memory sample every N transfers' },

@@ -2,9 +2,10 @@
  * One process of the `storm` suite (bench/suites/storm.ts): FERRY_STORM_ENGINES engines on
  * loopback, each with a region of FERRY_STORM_SLOTS slots of FERRY_STORM_BYTES bytes (one
  * slot per engine of the whole storm, by its index) and a source of one slot, with
- * FERRY_STORM_IO_THREADS I/O threads each (unset or 0: the engine's default).
+ * FERRY_STORM_IO_THREADS I/O threads each and FERRY_STORM_PEER_TIMEOUT_MS (unset or 0: the
+ * engine's defaults).
  *
- * Prints `{ready, names, pid}` once its engines listen, then answers one JSON line per
+ * Prints `{ready, names, pid, fds, rss}` once its engines listen, then answers one JSON line per
  * command on stdin:
  *   {"cmd":"open","names":[...],"first":N}  every local engine (global index first+i) opens
  *       every other name at once -> {opened, failed, ms, errors, fds, rss}
@@ -24,6 +25,7 @@ const slots = Number(process.env.FERRY_STORM_SLOTS ?? 4)
 const bytes = Number(process.env.FERRY_STORM_BYTES ?? 64 << 10)
 const transports = (process.env.FERRY_STORM_TRANSPORTS ?? 'tcp').split(',') as TransportName[]
 const ioThreads = Number(process.env.FERRY_STORM_IO_THREADS ?? 0) || undefined
+const peerTimeoutMs = Number(process.env.FERRY_STORM_PEER_TIMEOUT_MS ?? 0) || undefined
 
 /** The byte `i` of what the engine of global index `src` writes. */
 const pattern = (src: number, i: number) => (i * 31 + src * 17 + (i >> 8)) & 0xff
@@ -58,12 +60,12 @@ const describe = (err: unknown) => {
 async function main(): Promise<void> {
   const locals: Local[] = []
   for (let i = 0; i < count; i++) {
-    const engine = await Engine.create({ transports, ioThreads })
+    const engine = await Engine.create({ transports, ioThreads, peerTimeoutMs })
     const region = engine.allocate(slots * bytes)
     const source = engine.allocate(bytes)
     locals.push({ engine, region, source, index: -1, opened: [] })
   }
-  reply({ ready: true, names: locals.map((l) => l.engine.segmentName), pid: process.pid })
+  reply({ ready: true, names: locals.map((l) => l.engine.segmentName), pid: process.pid, fds: fds(), rss: rss() })
   let names: string[] = []
   const rl = readline.createInterface({ input: process.stdin })
   const leave = async () => {

@@ -15,7 +15,7 @@
  * The engines use tcp only (`--storm-transports` changes it): engines in one process are
  * one host to shm, and shm's mappings would dominate what is measured.
  * `--storm-nofile N` runs each process under `prlimit --nofile=N`; `--io-threads N` gives
- * every engine N I/O threads.
+ * every engine N I/O threads, `--peer-timeout-ms` its peerTimeoutMs.
  */
 import { jsonLines, startTsx, stopChild, tailStderr } from '../lib/children'
 import { log } from '../lib/log'
@@ -57,6 +57,7 @@ export async function stormSuite(options: SuiteOptions): Promise<CaseRecord[]> {
     procs,
     transports: options.stormTransports,
     io_threads: options.ioThreads || 'default',
+    peer_timeout_ms: options.peerTimeoutMs,
     nofile: options.stormNofile || 'inherited',
   }
   const children = perProc.map((n, p) => {
@@ -66,6 +67,7 @@ export async function stormSuite(options: SuiteOptions): Promise<CaseRecord[]> {
       FERRY_STORM_BYTES: String(WRITE_BYTES),
       FERRY_STORM_TRANSPORTS: options.stormTransports,
       FERRY_STORM_IO_THREADS: String(options.ioThreads),
+      FERRY_STORM_PEER_TIMEOUT_MS: String(options.peerTimeoutMs),
     }
     const prefix = options.stormNofile ? ['prlimit', `--nofile=${options.stormNofile}`, '--'] : []
     const proc = startTsx(`storm process ${p}`, 'bench/storm.ts', [], env, prefix)
@@ -96,7 +98,13 @@ export async function stormSuite(options: SuiteOptions): Promise<CaseRecord[]> {
     const wrote = await all(() => ({ cmd: 'write' }))
     const writeS = (performance.now() - t0) / 1000
     const checked = await all(() => ({ cmd: 'verify' }))
-    const perPairFds = (replies: Reply[]) => round(replies.reduce((n, r) => n + num(r, 'fds'), 0) / Math.max(1, 2 * pairs), 2)
+    // Per opened segment and side: what each process holds beyond what it held before the
+    // storm, over the segments it opened and was opened by (2 x its engines' opens). After
+    // the writes, the region pages they filled are taken out of the memory.
+    const sides = Math.max(1, 2 * pairs)
+    const total = (replies: Reply[], k: string) => replies.reduce((n, r) => n + num(r, k), 0)
+    const perPairFds = (replies: Reply[]) => round((total(replies, 'fds') - total(ready, 'fds')) / sides, 2)
+    const perPairKiB = (replies: Reply[], filled: number) => round((total(replies, 'rss') - total(ready, 'rss') - filled) / sides / 1024, 1)
     const mib = (r: Reply) => num(r, 'rss') / (1 << 20)
     Object.assign(record, {
       value: round(openS, 3),
@@ -115,6 +123,8 @@ export async function stormSuite(options: SuiteOptions): Promise<CaseRecord[]> {
       fds_per_pair_side_after_open: perPairFds(opened),
       fds_per_pair_side_after_write: perPairFds(wrote),
       rss_mib_after_write: wrote.map((r) => round(mib(r), 1)),
+      rss_kib_per_pair_side_after_open: perPairKiB(opened, 0),
+      rss_kib_per_pair_side_after_write: perPairKiB(wrote, total(wrote, 'written') * WRITE_BYTES),
     })
     const errors: string[] = []
     if (num(record, 'mismatches') > 0) errors.push(`${record.mismatches} slots hold wrong bytes`)

@@ -292,12 +292,19 @@ fn connections_over_the_cap_are_refused_at_once_and_counted() {
     let held: Vec<TcpStream> = (0..4)
         .map(|_| TcpStream::connect(t.segment_name()).expect("connect"))
         .collect();
-    // Accepted in order: the held four are counted first, the fifth closes at once.
+    // Accepted in order: the held four are counted first; the fifth is told which cap it
+    // met (an Error frame with the resource-limit code) and closed at once.
     let mut s = TcpStream::connect(t.segment_name()).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
-    let mut b = [0u8; 1];
-    assert!(matches!(s.read(&mut b), Ok(0)), "closed at once");
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("closed at once");
+    let head: [u8; HEADER_LEN] = got[..HEADER_LEN].try_into().expect("a header");
+    let h = Header::decode(&head).expect("a frame");
+    assert_eq!(h.op, Op::Error);
+    assert_eq!(RejectCode::from_raw(h.flags), RejectCode::ResourceLimit);
+    let text = String::from_utf8_lossy(&got[HEADER_LEN..]);
+    assert!(text.contains("maxConnectionsPerAddress (4)"), "{text}");
     let per_address = t
         .metrics()
         .connections_refused
