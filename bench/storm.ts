@@ -39,8 +39,22 @@ interface Local {
 }
 
 const reply = (v: unknown) => process.stdout.write(JSON.stringify(v) + '\n')
-const fds = () => readdirSync('/proc/self/fd').length
-const rss = () => process.memoryUsage().rss
+/** Descriptors open now; -1 when even listing them needs one more than the process may have. */
+const fds = () => {
+  try {
+    return readdirSync('/proc/self/fd').length
+  } catch {
+    return -1
+  }
+}
+/** Resident bytes now; -1 when reading them needs a descriptor the process may not have. */
+const rss = () => {
+  try {
+    return process.memoryUsage.rss()
+  } catch {
+    return -1
+  }
+}
 
 /** The distinct error messages seen, each with its count (at most 8). */
 function summarize(errors: string[]): Record<string, number> {
