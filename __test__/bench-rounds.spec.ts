@@ -38,6 +38,11 @@ function options(over: Partial<SuiteOptions> = {}): SuiteOptions {
     scaleOps: ['write'],
     scaleTransports: ['tcp'],
     ioThreads: 0,
+    stormEngines: 2,
+    stormProcs: 1,
+    stormTimeoutSeconds: 1,
+    stormTransports: 'tcp',
+    stormNofile: 0,
     ...over,
   }
 }

@@ -4,6 +4,7 @@
  *   npm run perf -- --suite tcp [--repeat 3] [--duration 5] [--warmup 1] [--lat-ops 20000] ...
  *   npm run perf -- --suite shm,failover --repeat 3 --duration 3
  *   npm run perf -- --suite scale --threads 1,2,4,8,16 [--sizes 4K,64K,1M,16M] [--ops write,read]
+ *   npm run perf -- --suite storm --engines 128 --procs 8
  *
  * Suites: `tcp` (tcp transport over loopback vs iperf3 and a pure-Node round trip), `shm`
  * (shared-memory transport to a same-host peer vs a one-thread memcpy, plus 4 KiB write
@@ -41,6 +42,7 @@ import { notifySuite } from './suites/notify'
 import { SCALE_SIZES, SCALE_TRANSPORTS, scaleSuite } from './suites/scale'
 import { shmSuite } from './suites/shm'
 import { soakSuite } from './suites/soak'
+import { stormSuite } from './suites/storm'
 import { tcpSuite } from './suites/tcp'
 import type { Suite, SuiteOptions } from './suites/types'
 import { helpLines, parseFlags, parseSize, SHARED, UsageError, type Schema } from './options'
@@ -55,6 +57,7 @@ const suites: Record<string, Suite> = {
   blocks: blocksSuite,
   notify: notifySuite,
   scale: scaleSuite,
+  storm: stormSuite,
 }
 
 const MiB = 1 << 20
@@ -113,7 +116,7 @@ const OPTIONS = {
   'fault-rate': { type: 'number', default: 0.1, min: 0, max: 1, help: 'failover: share of shm completions reported FAILED (corruptCompletionRate)' },
   'fault-seed': { type: 'integer', default: 7, min: 0, max: 2 ** 32 - 1, help: 'failover: seed of the fault injection' },
   trials: { type: 'integer', default: 20, min: 1, max: 1000, help: 'liveness: trials per case' },
-  'peer-timeout-ms': { ...SHARED.peerTimeoutMs, help: `liveness, silent-loss case: ${SHARED.peerTimeoutMs.help}` },
+  'peer-timeout-ms': { ...SHARED.peerTimeoutMs, help: `liveness, silent-loss case, and storm: ${SHARED.peerTimeoutMs.help}` },
   'soak-warmup': { type: 'integer', default: 200_000, min: 1, help: 'soak: transfers per case before the first reading' },
   'soak-transfers': { type: 'integer', default: 2_000_000, min: 1, help: 'soak: transfers per case after the warm-up' },
   'soak-sample-every': { type: 'integer', default: 250_000, min: 1, help: 'soak: a memory sample every N transfers' },
@@ -126,7 +129,12 @@ const OPTIONS = {
   sizes: { type: 'string', default: '4K,64K,1M,16M', metavar: 'SIZE[,SIZE]', help: 'scale: block sizes (K/M suffixes)' },
   ops: { type: 'string', default: 'write', metavar: 'OP[,OP]', help: 'scale: write, read or both (write,read)' },
   transports: { type: 'string', default: SCALE_TRANSPORTS.join(','), metavar: 'T[,T]', help: 'scale: tcp, shm or both' },
-  'io-threads': { type: 'integer', default: 0, min: 0, max: 64, help: "scale: both engines' ioThreads; 0 = the engine's default" },
+  'io-threads': { type: 'integer', default: 0, min: 0, max: 64, help: "scale: both engines' ioThreads, storm: every engine's; 0 = the engine's default" },
+  engines: { type: 'integer', default: 32, min: 2, max: 1024, help: 'storm: engines in the storm, all opening each other' },
+  procs: { type: 'integer', default: 4, min: 1, max: 64, help: 'storm: processes the engines are spread over' },
+  'storm-timeout': { type: 'number', default: 120, min: 1, max: 3600, help: 'storm: seconds each phase may take before the storm counts as hung' },
+  'storm-transports': { type: 'string', default: 'tcp', metavar: 'T[,T]', help: "storm: the engines' transports" },
+  'storm-nofile': { type: 'integer', default: 0, min: 0, max: 1_048_576, help: 'storm: each process under prlimit --nofile=N; 0 = inherited' },
   json: { type: 'boolean', default: true, help: 'JSON lines on stdout (the default and only format)' },
   help: { type: 'boolean', default: false, aliases: ['h'], help: 'this text' },
 } as const satisfies Schema
@@ -162,7 +170,11 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
               1, fixed addressing) for --transports × --sizes × --ops, vs N
               iperf3 client/server pairs side by side (tcp; -l = the block,
               at most 1M) and memcpy on N threads (shm); GB/s, ratio and
-              speed-up over the fewest threads, then a table on stderr`
+              speed-up over the fewest threads, then a table on stderr
+    storm     --engines engines in --procs processes all open each other at
+              once (tcp), then one verified 64 KiB WRITE per opened pair:
+              seconds to open all (goal <= 8 s at 128 x 8), descriptors and
+              memory per pair, typed errors seen`
 
 const USAGE = [
   `usage: npm run perf -- --suite <${Object.keys(suites).join('|')}>[,<suite>...] [options]`,
@@ -231,6 +243,11 @@ function parseArgs(argv: string[]): Cli {
     scaleOps: oneOf('ops', commaList(v.ops), ['write', 'read'] as const),
     scaleTransports: oneOf('transports', commaList(v.transports), SCALE_TRANSPORTS),
     ioThreads: v['io-threads'],
+    stormEngines: v.engines,
+    stormProcs: v.procs,
+    stormTimeoutSeconds: v['storm-timeout'],
+    stormTransports: v['storm-transports'],
+    stormNofile: v['storm-nofile'],
   }
   if (options.scaleSizes.length === 0) options.scaleSizes = [...SCALE_SIZES]
   if (v.help) return { suites: [], options, help: true }

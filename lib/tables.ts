@@ -99,6 +99,7 @@ export type FerryErrorCode =
   | 'ERR_FERRY_NOTIFY_FAILED'
   | 'ERR_FERRY_SEGMENT_CLOSED'
   | 'ERR_FERRY_NOTIFY_REFUSED'
+  | 'ERR_FERRY_RESOURCE_LIMIT'
   | 'ABORT_ERR'
 
 /** Error codes by number (`ferry_core::ErrorCode`); 0 is none. */
@@ -129,6 +130,7 @@ export const ERROR_CODE_NAMES: Readonly<Partial<Record<number, FerryErrorCode>>>
   24: 'ERR_FERRY_NOTIFY_FAILED',
   25: 'ERR_FERRY_SEGMENT_CLOSED',
   26: 'ERR_FERRY_NOTIFY_REFUSED',
+  27: 'ERR_FERRY_RESOURCE_LIMIT',
 }
 
 /** The number of each of the error codes. */
@@ -159,6 +161,7 @@ export const ERROR_CODE_NUMBERS = {
   ERR_FERRY_NOTIFY_FAILED: 24,
   ERR_FERRY_SEGMENT_CLOSED: 25,
   ERR_FERRY_NOTIFY_REFUSED: 26,
+  ERR_FERRY_RESOURCE_LIMIT: 27,
 } as const
 
 /** Why a peer was declared lost. */

@@ -71,6 +71,16 @@ export interface SuiteOptions {
   scaleTransports: Array<'tcp' | 'shm'>
   /** `scale` suite: I/O threads of both engines (`--io-threads`); 0: the engine's default. */
   ioThreads: number
+  /** `storm` suite: engines in the storm (`--engines`). */
+  stormEngines: number
+  /** `storm` suite: processes they are spread over (`--procs`). */
+  stormProcs: number
+  /** `storm` suite: the bound on each phase, in seconds (`--storm-timeout`). */
+  stormTimeoutSeconds: number
+  /** `storm` suite: the engines' transports, comma-separated (`--storm-transports`). */
+  stormTransports: string
+  /** `storm` suite: RLIMIT_NOFILE of each process (`--storm-nofile`); 0: inherited. */
+  stormNofile: number
 }
 
 /** One result line. Extra fields (per-method figures, CPU use, notes) may follow. */

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Failure;
 use crate::handshakes::Handshakes;
+use crate::wire::RejectCode;
 
 /// Connection caps (`maxConnections`, `maxConnectionsPerAddress`) and the handshake
 /// budget.
@@ -70,6 +71,15 @@ impl Refusal {
             Refusal::Total => "total",
             Refusal::PerAddress => "per_address",
             Refusal::Evicted => "evicted",
+        }
+    }
+
+    /// The reject code a refused peer reads: a cap is a resource limit (its client fails
+    /// with `ERR_FERRY_RESOURCE_LIMIT`, naming the cap); a handshake pushed out is refused.
+    pub(crate) fn reject_code(self) -> RejectCode {
+        match self {
+            Refusal::Total | Refusal::PerAddress => RejectCode::ResourceLimit,
+            Refusal::Evicted => RejectCode::Auth,
         }
     }
 
@@ -238,6 +248,21 @@ impl Admission {
         self.log_refusal(r.reason(), addr);
     }
 
+    /// Which cap `refusal` met, and its value: what a refused peer is told.
+    pub(crate) fn describe(&self, refusal: Refusal) -> String {
+        match refusal {
+            Refusal::Total => format!(
+                "connection cap: the target's maxConnections ({}) reached",
+                self.limits.total
+            ),
+            Refusal::PerAddress => format!(
+                "connection cap: the target's maxConnectionsPerAddress ({}) reached",
+                self.limits.per_address
+            ),
+            Refusal::Evicted => refusal.reason().to_string(),
+        }
+    }
+
     /// Counts a failed handshake and logs it (rate-limited).
     pub(crate) fn auth_failed(&self, why: Failure, addr: Option<IpAddr>) {
         let i = Failure::ALL.iter().position(|f| *f == why).unwrap_or(0);
@@ -308,6 +333,12 @@ mod tests {
             a.refused(),
             vec![("total", 1), ("per_address", 1), ("evicted", 0)]
         );
+        assert!(a
+            .describe(Refusal::PerAddress)
+            .contains("maxConnectionsPerAddress (2)"));
+        assert!(a.describe(Refusal::Total).contains("maxConnections (3)"));
+        assert_eq!(Refusal::Total.reject_code(), RejectCode::ResourceLimit);
+        assert_eq!(Refusal::Evicted.reject_code(), RejectCode::Auth);
     }
 
     #[test]

@@ -120,6 +120,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
     std_listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("listen", &e))?;
+    crate::net::deepen_backlog(&std_listener)?;
     let local_addr = std_listener
         .local_addr()
         .map_err(|e| Error::io("listen", &e))?;

@@ -50,15 +50,34 @@ pub(crate) async fn fetch_descriptor(
     local_engine_id: u64,
     timeout: Duration,
 ) -> Result<SegmentDescriptor> {
-    let (mut stream, _) = connect(addr, ConnKind::Control, local_engine_id, timeout).await?;
+    let (desc, mut stream) = open_control(addr, local_engine_id, timeout).await?;
+    let _ = stream.shutdown().await;
+    Ok(desc)
+}
+
+/// Connects to `addr` and fetches its descriptor, keeping the control connection open: an
+/// opened segment's link starts on it (`run_link`'s `first`), so that opening a segment
+/// costs one connection and one handshake, not two.
+pub(crate) async fn open_control(
+    addr: &str,
+    local_engine_id: u64,
+    timeout: Duration,
+) -> Result<(SegmentDescriptor, TcpStream)> {
+    let (mut stream, remote_id) =
+        connect(addr, ConnKind::Control, local_engine_id, timeout).await?;
     let desc = tokio::time::timeout(timeout, request_descriptor(&mut stream))
         .await
         .map_err(|_| Error::Connect {
             peer: addr.to_string(),
             reason: "descriptor fetch timed out".into(),
         })??;
-    let _ = stream.shutdown().await;
-    Ok(desc)
+    if desc.engine_id != remote_id {
+        return Err(Error::Protocol(format!(
+            "{addr}'s descriptor names engine {:016x}, its handshake {remote_id:016x}",
+            desc.engine_id
+        )));
+    }
+    Ok((desc, stream))
 }
 
 /// Sends one transport control request (`TransportReq`, e.g. an RDMA endpoint handshake) to
@@ -129,8 +148,15 @@ pub(crate) struct LinkConfig {
 }
 
 /// Keeps the control link to `peer` alive until `peer.link_cancel` fires: drives its
-/// [`Link`] state machine with the socket's frames and the clock.
-pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn LinkEvents>) {
+/// [`Link`] state machine with the socket's frames and the clock. `first` is a control
+/// connection already made (the one the descriptor came on) and the engine id its
+/// handshake answered, taken before any connect.
+pub(crate) async fn run_link(
+    peer: Arc<Peer>,
+    cfg: LinkConfig,
+    events: Arc<dyn LinkEvents>,
+    mut first: Option<(TcpStream, u64)>,
+) {
     let cancel = peer.link_cancel.clone();
     let seed = cfg.local_engine_id ^ peer.handle().rotate_left(17);
     let mut link = Link::new(cfg.peer_timeout, seed);
@@ -145,10 +171,13 @@ pub(crate) async fn run_link(peer: Arc<Peer>, cfg: LinkConfig, events: Arc<dyn L
     loop {
         match link.state() {
             LinkState::Connecting => {
-                let connected = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return,
-                    r = connect_fresh(&peer, cfg, &*events) => r,
+                let connected = match first.take() {
+                    Some(first) => Ok(first),
+                    None => tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => return,
+                        r = connect_fresh(&peer, cfg, &*events) => r,
+                    },
                 };
                 let (stream, remote_id) = match connected {
                     Ok(connected) => connected,

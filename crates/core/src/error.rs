@@ -79,6 +79,8 @@ pub enum ErrorCode {
     SegmentClosed = 25,
     /// `Error::NotifyRefused`.
     NotifyRefused = 26,
+    /// `Error::ResourceLimit`.
+    ResourceLimit = 27,
 }
 
 impl ErrorCode {
@@ -111,6 +113,7 @@ impl ErrorCode {
             Self::NotifyFailed => "ERR_FERRY_NOTIFY_FAILED",
             Self::SegmentClosed => "ERR_FERRY_SEGMENT_CLOSED",
             Self::NotifyRefused => "ERR_FERRY_NOTIFY_REFUSED",
+            Self::ResourceLimit => "ERR_FERRY_RESOURCE_LIMIT",
         }
     }
 }
@@ -144,6 +147,7 @@ impl Numbered for ErrorCode {
         Self::NotifyFailed,
         Self::SegmentClosed,
         Self::NotifyRefused,
+        Self::ResourceLimit,
     ];
 
     fn number(self) -> u32 {
@@ -266,6 +270,10 @@ pub enum Error {
     /// riding on a transfer, or it refused the sequence number.
     #[error("notification refused: {0}")]
     NotifyRefused(String),
+    /// A limit was reached, here or at the peer: open files (`RLIMIT_NOFILE`, the system's
+    /// file table), memory, or a connection cap. The message names which, and its value.
+    #[error("{0}")]
+    ResourceLimit(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -310,6 +318,7 @@ impl Error {
             Self::NotifyFailed(_) => ErrorCode::NotifyFailed,
             Self::SegmentClosed(_) => ErrorCode::SegmentClosed,
             Self::NotifyRefused(_) => ErrorCode::NotifyRefused,
+            Self::ResourceLimit(_) => ErrorCode::ResourceLimit,
         }
     }
 
@@ -338,12 +347,18 @@ impl Error {
             | Self::Metadata(_)
             | Self::NotifyFailed(_)
             | Self::NotifyRefused(_)
+            | Self::ResourceLimit(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }
 
+    /// An I/O failure in `context`; one that means a limit was reached (out of
+    /// descriptors or kernel memory) is a `ResourceLimit` naming it.
     pub(crate) fn io(context: &str, err: &std::io::Error) -> Self {
-        Self::Io(format!("{context}: {err}"))
+        match crate::resource::limit_of(err) {
+            Some(limit) => Self::ResourceLimit(format!("{limit} in this process ({context})")),
+            None => Self::Io(format!("{context}: {err}")),
+        }
     }
 
     /// An injected failure (`is_injected` tells it apart): `what` happened by design.

@@ -66,6 +66,7 @@ mod peers;
 mod pending;
 mod plan;
 mod request;
+mod resource;
 pub mod segment;
 mod server;
 pub mod status;

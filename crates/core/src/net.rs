@@ -144,6 +144,25 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     w.flush().await.map_err(|e| Error::io("flush", &e))
 }
 
+/// Connections a listener keeps waiting for `accept` (the kernel caps it at
+/// `net.core.somaxconn`). std listens with 128: when more peers than that open this engine
+/// at once (every engine of a cluster opening every other), the kernel drops the
+/// handshakes past it, and each dropped one is retried only after a second or three,
+/// stalling those opens for as long or past their connect timeout.
+pub(crate) const LISTEN_BACKLOG: i32 = 4096;
+
+/// Deepens a listening socket's accept queue to [`LISTEN_BACKLOG`] (`listen` again on a
+/// listening socket only changes its backlog).
+pub(crate) fn deepen_backlog(listener: &impl std::os::fd::AsRawFd) -> Result<()> {
+    // SAFETY: `listen` on a descriptor that `listener` owns and keeps open for the call;
+    // it touches no memory of ours.
+    let rc = unsafe { libc::listen(listener.as_raw_fd(), LISTEN_BACKLOG) };
+    if rc != 0 {
+        return Err(Error::io("listen", &std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
 fn tune(stream: &TcpStream, _kind: ConnKind) {
     // Latency matters on every connection; socket buffers are left to the kernel's
     // autotuning, which measured as fast as fixed 4 MiB buffers on loopback.
@@ -169,9 +188,14 @@ pub(crate) async fn connect(
     let attempt = async {
         let mut cuts = 0;
         loop {
-            let mut stream = TcpStream::connect(addr)
-                .await
-                .map_err(|e| fail(e.to_string()))?;
+            let mut stream = TcpStream::connect(addr).await.map_err(|e| {
+                match crate::resource::limit_of(&e) {
+                    Some(limit) => Error::ResourceLimit(format!(
+                        "{limit} in this process, connecting to {addr}"
+                    )),
+                    None => fail(e.to_string()),
+                }
+            })?;
             tune(&stream, kind);
             match client_handshake(&mut stream, kind, local_engine_id).await {
                 Ok(id) => return Ok((stream, id)),
@@ -179,16 +203,56 @@ pub(crate) async fn connect(
                 // out its oldest handshake (`handshakes`). A new connection is the newest
                 // there, so a flood must push it out again: a few more tries, in the time
                 // left.
-                Err(reason) if reason.starts_with(HANDSHAKE_CUT) && cuts < CUT_RETRIES => {
+                Err(HandshakeFailure::Other(reason))
+                    if reason.starts_with(HANDSHAKE_CUT) && cuts < CUT_RETRIES =>
+                {
                     cuts += 1;
                 }
-                Err(reason) => return Err(fail(reason)),
+                Err(failure) => return Err(failure.into_error(addr)),
             }
         }
     };
     tokio::time::timeout(timeout, attempt)
         .await
         .map_err(|_| fail(format!("no answer within {} ms", timeout.as_millis())))?
+}
+
+/// Why a client's handshake failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HandshakeFailure {
+    /// The peer refused the connection because a limit was reached there (in its words:
+    /// which limit, and its value).
+    Limit(String),
+    /// Anything else, worded.
+    Other(String),
+}
+
+impl From<String> for HandshakeFailure {
+    fn from(why: String) -> Self {
+        Self::Other(why)
+    }
+}
+
+impl From<&str> for HandshakeFailure {
+    fn from(why: &str) -> Self {
+        Self::Other(why.to_string())
+    }
+}
+
+impl HandshakeFailure {
+    /// The error of a failed handshake with `peer`: a limit the peer reached is a
+    /// `ResourceLimit`, anything else a `Connect`.
+    pub(crate) fn into_error(self, peer: &str) -> Error {
+        match self {
+            Self::Limit(why) => {
+                Error::ResourceLimit(format!("{peer} refused the connection: {why}"))
+            }
+            Self::Other(reason) => Error::Connect {
+                peer: peer.to_string(),
+                reason,
+            },
+        }
+    }
 }
 
 /// The client's side of the handshake on any stream (tcp or the shm socket): Hello, then,
@@ -198,7 +262,7 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     kind: ConnKind,
     local_engine_id: u64,
-) -> std::result::Result<u64, String> {
+) -> std::result::Result<u64, HandshakeFailure> {
     let secret = auth::dialing_secret(local_engine_id);
     let nonce = auth::nonce().map_err(|e| e.to_string())?;
     let hs = ClientHandshake::new(secret, kind as u64, local_engine_id, nonce);
@@ -228,7 +292,7 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         return Err("the peer does not authenticate (it has no authSecret); refusing it".into());
     }
     if h.op != Op::HelloAck {
-        return Err(format!("expected HelloAck, got {:?}", h.op));
+        return Err(format!("expected HelloAck, got {:?}", h.op).into());
     }
     Ok(h.request_id)
 }
@@ -254,16 +318,21 @@ async fn read_handshake<S: AsyncRead + Unpin>(
         })
 }
 
-/// Decodes a handshake reply; an `Error` frame becomes its text.
+/// Decodes a handshake reply; an `Error` frame becomes its text (a limit the peer
+/// reached, by its reject code, `HandshakeFailure::Limit`).
 async fn decode_reply<S: AsyncRead + Unpin>(
     head: &[u8; HEADER_LEN],
     stream: &mut S,
-) -> std::result::Result<Header, String> {
+) -> std::result::Result<Header, HandshakeFailure> {
     let h = Header::decode(head).map_err(|e| format!("handshake: {e}"))?;
     if h.op == Op::Error {
         let mut text = vec![0u8; h.payload_len().min(crate::wire::MAX_ERROR_PAYLOAD) as usize];
         read_handshake(stream, &mut text).await?;
-        return Err(format!("refused: {}", String::from_utf8_lossy(&text)));
+        let text = String::from_utf8_lossy(&text);
+        return Err(match RejectCode::from_raw(h.flags) {
+            RejectCode::ResourceLimit => HandshakeFailure::Limit(text.into_owned()),
+            _ => format!("refused: {text}").into(),
+        });
     }
     Ok(h)
 }
@@ -321,9 +390,9 @@ pub(crate) async fn acknowledge<S: AsyncWrite + Unpin>(
 
 /// Tells a peer waiting for the handshake's verdict that it was refused, and why. Best
 /// effort: the connection is dropped next whatever happens.
-pub(crate) async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, reason: &[u8]) {
+pub(crate) async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, code: RejectCode, reason: &[u8]) {
     let mut e = Header::new(Op::Error);
-    e.flags = RejectCode::Auth as u16;
+    e.flags = code as u16;
     e.length = reason.len() as u64;
     let _ = write_all_pair(stream, &e.encode(), reason).await;
 }
@@ -367,6 +436,37 @@ impl Refused {
             Failure::NoSecret => b"this engine requires the cluster secret (authSecret)",
             _ => b"authentication failed",
         };
-        refuse(stream, text).await;
+        refuse(stream, RejectCode::Auth, text).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{TcpListener, TcpStream};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// How many of `n` connects to `listener` (never accepted) complete within 300 ms each.
+    fn queued(listener: &TcpListener, n: usize) -> usize {
+        let addr = listener.local_addr().expect("addr");
+        let mut held = Vec::new();
+        for _ in 0..n {
+            match TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+                Ok(s) => held.push(s),
+                Err(_) => break,
+            }
+        }
+        held.len()
+    }
+
+    #[test]
+    fn a_deepened_listener_queues_a_storm_of_connects() {
+        // std's 128: the kernel drops what comes past it.
+        let shallow = TcpListener::bind("127.0.0.1:0").expect("bind");
+        assert!(queued(&shallow, 300) < 300);
+        let deep = TcpListener::bind("127.0.0.1:0").expect("bind");
+        deepen_backlog(&deep).expect("listen");
+        assert_eq!(queued(&deep, 300), 300);
     }
 }

@@ -166,6 +166,7 @@ mod tests {
                 (24, "ERR_FERRY_NOTIFY_FAILED"),
                 (25, "ERR_FERRY_SEGMENT_CLOSED"),
                 (26, "ERR_FERRY_NOTIFY_REFUSED"),
+                (27, "ERR_FERRY_RESOURCE_LIMIT"),
             ]
         );
     }

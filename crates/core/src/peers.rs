@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use crate::control::{fetch_descriptor, run_link, LinkConfig, LinkEvents};
+use crate::control::{open_control, run_link, LinkConfig, LinkEvents};
 use crate::engine::SegmentInfo;
 use crate::error::{Error, Result};
 use crate::events::EngineEvent;
@@ -30,7 +30,8 @@ impl Inner {
             None => (name.to_string(), None),
         };
         let timeout = self.config.tcp.connect_timeout;
-        let desc = fetch_descriptor(&addr, self.engine_id, timeout).await?;
+        // The connection the descriptor comes on is the new link's first.
+        let (desc, stream) = open_control(&addr, self.engine_id, timeout).await?;
         self.check_open()?;
         let (peer, fresh) = self.segments.insert_with(name, |handle| {
             let peer = Peer::new(
@@ -52,7 +53,12 @@ impl Inner {
                 let _guard = self.handle.enter();
                 m.watch(peer.clone(), events.clone(), rev, self.engine_id);
             }
-            self.handle.spawn(run_link(peer.clone(), cfg, events));
+            self.handle.spawn(run_link(
+                peer.clone(),
+                cfg,
+                events,
+                Some((stream, desc.engine_id)),
+            ));
         } else {
             // Open again: the name may now answer with a new incarnation.
             self.descriptor_seen(&peer, desc);

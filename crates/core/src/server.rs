@@ -24,6 +24,7 @@ use crate::net::{
     write_all_pair, write_frame, Refused,
 };
 use crate::notify::serve::{serve_notify, Receiving};
+use crate::resource::Overflow;
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
 use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
@@ -120,11 +121,21 @@ impl LocalSegment {
     }
 }
 
-/// Accepts connections until `cancel` fires.
-pub(crate) async fn accept_loop(
+/// Accepts connections until `cancel` fires. The spare descriptor for running out
+/// (`Overflow`) is taken now, as the engine starts, not when the loop first runs.
+pub(crate) fn accept_loop(
     listener: TcpListener,
     local: Arc<LocalSegment>,
     cancel: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send {
+    accept_until(listener, local, cancel, Overflow::new())
+}
+
+async fn accept_until(
+    listener: TcpListener,
+    local: Arc<LocalSegment>,
+    cancel: CancellationToken,
+    mut overflow: Overflow,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -157,10 +168,12 @@ pub(crate) async fn accept_loop(
                     }
                 });
             }
+            // Out of descriptors, a waiting connection is told so at once (the spare's
+            // descriptor lets it out of the backlog); otherwise back off, not spin.
             Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !overflow.refuse_waiting(&e, &listener) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
     }
@@ -194,7 +207,8 @@ async fn let_in(
     let slot = match handshake.admit() {
         Ok(slot) => slot,
         Err(refusal) => {
-            let told = refuse(stream, refusal.reason().as_bytes());
+            let why = local.admission.describe(refusal);
+            let told = refuse(stream, refusal.reject_code(), why.as_bytes());
             let _ = tokio::time::timeout(local.frame_timeout, told).await;
             return Err(Error::Protocol(format!("refused: {}", refusal.reason())));
         }

@@ -178,6 +178,9 @@ pub enum RejectCode {
     BadRequest = 5,
     /// The handshake failed: no secret, wrong secret, or a refused connection.
     Auth = 6,
+    /// The connection was refused because a limit was reached: open files, memory, or a
+    /// connection cap (the text names which).
+    ResourceLimit = 7,
 }
 
 impl RejectCode {
@@ -189,6 +192,7 @@ impl RejectCode {
             3 => Self::OutOfRange,
             4 => Self::Permission,
             6 => Self::Auth,
+            7 => Self::ResourceLimit,
             _ => Self::BadRequest,
         }
     }

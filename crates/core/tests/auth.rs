@@ -304,14 +304,15 @@ fn connections_over_the_cap_are_refused_at_once_and_counted() {
         .collect();
     // The fifth that proves it is refused at once, told why instead of HelloAck.
     let (mut s, reply) = handshake(t.segment_name(), ConnKind::Control);
+    // Told which cap it met, and its value, with the resource-limit code.
     assert_eq!(
-        (reply.op, reply.flags),
-        (Op::Error, RejectCode::Auth as u16)
+        (reply.op, RejectCode::from_raw(reply.flags)),
+        (Op::Error, RejectCode::ResourceLimit)
     );
     let mut text = vec![0u8; reply.length as usize];
     s.read_exact(&mut text).expect("refusal text");
     let text = String::from_utf8_lossy(&text);
-    assert!(text.contains("maxConnectionsPerAddress"), "{text}");
+    assert!(text.contains("maxConnectionsPerAddress (4)"), "{text}");
     assert!(read_to_close(&mut s).is_empty(), "closed after the refusal");
     let per_address = t
         .metrics()

@@ -50,10 +50,7 @@ pub(super) async fn connect_and_map(
     tokio::time::timeout(AUTH_TIMEOUT, shake)
         .await
         .map_err(|_| Error::Protocol("shm handshake timed out".into()))?
-        .map_err(|reason| Error::Connect {
-            peer: format!("shm socket {socket}"),
-            reason,
-        })?;
+        .map_err(|failure| failure.into_error(&format!("shm socket {socket}")))?;
     let std_stream = tokio_stream.into_std().map_err(io("shm socket"))?;
     let (token, desc) = (*token, desc.clone());
     let (std_stream, (maps, life)) = off_runtime(move || {

@@ -20,6 +20,7 @@ use crate::life_word;
 use crate::linux::send_fds_async;
 use crate::memory::RegionTable;
 use crate::net::{acknowledge, refuse, server_handshake, Refused};
+use crate::resource::Overflow;
 use crate::wire::{token_eq, ConnKind, Token};
 
 /// How long either side of an shm connection waits for the other's token and replies.
@@ -35,6 +36,7 @@ pub(super) fn bind(engine_id: u64) -> Result<(UnixListener, String)> {
     std_listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("bind shm socket", &e))?;
+    crate::net::deepen_backlog(&std_listener)?;
     let listener =
         UnixListener::from_std(std_listener).map_err(|e| Error::io("bind shm socket", &e))?;
     Ok((listener, name))
@@ -59,8 +61,22 @@ pub(super) struct Gate {
 /// `closed`, not crashed, when the connection ends.
 pub(super) const GOODBYE: u8 = 0x47;
 
-/// Serves fd requests until `cancel` fires.
-pub(super) async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: CancellationToken) {
+/// Serves fd requests until `cancel` fires. The spare descriptor for running out is
+/// taken now, as the engine starts.
+pub(super) fn serve(
+    listener: UnixListener,
+    gate: Arc<Gate>,
+    cancel: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send {
+    serve_until(listener, gate, cancel, Overflow::new())
+}
+
+async fn serve_until(
+    listener: UnixListener,
+    gate: Arc<Gate>,
+    cancel: CancellationToken,
+    mut overflow: Overflow,
+) {
     loop {
         let accepted = tokio::select! {
             biased;
@@ -88,9 +104,11 @@ pub(super) async fn serve(listener: UnixListener, gate: Arc<Gate>, cancel: Cance
                     }
                 });
             }
+            // As the tcp listener does: out of descriptors, a waiting peer is told at once.
             Err(e) => {
-                tracing::warn!(error = %e, "shm accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !overflow.refuse_waiting(&e, &listener) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
     }
@@ -130,7 +148,8 @@ async fn serve_one(mut stream: UnixStream, gate: &Gate, handshake: Handshake) ->
     let _slot = match handshake.admit() {
         Ok(slot) => slot,
         Err(refusal) => {
-            let told = refuse(&mut stream, refusal.reason().as_bytes());
+            let why = gate.admission.describe(refusal);
+            let told = refuse(&mut stream, refusal.reject_code(), why.as_bytes());
             let _ = tokio::time::timeout(gate.timeout, told).await;
             return Err(Error::Protocol(format!(
                 "shm peer refused: {}",

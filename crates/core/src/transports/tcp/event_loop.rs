@@ -9,6 +9,8 @@
 //! 4 KiB request's time. Large requests, polled ones and threads without a loop keep to
 //! the pool, whose I/O threads keep the copying off the JS thread.
 //!
+//! A thread connects to a peer once it has sent it a few small requests through the pool
+//! (`LOOP_AFTER`): one that asks a peer now and then costs no connection of its own.
 //! The connection is made and authenticated by an I/O thread (the same handshake as the
 //! pool's); until it is ready, and while it backs off after a failure, requests take the
 //! pool. Only the loop's thread reads and writes the socket. Another thread may break the
@@ -38,6 +40,10 @@ use crate::wire::ConnKind;
 pub(super) const LOOP_MAX: u64 = 64 << 10;
 /// How long requests take the pool after a connection failed or broke.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Small awaited requests a thread sends a peer through the pool before it makes a loop
+/// connection of its own: a thread that talks to a peer now and then (as each of many
+/// engines opening each other does) costs that peer no descriptor on either side.
+const LOOP_AFTER: u32 = 4;
 
 /// Loop connections of one transport, on any thread: what `fail_peer` and `shutdown`
 /// reach them through.
@@ -108,6 +114,9 @@ struct Entry {
     connecting: Option<Arc<Landing>>,
     /// Requests take the pool until then.
     retry_at: Option<Instant>,
+    /// Requests this thread sent the peer through the pool before connecting
+    /// (up to [`LOOP_AFTER`]).
+    pooled: u32,
 }
 
 /// A thread's entries. When the thread ends with entries left (its loop was never
@@ -185,6 +194,10 @@ pub(super) fn try_send(
             }
         }
         if entry.retry_at.is_some_and(|at| Instant::now() < at) {
+            return None;
+        }
+        if entry.pooled < LOOP_AFTER {
+            entry.pooled += 1;
             return None;
         }
         entry.retry_at = None;

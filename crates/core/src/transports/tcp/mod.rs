@@ -32,10 +32,35 @@ use event_loop::{Lanes, LOOP_MAX};
 use pool_conn::{PoolConn, Slices};
 use request::Slice;
 
-/// A peer's data connections, taken in turn.
+/// A peer's data connections, taken in turn. Only the first `active` are used: the pool
+/// starts with one and grows (up to `connectionsPerPeer`) when a request had to wait
+/// behind others on its connection, or a request's slices want more connections at
+/// once. Each connection connects when its first work arrives, so a peer that is
+/// written to now and then costs one data connection, and one that is never written
+/// to costs none.
 struct PeerPool {
     conns: Vec<Arc<PoolConn>>,
     next: AtomicUsize,
+    active: AtomicUsize,
+}
+
+impl PeerPool {
+    /// Sends one submission's slices for one connection, taken in turn among the active
+    /// ones; grows the pool by one when they had to wait.
+    fn send_one(&self, slices: Slices) {
+        let active = self.active.load(Ordering::Relaxed).max(1);
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % active;
+        if self.conns[i].send(slices) && active < self.conns.len() {
+            self.active.fetch_max(active + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// How many connections a request of `ways` shares uses: the active ones, and more
+    /// (started now) when it has more shares.
+    fn span(&self, ways: usize) -> usize {
+        let ways = ways.min(self.conns.len());
+        self.active.fetch_max(ways, Ordering::Relaxed).max(ways)
+    }
 }
 
 /// Builds the TCP transport.
@@ -118,6 +143,7 @@ impl TcpTransport {
                 Arc::new(PeerPool {
                     conns,
                     next: AtomicUsize::new(0),
+                    active: AtomicUsize::new(1),
                 })
             })
             .clone()
@@ -161,22 +187,28 @@ impl TcpTransport {
             let piece = req.slices(slice_size).next();
             if let Some(piece) = piece {
                 if let Err(slice) = event_loop::try_send(&self.lanes, &req.peer, slice_of(piece)) {
-                    let first = pool.next.fetch_add(1, Ordering::Relaxed);
-                    pool.conns[first % conns].send(smallvec::smallvec![slice]);
+                    pool.send_one(smallvec::smallvec![slice]);
                 }
                 return Ok(());
             }
+        }
+        if count == 1 {
+            if let Some(piece) = req.slices(slice_size).next() {
+                pool.send_one(smallvec::smallvec![slice_of(piece)]);
+            }
+            return Ok(());
         }
         // Round robin from where the pool stands; with many slices (a gather, or a large
         // request) each connection gets its share as one list, written together.
         let first = pool.next.fetch_add(count as usize, Ordering::Relaxed);
         let ways = conns.min(count as usize);
+        let span = pool.span(ways);
         let mut shares: SmallVec<[Slices; 2]> = (0..ways).map(|_| Slices::new()).collect();
         for (i, piece) in req.slices(slice_size).enumerate() {
             shares[i % ways].push(slice_of(piece));
         }
         for (i, share) in shares.into_iter().enumerate() {
-            pool.conns[(first + i) % conns].send(share);
+            pool.conns[(first + i) % span].send(share);
         }
         Ok(())
     }

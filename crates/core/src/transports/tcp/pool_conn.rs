@@ -1,5 +1,5 @@
 //! A connection of a peer's pool, run by the I/O threads. Each connection is an actor that
-//! connects on demand (with backoff after failures), writes slices straight from
+//! connects when its first work arrives (with backoff after failures), writes slices straight from
 //! registered memory, and reads WRITE acks and READ payloads straight into registered
 //! memory. Many slices are in flight per connection. A reset, an EOF or a protocol
 //! violation fails every in-flight slice on that connection at once.
@@ -158,9 +158,14 @@ impl PoolConn {
     /// flight then waits for no other thread to start moving), and small ones of the
     /// Promise path (whose caller is a JS thread, which a long copy into the socket would
     /// block). Otherwise they are queued for the writer task.
-    pub(super) fn send(&self, slices: Slices) {
+    ///
+    /// Returns whether they had to wait behind others' frames (queued, or still going
+    /// out): the pool grows on that (`PeerPool::send_one`). A first request waiting only
+    /// for the connection to be made is no such demand.
+    pub(super) fn send(&self, slices: Slices) -> bool {
         let mut st = self.write_state();
         let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty();
+        let waited = !idle;
         let small = slices.iter().all(|s| s.payload_len() <= INLINE_MAX)
             && slices.iter().map(Slice::payload_len).sum::<u64>() <= INLINE_BATCH_MAX;
         let polled = slices
@@ -172,7 +177,7 @@ impl PoolConn {
                 st.queue.extend(slices.into_iter().map(Queued::Fresh));
                 drop(st);
                 self.work.notify_one();
-                return;
+                return waited;
             }
         };
         // This thread is the connection's writer until it hands the rest back below; the
@@ -199,10 +204,11 @@ impl PoolConn {
         let mut st = self.write_state();
         st.hand_back(&half, frames.into_iter().skip(written), unregistered);
         if st.queue.is_empty() {
-            return;
+            return waited;
         }
         drop(st);
         self.work.notify_one();
+        waited
     }
 
     /// Closes the connection's books and fails everything in flight with `error`.

@@ -373,9 +373,10 @@ mod tests {
             (4, RejectCode::Permission),
             (5, RejectCode::BadRequest),
             (6, RejectCode::Auth),
+            (7, RejectCode::ResourceLimit),
             // Unknown codes (none, or a newer peer's) read as BadRequest.
             (0, RejectCode::BadRequest),
-            (7, RejectCode::BadRequest),
+            (8, RejectCode::BadRequest),
             (u16::MAX, RejectCode::BadRequest),
         ];
         for opcode in [Opcode::Write, Opcode::Read] {
