@@ -239,10 +239,31 @@ pub trait Driver: Send + Sync {
 }
 
 /// What the task's lock guards: the failover bookkeeping, and the current attempt's
-/// registered deadline, removed when the attempt ends.
+/// deadline, removed when the attempt ends.
 struct Locked {
     attempt: AttemptState,
-    deadline: Option<(Arc<Deadlines<Task>>, DeadlineKey)>,
+    deadline: Option<AttemptDeadline>,
+}
+
+/// The current attempt's deadline: the table it is kept in and its registration there.
+struct AttemptDeadline {
+    table: Arc<Deadlines<Task>>,
+    /// `None` until an attempt timed from its start starts moving.
+    key: Option<DeadlineKey>,
+    /// Timed from when its bytes start moving (`Task::started`), not from submission.
+    from_start: bool,
+    /// Shares of it (one per connection or endpoint that carries some) that have not
+    /// started moving yet: its clock starts with the last of them.
+    unstarted: u32,
+}
+
+impl AttemptDeadline {
+    /// Forgets the registration, if any.
+    fn remove(self) {
+        if let Some(k) = self.key {
+            self.table.remove(k);
+        }
+    }
 }
 
 thread_local! {
@@ -264,6 +285,9 @@ pub struct Task {
     attempts: AtomicU32,
     /// Attempt whose completion the fault layer turns into a failure (0 = none).
     corrupt: AtomicU32,
+    /// Attempt whose deadline runs from when it starts moving (0 = none): what a
+    /// transport's start report (`started`) checks before it takes the lock.
+    timed_from_start: AtomicU32,
     state: Mutex<Locked>,
     observer: Observer,
     group: Option<Arc<Group>>,
@@ -302,6 +326,7 @@ impl Task {
             transport: AtomicU8::new(0),
             attempts: AtomicU32::new(0),
             corrupt: AtomicU32::new(0),
+            timed_from_start: AtomicU32::new(0),
             state: Mutex::new(Locked {
                 attempt: AttemptState {
                     candidates,
@@ -367,8 +392,8 @@ impl Task {
             return None;
         }
         // The previous attempt's deadline goes with it.
-        if let Some((d, k)) = st.deadline.take() {
-            d.remove(k);
+        if let Some(d) = st.deadline.take() {
+            d.remove();
         }
         let attempt = self.attempts.fetch_add(1, Ordering::AcqRel) + 1;
         self.transport.store(transport as u8, Ordering::Release);
@@ -386,14 +411,83 @@ impl Task {
     pub fn set_deadline(&self, attempt: u32, deadlines: &Arc<Deadlines<Task>>, key: DeadlineKey) {
         let stale = {
             let mut st = self.lock();
+            let registered = AttemptDeadline {
+                table: deadlines.clone(),
+                key: Some(key),
+                from_start: false,
+                unstarted: 0,
+            };
             if self.status().is_terminal() || self.attempt() != attempt {
-                Some((deadlines.clone(), key))
+                Some(registered)
             } else {
-                st.deadline.replace((deadlines.clone(), key))
+                st.deadline.replace(registered)
             }
         };
-        if let Some((d, k)) = stale {
-            d.remove(k);
+        if let Some(d) = stale {
+            d.remove();
+        }
+    }
+
+    /// Has `attempt`'s deadline run from when its bytes start moving: nothing is
+    /// registered in `deadlines` until its transport reports the start ([`Task::started`]).
+    /// Called before the attempt is handed to its transport.
+    pub fn time_from_start(&self, attempt: u32, deadlines: &Arc<Deadlines<Task>>) {
+        let mut st = self.lock();
+        if self.status().is_terminal() || self.attempt() != attempt {
+            return;
+        }
+        let stale = st.deadline.replace(AttemptDeadline {
+            table: deadlines.clone(),
+            key: None,
+            from_start: true,
+            unstarted: 1,
+        });
+        self.timed_from_start.store(attempt, Ordering::Release);
+        drop(st);
+        if let Some(d) = stale {
+            d.remove();
+        }
+    }
+
+    /// Declares that `attempt` travels in `shares` shares (one per connection or endpoint
+    /// that carries some of it), each reported by [`Task::started`] when it starts
+    /// moving. Must precede the first report; without it an attempt is one share.
+    pub fn expect_shares(&self, attempt: u32, shares: u32) {
+        if self.timed_from_start.load(Ordering::Acquire) != attempt {
+            return;
+        }
+        let mut st = self.lock();
+        if self.attempt() != attempt {
+            return;
+        }
+        if let Some(d) = st
+            .deadline
+            .as_mut()
+            .filter(|d| d.from_start && d.key.is_none())
+        {
+            d.unstarted = shares.max(1);
+        }
+    }
+
+    /// Reports that a share of `attempt` started moving at `at`: a transport that reports
+    /// starts calls it for the first slice of each share it gives a connection or
+    /// endpoint. An attempt timed from its start is registered once the last of its
+    /// shares started, to expire the attempt deadline after that: until then part of it
+    /// still waits behind other work, whose own deadlines bound that wait. Anything else
+    /// is ignored (cheaply, without the lock).
+    pub fn started(self: &Arc<Self>, attempt: u32, at: std::time::Instant) {
+        if self.timed_from_start.load(Ordering::Acquire) != attempt {
+            return;
+        }
+        let mut st = self.lock();
+        if self.status().is_terminal() || self.attempt() != attempt {
+            return;
+        }
+        if let Some(d) = st.deadline.as_mut().filter(|d| d.from_start) {
+            d.unstarted = d.unstarted.saturating_sub(1);
+            if d.unstarted == 0 {
+                d.key = Some(d.table.started(d.key, self, attempt, at));
+            }
         }
     }
 
@@ -492,8 +586,8 @@ impl Task {
             self.status.store(status.raw(), Ordering::Release);
             st.deadline.take()
         };
-        if let Some((d, k)) = deadline {
-            d.remove(k);
+        if let Some(d) = deadline {
+            d.remove();
         }
         // Counted in the lane of the thread that submitted the task: the one that ends it
         // is most often that thread too (a copy done inline).

@@ -17,6 +17,7 @@ use super::reply::{self, Reply};
 use super::request::Slice;
 use crate::error::{Error, Result};
 use crate::event_loop::watch::{Interest, Watcher};
+use crate::lazy_now::LazyNow;
 use crate::memory::Window;
 use crate::segment::Peer;
 use crate::wire::{RejectCode, HEADER_LEN};
@@ -207,6 +208,8 @@ impl LoopConn {
         if !st.open || !st.out.is_empty() {
             return Err(slice);
         }
+        // Written now, on nothing else's heels: its deadline runs from here.
+        slice.going_out(&LazyNow::new());
         let mut settle = Settle::default();
         let payload = match slice.payload() {
             Ok(w) => w,
@@ -475,6 +478,7 @@ mod tests {
                 remote_offset: 0,
                 len: LEN,
                 token: [0; 16],
+                starts_share: true,
             };
             self.conn.lock().inflight.insert(id, slice);
         }

@@ -236,6 +236,7 @@ mod tests {
                     remote_offset: 0,
                     len: 4096,
                     token: [0; 16],
+                    starts_share: true,
                 })
             };
             // The connection the write started on broke (none now), or broke and another
