@@ -705,4 +705,33 @@ pub(crate) mod tests {
         assert_eq!(tasks.bytes(TransportKind::Shm, Opcode::Write), 4 * 4096);
         assert_eq!(tasks.bytes(TransportKind::Shm, Opcode::Read), 0);
     }
+
+    #[test]
+    fn an_attempt_timed_from_its_start_is_registered_once_its_last_share_moves() {
+        use std::time::{Duration, Instant};
+        let epoch = Instant::now();
+        let ms = Duration::from_millis;
+        let table = Arc::new(Deadlines::new(epoch, ms(10), ms(100)));
+        let (task, _group) = waiting_task();
+        let attempt = task.begin_attempt(TransportKind::Tcp).expect("attempt");
+        task.time_from_start(attempt, &table);
+        task.expect_shares(attempt, 2);
+        // A stale attempt's report, and the first of two shares: nothing runs yet.
+        task.started(attempt + 1, epoch);
+        task.started(attempt, epoch + ms(5));
+        assert!(table.is_empty(), "one share still waits behind other work");
+        // The second share starts at 2 s: due 100 ms later, not before.
+        task.started(attempt, epoch + ms(2000));
+        assert_eq!(table.len(), 1);
+        assert!(table.expired(epoch + ms(2099)).is_empty());
+        assert_eq!(table.expired(epoch + ms(2100)).len(), 1);
+        // A next attempt timed from its start drops nothing it does not own, and ending
+        // the task removes its registration.
+        let next = task.begin_attempt(TransportKind::Tcp).expect("next");
+        task.time_from_start(next, &table);
+        task.started(next, epoch + ms(3000));
+        assert_eq!(table.len(), 1);
+        assert!(task.fail(Error::Timeout));
+        assert!(table.is_empty(), "an ended task leaves no deadline behind");
+    }
 }
