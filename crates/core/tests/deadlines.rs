@@ -114,21 +114,37 @@ fn a_block_list_longer_than_the_deadline_never_times_out_behind_its_own_queue() 
 
 /// The full-size figure: 4 M × 1 KiB blocks with a 1 s deadline (8 GiB of memory; run
 /// with `--release -- --ignored`).
+/// The measurement's deadline: `FERRY_FULL_SIZE_DEADLINE_MS` (0 = none), 1 s by default.
+fn full_size_deadline() -> Option<Duration> {
+    let ms = std::env::var("FERRY_FULL_SIZE_DEADLINE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
 #[test]
 #[ignore = "8 GiB and a minute of two cores: a measurement, not a check"]
 fn full_size_4m_blocks_of_1k_with_a_1s_deadline() {
     const N: u64 = 4 * 1024 * 1024 + 1;
     const LEN: u64 = 1024;
-    let deadline = Duration::from_secs(1);
-    let target = Engine::new(config(deadline)).expect("target");
-    let initiator = Engine::new(config(deadline)).expect("initiator");
+    let deadline = full_size_deadline();
+    let config = || EngineConfig {
+        failover: ferry_core::failover::FailoverPolicy {
+            attempt_timeout: deadline,
+            ..Default::default()
+        },
+        ..config(Duration::from_secs(1))
+    };
+    let target = Engine::new(config()).expect("target");
+    let initiator = Engine::new(config()).expect("initiator");
     let p = Pair::new(target, initiator, N * LEN);
     fill(&p.local, 7);
     let blocks = scattered(&p, N, LEN);
     let (outcome, took) = run(&p, &blocks, Duration::from_secs(600));
     let timeouts = count(&outcome, TransferStatus::Timeout);
     eprintln!(
-        "tcp 4M x 1KiB, 1 s deadline: {timeouts} TIMEOUT ({:.1} %), {} completed, {} tasks, {took:?}, {} attempt timeouts",
+        "tcp 4M x 1KiB, deadline {deadline:?}: {timeouts} TIMEOUT ({:.1} %), {} completed, {} tasks, {took:?}, {} attempt timeouts",
         100.0 * timeouts as f64 / N as f64,
         count(&outcome, TransferStatus::Completed),
         outcome.requests,

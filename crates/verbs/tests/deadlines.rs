@@ -13,7 +13,7 @@ use ferry_testkit::{bytes_at, fill, within, Pair};
 use ferry_verbs::emulated::{EmulatedFaults, EmulatedProvider};
 use ferry_verbs::{RdmaConfig, RdmaFactory};
 
-fn engine(provider: Arc<EmulatedProvider>, deadline: Duration) -> Engine {
+fn engine(provider: Arc<EmulatedProvider>, deadline: Option<Duration>) -> Engine {
     let rdma = RdmaConfig {
         provider_instance: Some(provider),
         ..RdmaConfig::default()
@@ -22,7 +22,7 @@ fn engine(provider: Arc<EmulatedProvider>, deadline: Duration) -> Engine {
         transports: vec![TransportKind::Rdma, TransportKind::Tcp],
         ..EngineConfig::default()
     };
-    cfg.failover.attempt_timeout = Some(deadline);
+    cfg.failover.attempt_timeout = deadline;
     cfg.extra_transports = vec![Arc::new(RdmaFactory { config: rdma })];
     Engine::new(cfg).expect("engine")
 }
@@ -30,6 +30,11 @@ fn engine(provider: Arc<EmulatedProvider>, deadline: Duration) -> Engine {
 /// A target and an initiator on the emulated device; the initiator's provider, whose
 /// faults a test may change.
 fn rig(len: u64, deadline: Duration) -> (Pair, Arc<EmulatedProvider>) {
+    rig_with(len, Some(deadline))
+}
+
+/// [`rig`] with any deadline, or none.
+fn rig_with(len: u64, deadline: Option<Duration>) -> (Pair, Arc<EmulatedProvider>) {
     let provider = Arc::new(EmulatedProvider::new(EmulatedFaults::default()));
     let target = engine(
         Arc::new(EmulatedProvider::new(EmulatedFaults::default())),
@@ -123,17 +128,27 @@ fn a_block_list_longer_than_the_deadline_never_times_out_over_rdma() {
 
 /// The full-size figure: 1 M × 4 KiB blocks with a 1 s deadline (8 GiB of memory; run
 /// with `--release -- --ignored`).
+/// The measurement's deadline: `FERRY_FULL_SIZE_DEADLINE_MS` (0 = none), 1 s by default.
+fn full_size_deadline() -> Option<Duration> {
+    let ms = std::env::var("FERRY_FULL_SIZE_DEADLINE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
 #[test]
 #[ignore = "8 GiB and a minute of two cores: a measurement, not a check"]
 fn full_size_1m_blocks_of_4k_with_a_1s_deadline() {
     const N: u64 = 1024 * 1024 + 1;
     const LEN: u64 = 4096;
-    let (p, _) = rig(N * LEN, Duration::from_secs(1));
+    let deadline = full_size_deadline();
+    let (p, _) = rig_with(N * LEN, deadline);
     let blocks = scattered(&p, N, LEN);
     let (outcome, took) = run(&p, &blocks, Duration::from_secs(600));
     let timeouts = count(&outcome, TransferStatus::Timeout);
     eprintln!(
-        "rdma 1M x 4KiB, 1 s deadline: {timeouts} TIMEOUT ({:.1} %), {} completed, {} tasks, {took:?}, {} attempt timeouts",
+        "rdma 1M x 4KiB, deadline {deadline:?}: {timeouts} TIMEOUT ({:.1} %), {} completed, {} tasks, {took:?}, {} attempt timeouts",
         100.0 * timeouts as f64 / N as f64,
         count(&outcome, TransferStatus::Completed),
         outcome.requests,
