@@ -145,6 +145,69 @@ impl<T> Deadlines<T> {
     }
 }
 
+/// One attempt's deadline as its task holds it: the table, its registration there, and
+/// how it runs. The task keeps it under its lock and drops the registration
+/// ([`AttemptDeadline::remove`]) when the attempt ends.
+pub(crate) struct AttemptDeadline<T> {
+    table: Arc<Deadlines<T>>,
+    /// `None` until an attempt timed from its start has every share moving.
+    key: Option<DeadlineKey>,
+    /// Timed from when its bytes start moving, not from submission.
+    from_start: bool,
+    /// Shares not yet moving: its clock starts with the last of them.
+    unstarted: u32,
+}
+
+impl<T> AttemptDeadline<T> {
+    /// Registered at `key` of `table`: timed from submission.
+    pub(crate) fn registered(table: &Arc<Deadlines<T>>, key: DeadlineKey) -> Self {
+        Self {
+            table: table.clone(),
+            key: Some(key),
+            from_start: false,
+            unstarted: 0,
+        }
+    }
+
+    /// Timed from when its bytes start moving, in `table`: nothing registered until
+    /// then. One share unless [`AttemptDeadline::expect_shares`] says more.
+    pub(crate) fn from_start(table: &Arc<Deadlines<T>>) -> Self {
+        Self {
+            table: table.clone(),
+            key: None,
+            from_start: true,
+            unstarted: 1,
+        }
+    }
+
+    /// The attempt travels in `shares` shares (before any of them started).
+    pub(crate) fn expect_shares(&mut self, shares: u32) {
+        if self.from_start && self.key.is_none() {
+            self.unstarted = shares.max(1);
+        }
+    }
+
+    /// A share of `attempt` of `task` started moving at `at`: once every share has, the
+    /// attempt expires `timeout` after the last start. Ignored for a deadline timed from
+    /// submission.
+    pub(crate) fn share_started(&mut self, task: &Arc<T>, attempt: u32, at: Instant) {
+        if !self.from_start {
+            return;
+        }
+        self.unstarted = self.unstarted.saturating_sub(1);
+        if self.unstarted == 0 {
+            self.key = Some(self.table.started(self.key, task, attempt, at));
+        }
+    }
+
+    /// Forgets the registration, if any (the attempt ended).
+    pub(crate) fn remove(self) {
+        if let Some(k) = self.key {
+            self.table.remove(k);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,15 +246,15 @@ mod tests {
     }
 
     #[test]
-    fn an_attempt_is_timed_from_the_latest_start_of_its_shares() {
+    fn a_start_moves_a_deadline_later_never_earlier() {
         let epoch = Instant::now();
         let ms = Duration::from_millis;
         let d = Deadlines::<()>::new(epoch, ms(10), ms(100));
         let task = Arc::new(());
-        // The first share starts at 5 ms: due at 105 ms.
+        // Started at 5 ms: due at 105 ms.
         let first = d.started(None, &task, 1, epoch + ms(5));
         assert!(d.expired(epoch + ms(104)).is_empty());
-        // A second share starts at 50 ms: the deadline moves to 150 ms, one entry still.
+        // Started again at 50 ms: the deadline moves to 150 ms, one entry still.
         let moved = d.started(Some(first), &task, 1, epoch + ms(50));
         assert_ne!(moved, first);
         assert_eq!(d.len(), 1);
@@ -204,5 +267,30 @@ mod tests {
         assert_eq!(due[0].1, 1);
         assert!(d.is_empty());
         assert!(!d.remove(moved));
+    }
+
+    #[test]
+    fn an_attempt_in_shares_runs_its_clock_once_the_last_share_moves() {
+        let epoch = Instant::now();
+        let ms = Duration::from_millis;
+        let table = Arc::new(Deadlines::<()>::new(epoch, ms(10), ms(100)));
+        let task = Arc::new(());
+        let mut d = AttemptDeadline::from_start(&table);
+        d.expect_shares(3);
+        d.share_started(&task, 1, epoch);
+        d.share_started(&task, 1, epoch + ms(400));
+        assert!(table.is_empty(), "a share still waits behind other work");
+        d.share_started(&task, 1, epoch + ms(900));
+        assert_eq!(table.len(), 1);
+        assert!(table.expired(epoch + ms(999)).is_empty());
+        // A deadline timed from submission ignores starts; removing drops either kind.
+        let key = table.add(Weak::new(), 2, epoch + ms(50));
+        let mut fixed = AttemptDeadline::registered(&table, key);
+        fixed.expect_shares(2);
+        fixed.share_started(&task, 2, epoch + ms(5000));
+        assert_eq!(table.len(), 2);
+        fixed.remove();
+        d.remove();
+        assert!(table.is_empty());
     }
 }

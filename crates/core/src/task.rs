@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 pub use crate::attempt::AttemptState;
-use crate::deadlines::{DeadlineKey, Deadlines};
+use crate::deadlines::{AttemptDeadline, DeadlineKey, Deadlines};
 use crate::error::Error;
 pub use crate::failover::Observer;
 use crate::kind::{Kinds, TransportKind};
@@ -242,28 +242,7 @@ pub trait Driver: Send + Sync {
 /// deadline, removed when the attempt ends.
 struct Locked {
     attempt: AttemptState,
-    deadline: Option<AttemptDeadline>,
-}
-
-/// The current attempt's deadline: the table it is kept in and its registration there.
-struct AttemptDeadline {
-    table: Arc<Deadlines<Task>>,
-    /// `None` until an attempt timed from its start starts moving.
-    key: Option<DeadlineKey>,
-    /// Timed from when its bytes start moving (`Task::started`), not from submission.
-    from_start: bool,
-    /// Shares of it (one per connection or endpoint that carries some) that have not
-    /// started moving yet: its clock starts with the last of them.
-    unstarted: u32,
-}
-
-impl AttemptDeadline {
-    /// Forgets the registration, if any.
-    fn remove(self) {
-        if let Some(k) = self.key {
-            self.table.remove(k);
-        }
-    }
+    deadline: Option<AttemptDeadline<Task>>,
 }
 
 thread_local! {
@@ -411,12 +390,7 @@ impl Task {
     pub fn set_deadline(&self, attempt: u32, deadlines: &Arc<Deadlines<Task>>, key: DeadlineKey) {
         let stale = {
             let mut st = self.lock();
-            let registered = AttemptDeadline {
-                table: deadlines.clone(),
-                key: Some(key),
-                from_start: false,
-                unstarted: 0,
-            };
+            let registered = AttemptDeadline::registered(deadlines, key);
             if self.status().is_terminal() || self.attempt() != attempt {
                 Some(registered)
             } else {
@@ -436,12 +410,7 @@ impl Task {
         if self.status().is_terminal() || self.attempt() != attempt {
             return;
         }
-        let stale = st.deadline.replace(AttemptDeadline {
-            table: deadlines.clone(),
-            key: None,
-            from_start: true,
-            unstarted: 1,
-        });
+        let stale = st.deadline.replace(AttemptDeadline::from_start(deadlines));
         self.timed_from_start.store(attempt, Ordering::Release);
         drop(st);
         if let Some(d) = stale {
@@ -460,12 +429,8 @@ impl Task {
         if self.attempt() != attempt {
             return;
         }
-        if let Some(d) = st
-            .deadline
-            .as_mut()
-            .filter(|d| d.from_start && d.key.is_none())
-        {
-            d.unstarted = shares.max(1);
+        if let Some(d) = st.deadline.as_mut() {
+            d.expect_shares(shares);
         }
     }
 
@@ -483,11 +448,8 @@ impl Task {
         if self.status().is_terminal() || self.attempt() != attempt {
             return;
         }
-        if let Some(d) = st.deadline.as_mut().filter(|d| d.from_start) {
-            d.unstarted = d.unstarted.saturating_sub(1);
-            if d.unstarted == 0 {
-                d.key = Some(d.table.started(d.key, self, attempt, at));
-            }
+        if let Some(d) = st.deadline.as_mut() {
+            d.share_started(self, attempt, at);
         }
     }
 
