@@ -422,7 +422,7 @@ export interface EngineOptions {
   maxFailoverAttempts?: number
   /** Whether polled (batch) tasks fail over; the Promise path always does [true]. */
   enableAutoFailoverOnPoll?: boolean
-  /** Deadline of one attempt in ms; 0 = none [10000; 0..=86400000]. */
+  /** Deadline of one attempt in ms, from when its bytes start moving (tcp, rdma; else from submission); 0 = none [10000; 0..=86400000]. */
   attemptTimeoutMs?: number
   /** Fault injection per transport, for tests and benchmarks [none]. */
   faults?: Array<FaultOptions>

@@ -166,6 +166,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         shm_any_uid: config.shm_any_uid,
         frame_timeout: config.frame_timeout,
         farewell: farewell.clone(),
+        attempt_timeout: config.failover.attempt_timeout,
     };
     let (transports, disabled) = {
         let _guard = runtime.enter();
@@ -260,7 +261,11 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         batches: BatchTable::new(handles),
         transports,
         not_enabled: not_enabled_messages(&config, &disabled),
-        deadlines: Arc::new(Deadlines::new(std::time::Instant::now(), tick)),
+        deadlines: Arc::new(Deadlines::new(
+            std::time::Instant::now(),
+            tick,
+            config.failover.attempt_timeout.unwrap_or_default(),
+        )),
         health: HealthTable::new(config.rail),
         health_dirty: Arc::default(),
         ops: Mutex::new(rustc_hash::FxHashMap::default()),

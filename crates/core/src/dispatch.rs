@@ -80,15 +80,22 @@ impl Inner {
             attempt,
             more_follow,
         };
+        let timed = self.config.failover.attempt_timeout;
+        // A transport that queues work and says when it starts moving times it from then
+        // (`Transport::reports_starts`): a long list never times out behind its own head.
+        let from_start = timed.is_some() && transport.reports_starts();
+        if from_start {
+            task.time_from_start(attempt, &self.deadlines);
+        }
         if let Err(e) = transport.submit_one(&a) {
             task.attempt_failed(attempt, e);
             return;
         }
-        // Registered only for an attempt still running once submitted: most same-host
-        // copies are done by now, and skip the deadline table's lock and the clock. One
-        // that ends meanwhile is removed again by the task. The deadline counts from the
-        // call's time: its first clock read, at the latest now.
-        if let Some(timeout) = self.config.failover.attempt_timeout {
+        // Otherwise registered only for an attempt still running once submitted: most
+        // same-host copies are done by now, and skip the deadline table's lock and the
+        // clock. One that ends meanwhile is removed again by the task. The deadline counts
+        // from the call's time: its first clock read, at the latest now.
+        if let Some(timeout) = timed.filter(|_| !from_start) {
             if !task.status().is_terminal() && task.attempt() == attempt {
                 let at = now.get() + timeout;
                 let key = self.deadlines.add(Arc::downgrade(task), attempt, at);

@@ -25,7 +25,9 @@ pub struct FailoverPolicy {
     pub max_failover_attempts: u32,
     /// Whether polled (batch) tasks fail over. Default true.
     pub auto_failover_on_poll: bool,
-    /// Deadline of one attempt; `None` = no deadline. Default 10 s.
+    /// Deadline of one attempt; `None` = no deadline. Default 10 s. It runs from when the
+    /// attempt's bytes start moving where its transport says so (tcp, rdma:
+    /// `Transport::reports_starts`), else from its submission.
     pub attempt_timeout: Option<Duration>,
 }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 pub use crate::attempt::AttemptState;
-use crate::deadlines::{DeadlineKey, Deadlines};
+use crate::deadlines::{AttemptDeadline, DeadlineKey, Deadlines};
 use crate::error::Error;
 pub use crate::failover::Observer;
 use crate::kind::{Kinds, TransportKind};
@@ -239,10 +239,10 @@ pub trait Driver: Send + Sync {
 }
 
 /// What the task's lock guards: the failover bookkeeping, and the current attempt's
-/// registered deadline, removed when the attempt ends.
+/// deadline, removed when the attempt ends.
 struct Locked {
     attempt: AttemptState,
-    deadline: Option<(Arc<Deadlines<Task>>, DeadlineKey)>,
+    deadline: Option<AttemptDeadline<Task>>,
 }
 
 thread_local! {
@@ -264,6 +264,9 @@ pub struct Task {
     attempts: AtomicU32,
     /// Attempt whose completion the fault layer turns into a failure (0 = none).
     corrupt: AtomicU32,
+    /// Attempt whose deadline runs from when it starts moving (0 = none): what a
+    /// transport's start report (`started`) checks before it takes the lock.
+    timed_from_start: AtomicU32,
     state: Mutex<Locked>,
     observer: Observer,
     group: Option<Arc<Group>>,
@@ -302,6 +305,7 @@ impl Task {
             transport: AtomicU8::new(0),
             attempts: AtomicU32::new(0),
             corrupt: AtomicU32::new(0),
+            timed_from_start: AtomicU32::new(0),
             state: Mutex::new(Locked {
                 attempt: AttemptState {
                     candidates,
@@ -367,8 +371,8 @@ impl Task {
             return None;
         }
         // The previous attempt's deadline goes with it.
-        if let Some((d, k)) = st.deadline.take() {
-            d.remove(k);
+        if let Some(d) = st.deadline.take() {
+            d.remove();
         }
         let attempt = self.attempts.fetch_add(1, Ordering::AcqRel) + 1;
         self.transport.store(transport as u8, Ordering::Release);
@@ -386,14 +390,66 @@ impl Task {
     pub fn set_deadline(&self, attempt: u32, deadlines: &Arc<Deadlines<Task>>, key: DeadlineKey) {
         let stale = {
             let mut st = self.lock();
+            let registered = AttemptDeadline::registered(deadlines, key);
             if self.status().is_terminal() || self.attempt() != attempt {
-                Some((deadlines.clone(), key))
+                Some(registered)
             } else {
-                st.deadline.replace((deadlines.clone(), key))
+                st.deadline.replace(registered)
             }
         };
-        if let Some((d, k)) = stale {
-            d.remove(k);
+        if let Some(d) = stale {
+            d.remove();
+        }
+    }
+
+    /// Has `attempt`'s deadline run from when its bytes start moving: nothing is
+    /// registered in `deadlines` until its transport reports the start ([`Task::started`]).
+    /// Called before the attempt is handed to its transport.
+    pub fn time_from_start(&self, attempt: u32, deadlines: &Arc<Deadlines<Task>>) {
+        let mut st = self.lock();
+        if self.status().is_terminal() || self.attempt() != attempt {
+            return;
+        }
+        let stale = st.deadline.replace(AttemptDeadline::from_start(deadlines));
+        self.timed_from_start.store(attempt, Ordering::Release);
+        drop(st);
+        if let Some(d) = stale {
+            d.remove();
+        }
+    }
+
+    /// Declares that `attempt` travels in `shares` shares (one per connection or endpoint
+    /// that carries some of it), each reported by [`Task::started`] when it starts
+    /// moving. Must precede the first report; without it an attempt is one share.
+    pub fn expect_shares(&self, attempt: u32, shares: u32) {
+        if self.timed_from_start.load(Ordering::Acquire) != attempt {
+            return;
+        }
+        let mut st = self.lock();
+        if self.attempt() != attempt {
+            return;
+        }
+        if let Some(d) = st.deadline.as_mut() {
+            d.expect_shares(shares);
+        }
+    }
+
+    /// Reports that a share of `attempt` started moving at `at`: a transport that reports
+    /// starts calls it for the first slice of each share it gives a connection or
+    /// endpoint. An attempt timed from its start is registered once the last of its
+    /// shares started, to expire the attempt deadline after that: until then part of it
+    /// still waits behind other work, whose own deadlines bound that wait. Anything else
+    /// is ignored (cheaply, without the lock).
+    pub fn started(self: &Arc<Self>, attempt: u32, at: std::time::Instant) {
+        if self.timed_from_start.load(Ordering::Acquire) != attempt {
+            return;
+        }
+        let mut st = self.lock();
+        if self.status().is_terminal() || self.attempt() != attempt {
+            return;
+        }
+        if let Some(d) = st.deadline.as_mut() {
+            d.share_started(self, attempt, at);
         }
     }
 
@@ -492,8 +548,8 @@ impl Task {
             self.status.store(status.raw(), Ordering::Release);
             st.deadline.take()
         };
-        if let Some((d, k)) = deadline {
-            d.remove(k);
+        if let Some(d) = deadline {
+            d.remove();
         }
         // Counted in the lane of the thread that submitted the task: the one that ends it
         // is most often that thread too (a copy done inline).
@@ -610,5 +666,34 @@ pub(crate) mod tests {
         assert_eq!(tasks.ended(TransferStatus::Failed), 4);
         assert_eq!(tasks.bytes(TransportKind::Shm, Opcode::Write), 4 * 4096);
         assert_eq!(tasks.bytes(TransportKind::Shm, Opcode::Read), 0);
+    }
+
+    #[test]
+    fn an_attempt_timed_from_its_start_is_registered_once_its_last_share_moves() {
+        use std::time::{Duration, Instant};
+        let epoch = Instant::now();
+        let ms = Duration::from_millis;
+        let table = Arc::new(Deadlines::new(epoch, ms(10), ms(100)));
+        let (task, _group) = waiting_task();
+        let attempt = task.begin_attempt(TransportKind::Tcp).expect("attempt");
+        task.time_from_start(attempt, &table);
+        task.expect_shares(attempt, 2);
+        // A stale attempt's report, and the first of two shares: nothing runs yet.
+        task.started(attempt + 1, epoch);
+        task.started(attempt, epoch + ms(5));
+        assert!(table.is_empty(), "one share still waits behind other work");
+        // The second share starts at 2 s: due 100 ms later, not before.
+        task.started(attempt, epoch + ms(2000));
+        assert_eq!(table.len(), 1);
+        assert!(table.expired(epoch + ms(2099)).is_empty());
+        assert_eq!(table.expired(epoch + ms(2100)).len(), 1);
+        // A next attempt timed from its start drops nothing it does not own, and ending
+        // the task removes its registration.
+        let next = task.begin_attempt(TransportKind::Tcp).expect("next");
+        task.time_from_start(next, &table);
+        task.started(next, epoch + ms(3000));
+        assert_eq!(table.len(), 1);
+        assert!(task.fail(Error::Timeout));
+        assert!(table.is_empty(), "an ended task leaves no deadline behind");
     }
 }

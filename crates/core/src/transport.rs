@@ -48,6 +48,17 @@ pub trait Transport: Send + Sync {
     /// slice done (`Task::slice_done`) or the attempt failed (`Task::attempt_failed`).
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>>;
 
+    /// Whether this transport tells each attempt when its bytes start moving
+    /// (`Task::started`, once per connection or endpoint that carries a share of it), so
+    /// that its deadline runs from then rather than from its submission: work it queues
+    /// behind other work waits without its clock running. Such a transport must bound
+    /// that wait itself: a connection with work outstanding and no answer for the
+    /// attempt deadline ([`TransportContext::attempt_timeout`]) is stuck, and everything
+    /// on it, queued work too, fails at once. Default: no (timed from submission).
+    fn reports_starts(&self) -> bool {
+        false
+    }
+
     /// [`Transport::submit`] of one attempt, without a `Vec` of results: the engine starts
     /// attempts one at a time, on the hot path. The default goes through `submit`.
     fn submit_one(&self, attempt: &Attempt) -> Result<()> {
@@ -210,6 +221,10 @@ pub struct TransportContext {
     /// The goodbye the engine says as it closes, on the connections peers watch its life
     /// on (shm's).
     pub(crate) farewell: Arc<crate::farewell::Farewell>,
+    /// The engine's attempt deadline (`None`: none). A transport that reports starts
+    /// ([`Transport::reports_starts`]) treats a connection with work outstanding and no
+    /// answer for this long as stuck, and fails everything it holds, queued work too.
+    pub attempt_timeout: Option<std::time::Duration>,
 }
 
 /// Builds a transport for an engine. Every transport is built this way: tcp, shm and the

@@ -107,6 +107,12 @@ impl Transport for FaultTransport {
         self.inner.install()
     }
 
+    /// As the decorated transport, unless a delay is injected: that delay stands for a
+    /// peer slow to answer, so the deadline runs through it, from submission.
+    fn reports_starts(&self) -> bool {
+        self.spec.delay.is_none() && self.inner.reports_starts()
+    }
+
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
         let kind = self.kind();
         let mut results: Vec<Option<Result<()>>> = vec![None; attempts.len()];

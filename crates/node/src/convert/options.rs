@@ -45,7 +45,7 @@ pub struct EngineOptions {
     pub max_failover_attempts: Option<f64>,
     /// Whether polled (batch) tasks fail over; the Promise path always does [true].
     pub enable_auto_failover_on_poll: Option<bool>,
-    /// Deadline of one attempt in ms; 0 = none [10000; 0..=86400000].
+    /// Deadline of one attempt in ms, from when its bytes start moving (tcp, rdma; else from submission); 0 = none [10000; 0..=86400000].
     pub attempt_timeout_ms: Option<f64>,
     /// Fault injection per transport, for tests and benchmarks [none].
     pub faults: Option<Vec<FaultOptions>>,

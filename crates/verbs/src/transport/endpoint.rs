@@ -24,6 +24,9 @@ pub(crate) struct Work {
     pub rkey: u32,
     /// Keeps the local registration (and so the memory) alive until the slice ends.
     pub local: Arc<LocalMr>,
+    /// The first slice of its attempt's share for this endpoint: posting it starts the
+    /// attempt's deadline (`Task::started`).
+    pub starts_share: bool,
 }
 
 /// A posted slice.
@@ -167,11 +170,16 @@ impl Endpoint {
             st.free.push(index);
             return Err(e.error);
         }
+        let posted = Instant::now();
+        if w.starts_share {
+            // Nothing of this endpoint's queue is ahead of its share any more.
+            w.task.started(w.attempt, posted);
+        }
         st.slots[index as usize] = Some(Slot {
             task: w.task,
             attempt: w.attempt,
             bytes: w.len,
-            posted: Instant::now(),
+            posted,
             _local: w.local,
         });
         self.outstanding.fetch_add(1, Ordering::AcqRel);

@@ -5,8 +5,11 @@
 //!
 //! Life of a slice: `submit` posts it (or queues it behind `max_outstanding`) with the
 //! slot index as work request id; the poller takes its completion, reports the slice to the
-//! task, and posts from the backlog. A failed completion, a slice past `slice_timeout` or a
-//! failed post moves the queue pair to ERR, fails every slice on that endpoint at once
+//! task, and posts from the backlog. The first slice of an attempt's share for an endpoint
+//! tells the task as it is posted, so the attempt deadline runs from there, not while the
+//! slices wait in the backlog. A failed completion, a slice past `slice_timeout` (or past
+//! the attempt deadline, if that is shorter: what bounds the backlog's wait) or a failed
+//! post moves the queue pair to ERR, fails every slice on that endpoint at once
 //! (the engine fails them over), and reconnects the endpoint in the background with
 //! backoff. A peer declared lost by the control plane fails its slices at once.
 //!
@@ -86,6 +89,8 @@ struct PassiveQp {
 
 struct Shared {
     config: RdmaConfig,
+    /// The engine's attempt deadline (`TransportContext::attempt_timeout`).
+    attempt_timeout: Option<std::time::Duration>,
     provider: Arc<dyn Provider>,
     engine_id: u64,
     handle: tokio::runtime::Handle,
@@ -118,6 +123,7 @@ impl RdmaTransport {
         let devices = device::open_devices(provider.as_ref(), &config)?;
         let shared = Arc::new(Shared {
             config,
+            attempt_timeout: context.attempt_timeout,
             provider,
             engine_id: context.engine_id,
             handle: context.handle,
@@ -193,6 +199,13 @@ impl Shared {
 impl Transport for RdmaTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Rdma
+    }
+
+    /// The first slice of each endpoint's share reports its attempt moving as it is
+    /// posted; the backlog behind a stuck endpoint is bounded by the poller's slice
+    /// deadline, which never exceeds the attempt deadline (`poller::stuck_after`).
+    fn reports_starts(&self) -> bool {
+        true
     }
 
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {

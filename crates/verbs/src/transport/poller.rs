@@ -1,5 +1,5 @@
 //! The completion thread: polls every endpoint's completion queue, reports slices, posts
-//! backlogs, and resets endpoints whose oldest slice passed the deadline.
+//! backlogs, and resets endpoints whose oldest slice passed the deadline (`stuck_after`).
 //!
 //! Waiting adapts to load: while slices are outstanding it spins briefly, then yields,
 //! then sleeps in growing steps (up to 1 ms); with nothing outstanding it parks until a
@@ -144,13 +144,21 @@ pub(crate) fn completion_error(status: WcStatus, peer: &str) -> Error {
     }
 }
 
+/// How long a posted slice may go without completing before its endpoint counts as stuck:
+/// the slice deadline, or the attempt deadline if that is shorter. Attempts are timed from
+/// when their slices are posted, so the backlog behind an endpoint runs no clock of its
+/// own; this is what bounds its wait when the peer stops completing.
+pub(crate) fn stuck_after(slice_timeout: Duration, attempt_timeout: Option<Duration>) -> Duration {
+    attempt_timeout.map_or(slice_timeout, |a| a.min(slice_timeout))
+}
+
 fn sweep(shared: &Arc<Shared>, endpoints: &[(Arc<PeerLink>, Arc<Endpoint>)], now: Instant) {
-    let limit = shared.config.slice_timeout;
+    let limit = stuck_after(shared.config.slice_timeout, shared.attempt_timeout);
     for (link, ep) in endpoints {
         let Some(oldest) = ep.oldest() else { continue };
         if now.duration_since(oldest) > limit {
             let why = format!("a slice passed its {} ms deadline", limit.as_millis());
-            // The late slice ends TIMEOUT; the engine fails it over.
+            // The late slice, and all behind it, end TIMEOUT; the engine fails them over.
             shared.reset_endpoint(link, ep, &why, || Error::Timeout);
         }
     }
@@ -159,6 +167,14 @@ fn sweep(shared: &Arc<Shared>, endpoints: &[(Arc<PeerLink>, Arc<Endpoint>)], now
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_endpoint_is_stuck_after_the_shorter_of_the_two_deadlines() {
+        let ms = Duration::from_millis;
+        assert_eq!(stuck_after(ms(5000), None), ms(5000));
+        assert_eq!(stuck_after(ms(5000), Some(ms(1000))), ms(1000));
+        assert_eq!(stuck_after(ms(300), Some(ms(1000))), ms(300));
+    }
 
     #[test]
     fn completion_errors_fail_over_and_name_the_status() {

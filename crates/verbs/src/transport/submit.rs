@@ -77,6 +77,7 @@ impl Shared {
             else {
                 return Err(unavailable("device index out of range".into()));
             };
+            let starts_share = per_ep[e].is_empty();
             per_ep[e].push(Work {
                 task: a.task.clone(),
                 attempt: a.attempt,
@@ -88,9 +89,15 @@ impl Shared {
                 remote_addr: remote.addr.wrapping_add(piece.remote_offset),
                 rkey: *rkey,
                 local: local.clone(),
+                starts_share,
             });
         }
         a.task.expect_slices(a.attempt, slices_u32);
+        let shares = per_ep.iter().filter(|w| !w.is_empty()).count();
+        if shares > 1 {
+            // Its deadline runs once every endpoint posted some of it.
+            a.task.expect_shares(a.attempt, shares as u32);
+        }
         let mut pushed_any = false;
         for (ep, works) in eps.iter().zip(per_ep) {
             if works.is_empty() {

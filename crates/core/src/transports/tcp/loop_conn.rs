@@ -17,6 +17,7 @@ use super::reply::{self, Reply};
 use super::request::Slice;
 use crate::error::{Error, Result};
 use crate::event_loop::watch::{Interest, Watcher};
+use crate::lazy_now::LazyNow;
 use crate::memory::Window;
 use crate::segment::Peer;
 use crate::wire::{RejectCode, HEADER_LEN};
@@ -216,6 +217,8 @@ impl LoopConn {
         if !st.open || !st.out.is_empty() {
             return Err(slice);
         }
+        // Written now, on nothing else's heels: its deadline runs from here.
+        slice.going_out(&LazyNow::new());
         let mut settle = Settle::default();
         let payload = match slice
             .check_incarnation(st.remote_engine)
@@ -488,6 +491,7 @@ mod tests {
                 len: LEN,
                 token: [0; 16],
                 engine_id: 0,
+                starts_share: true,
             };
             self.conn.lock().inflight.insert(id, slice);
         }

@@ -11,6 +11,7 @@ mod outgoing;
 mod pool_conn;
 mod reply;
 mod request;
+mod stall;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,7 @@ use crate::transport::{Attempt, Transport, TransportContext, TransportFactory};
 use crate::wire::MAX_DATA_PAYLOAD;
 
 use event_loop::{Lanes, LOOP_MAX};
-use pool_conn::{PoolConn, Slices};
+use pool_conn::{PoolConn, Slices, Timeouts};
 use request::Slice;
 
 /// A peer's data connections, taken in turn. Only the first `active` are used: the pool
@@ -78,6 +79,7 @@ impl TransportFactory for TcpFactory {
             context.engine_id,
             self.0,
             context.shutdown,
+            context.attempt_timeout,
         )))
     }
 }
@@ -94,15 +96,21 @@ pub struct TcpTransport {
     closed: AtomicBool,
     /// Connections watched by submitting threads' event loops (`event_loop`).
     lanes: Lanes,
+    /// The engine's attempt deadline: a pool connection whose frames go unanswered this
+    /// long is stuck (`pool_conn::Timeouts`).
+    stuck_after: Option<std::time::Duration>,
 }
 
 impl TcpTransport {
-    /// A transport whose connection actors run on `rt`.
+    /// A transport whose connection actors run on `rt`; `stuck_after` is the engine's
+    /// attempt deadline, which also bounds how long a connection may leave its frames
+    /// unanswered.
     pub fn new(
         rt: Handle,
         local_engine_id: u64,
         config: TcpConfig,
         shutdown: CancellationToken,
+        stuck_after: Option<std::time::Duration>,
     ) -> Self {
         let mut config = config;
         config.connections_per_peer = config.connections_per_peer.clamp(1, 64);
@@ -121,6 +129,7 @@ impl TcpTransport {
             shutdown,
             closed: AtomicBool::new(false),
             lanes,
+            stuck_after,
         }
     }
 
@@ -136,7 +145,10 @@ impl TcpTransport {
                             &self.rt,
                             self.shutdown.clone(),
                             self.local_engine_id,
-                            self.config.connect_timeout,
+                            Timeouts {
+                                connect: self.config.connect_timeout,
+                                stuck_after: self.stuck_after,
+                            },
                         )
                     })
                     .collect();
@@ -168,7 +180,7 @@ impl TcpTransport {
             ))
         })?;
         task.expect_slices(a.attempt, count);
-        let slice_of = |piece: crate::request::Span| Slice {
+        let slice_of = |piece: crate::request::Span, starts_share: bool| Slice {
             task: task.clone(),
             attempt: a.attempt,
             opcode: req.opcode,
@@ -179,6 +191,7 @@ impl TcpTransport {
             len: piece.length,
             token,
             engine_id: req.descriptor.engine_id,
+            starts_share,
         };
         let conns = pool.conns.len();
         if count == 1 && task.observer() == Observer::Progress && req.length <= LOOP_MAX {
@@ -186,7 +199,8 @@ impl TcpTransport {
             // the reply (`event_loop`), when its connection is ready.
             let piece = req.slices(slice_size).next();
             if let Some(piece) = piece {
-                if let Err(slice) = event_loop::try_send(&self.lanes, &req.peer, slice_of(piece)) {
+                let slice = slice_of(piece, true);
+                if let Err(slice) = event_loop::try_send(&self.lanes, &req.peer, slice) {
                     pool.send_one(smallvec::smallvec![slice]);
                 }
                 return Ok(());
@@ -194,7 +208,7 @@ impl TcpTransport {
         }
         if count == 1 {
             if let Some(piece) = req.slices(slice_size).next() {
-                pool.send_one(smallvec::smallvec![slice_of(piece)]);
+                pool.send_one(smallvec::smallvec![slice_of(piece, true)]);
             }
             return Ok(());
         }
@@ -203,9 +217,14 @@ impl TcpTransport {
         let first = pool.next.fetch_add(count as usize, Ordering::Relaxed);
         let ways = conns.min(count as usize);
         let span = pool.span(ways);
+        if ways > 1 {
+            // Its deadline runs once every connection started on its share.
+            task.expect_shares(a.attempt, ways as u32);
+        }
         let mut shares: SmallVec<[Slices; 2]> = (0..ways).map(|_| Slices::new()).collect();
         for (i, piece) in req.slices(slice_size).enumerate() {
-            shares[i % ways].push(slice_of(piece));
+            let share = &mut shares[i % ways];
+            share.push(slice_of(piece, share.is_empty()));
         }
         for (i, share) in shares.into_iter().enumerate() {
             pool.conns[(first + i) % span].send(share);
@@ -222,6 +241,10 @@ impl TcpTransport {
 impl Transport for TcpTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Tcp
+    }
+
+    fn reports_starts(&self) -> bool {
+        true
     }
 
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {

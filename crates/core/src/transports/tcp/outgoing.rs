@@ -237,6 +237,7 @@ mod tests {
                     len: 4096,
                     token: [0; 16],
                     engine_id: 0,
+                    starts_share: true,
                 })
             };
             // The connection the write started on broke (none now), or broke and another

@@ -16,6 +16,12 @@
 //! batches too.
 //!
 //! Replies are decoded by `reply::decode`, the same decoder the loop connections use.
+//!
+//! Deadlines: the first slice of each share reports, as its frame is registered to go
+//! out, that its attempt started moving (`Task::started`), so an attempt is timed from
+//! there, not while it waits in the queue. What bounds that wait is `Stall`: a connection
+//! with frames unanswered for the attempt deadline is broken, and everything it holds,
+//! its queue too, fails with TIMEOUT.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,7 +38,9 @@ use tokio_util::sync::CancellationToken;
 use super::outgoing::{complete_prefix, write_frames, Frame, Queued, WriteState, BATCH_IOVECS};
 use super::reply::{self, Reply};
 use super::request::Slice;
+use super::stall::Stall;
 use crate::error::Error;
+use crate::lazy_now::LazyNow;
 use crate::net::{connect, read_header_bytes};
 use crate::segment::Peer;
 use crate::task::Observer;
@@ -62,6 +70,8 @@ struct Inflight {
     remote_engine: u64,
     next_id: u64,
     slices: HashMap<u64, Slice>,
+    /// Replies read (for `Stall`: a connection that answers is not stuck).
+    replies: u64,
 }
 
 /// One connection of a peer's pool.
@@ -76,12 +86,14 @@ pub(super) struct PoolConn {
 
 impl PoolConn {
     /// A connection to `peer`, its actor spawned on `rt`: it connects when work arrives.
+    /// With `timeouts.stuck_after`, a connection whose frames go unanswered that long is
+    /// broken, and what it holds fails (`Stall`).
     pub(super) fn start(
         peer: &Arc<Peer>,
         rt: &Handle,
         shutdown: CancellationToken,
         local_engine_id: u64,
-        connect_timeout: Duration,
+        timeouts: Timeouts,
     ) -> Arc<Self> {
         let conn = Arc::new(Self {
             peer: peer.clone(),
@@ -94,7 +106,7 @@ impl PoolConn {
             conn.clone(),
             shutdown,
             local_engine_id,
-            connect_timeout,
+            timeouts,
         ));
         conn
     }
@@ -116,10 +128,11 @@ impl PoolConn {
         self.write.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a slice as in flight and builds its frame; hands the slice back if the
-    /// connection is closing, or failed when it cannot go on it (a payload outside its
-    /// region, or a connection to another incarnation of the peer than it was planned for).
-    fn register(&self, slice: Slice) -> std::result::Result<Frame, Slice> {
+    /// Registers a slice as in flight and builds its frame, to be written at `now`; hands
+    /// the slice back if the connection is closing, or failed when it cannot go on it (a
+    /// payload outside its region, or a connection to another incarnation of the peer than
+    /// it was planned for).
+    fn register(&self, slice: Slice, now: &LazyNow) -> std::result::Result<Frame, Slice> {
         let payload = match slice.payload() {
             Ok(w) => w,
             Err(e) => {
@@ -136,6 +149,8 @@ impl PoolConn {
             slice.task.attempt_failed(slice.attempt, e);
             return Err(slice);
         }
+        // Nothing is queued ahead of it on this connection any more.
+        slice.going_out(now);
         inf.next_id = inf.next_id.wrapping_add(1);
         let id = inf.next_id;
         let header = slice.header(id);
@@ -148,7 +163,9 @@ impl PoolConn {
     }
 
     fn take(&self, id: u64) -> Option<Slice> {
-        self.lock().slices.remove(&id)
+        let mut inf = self.lock();
+        inf.replies = inf.replies.wrapping_add(1);
+        inf.slices.remove(&id)
     }
 
     /// Sends slices of one submission for this connection, in order. When the connection
@@ -188,8 +205,9 @@ impl PoolConn {
         let mut frames: SmallVec<[Frame; 1]> = SmallVec::with_capacity(slices.len());
         let mut unregistered = VecDeque::new();
         let mut rest = slices.into_iter();
+        let now = LazyNow::new();
         while let Some(slice) = rest.next() {
-            match self.register(slice) {
+            match self.register(slice, &now) {
                 Ok(f) => frames.push(f),
                 Err(slice) => {
                     // Closing: the actor decides for this one and the rest (reconnect or
@@ -248,8 +266,12 @@ async fn conn_actor(
     conn: Arc<PoolConn>,
     shutdown: CancellationToken,
     local_engine_id: u64,
-    connect_timeout: Duration,
+    timeouts: Timeouts,
 ) {
+    let Timeouts {
+        connect: connect_timeout,
+        stuck_after,
+    } = timeouts;
     let mut backoff = BACKOFF_START;
     let mut retry_at: Option<(Instant, Error)> = None;
     loop {
@@ -297,13 +319,14 @@ async fn conn_actor(
             inf.remote_engine = remote_engine;
         }
         conn.write_state().half = Some(half.clone());
-        let cause = tokio::select! {
-            _ = cancel.cancelled() => Error::Closed,
-            e = read_loop(&conn, BufReader::with_capacity(IO_BUFFER, rd)) => e,
-            e = write_loop(&conn, &half) => e,
+        let (cause, stuck) = tokio::select! {
+            _ = cancel.cancelled() => (Error::Closed, false),
+            e = read_loop(&conn, BufReader::with_capacity(IO_BUFFER, rd)) => (e, false),
+            e = write_loop(&conn, &half) => (e, false),
+            e = watch_stall(&conn, stuck_after) => (e, true),
         };
         let error = conn.error_for_break(cause);
-        tracing::debug!(peer = conn.peer.name(), error = %error, "data connection ended");
+        tracing::debug!(peer = conn.peer.name(), error = %error, stuck, "data connection ended");
         {
             let mut st = conn.write_state();
             st.half = None;
@@ -312,6 +335,46 @@ async fn conn_actor(
             st.queue.retain(|q| matches!(q, Queued::Fresh(_)));
         }
         conn.fail_all(&error);
+        if stuck {
+            // What waited behind a stuck connection has waited the deadline too: it
+            // fails (and fails over) now rather than on a connection made afresh.
+            conn.fail_queued(&error);
+        }
+    }
+}
+
+/// The deadlines a pool connection keeps.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Timeouts {
+    /// Of connecting and the handshake.
+    pub(super) connect: Duration,
+    /// The attempt deadline: frames unanswered this long mean the connection is stuck.
+    pub(super) stuck_after: Option<Duration>,
+}
+
+/// Ends (with `Timeout`) when the connection is stuck: frames outstanding and no reply for
+/// `stuck_after` (`Stall`). Never, without it.
+async fn watch_stall(conn: &PoolConn, stuck_after: Option<Duration>) -> Error {
+    let Some(limit) = stuck_after else {
+        return std::future::pending().await;
+    };
+    let mut stall = Stall::new(limit);
+    let mut samples = tokio::time::interval(stall.period());
+    samples.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        samples.tick().await;
+        let (outstanding, replies) = {
+            let inf = conn.lock();
+            (!inf.slices.is_empty(), inf.replies)
+        };
+        if stall.sample(std::time::Instant::now(), outstanding, replies) {
+            tracing::info!(
+                peer = conn.peer.name(),
+                limit_ms = limit.as_millis() as u64,
+                "data connection stuck: no reply within the attempt deadline; failing what it holds"
+            );
+            return Error::Timeout;
+        }
     }
 }
 
@@ -321,6 +384,7 @@ async fn conn_actor(
 fn next_batch(conn: &PoolConn) -> Vec<Frame> {
     let mut frames = Vec::new();
     let mut bytes = 0u64;
+    let now = LazyNow::new();
     loop {
         let next = {
             let mut st = conn.write_state();
@@ -336,7 +400,7 @@ fn next_batch(conn: &PoolConn) -> Vec<Frame> {
                 if slice.task.status().is_terminal() || slice.task.attempt() != slice.attempt {
                     continue; // canceled, failed or failed over: do not spend bandwidth on it
                 }
-                match conn.register(slice) {
+                match conn.register(slice, &now) {
                     Ok(frame) => frame,
                     Err(slice) => {
                         let error = conn.error_for_break(Error::Io("connection closing".into()));
@@ -370,6 +434,11 @@ async fn write_loop(conn: &PoolConn, half: &OwnedWriteHalf) -> Error {
                 Err(e) => return Error::io("send", &e),
             }
         }
+        // A socket that keeps taking a long queue would keep this loop from waiting, and
+        // with it the replies this task also reads: their tasks would look stuck (their
+        // deadlines running, `Stall` seeing no reply) while their bytes had landed. One
+        // turn after each batch lets the reader (and the stall watch) run.
+        tokio::task::yield_now().await;
     }
 }
 

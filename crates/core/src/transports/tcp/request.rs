@@ -9,6 +9,7 @@ use super::reply::Asked;
 use crate::error::Result;
 use crate::kind::Opcode;
 use crate::lanes::Lent;
+use crate::lazy_now::LazyNow;
 use crate::memory::{Region, Window};
 use crate::task::Task;
 use crate::wire::{Header, Op, Token, HEADER_LEN};
@@ -26,9 +27,20 @@ pub(super) struct Slice {
     pub(super) token: Token,
     /// The peer incarnation the slice was planned against (its descriptor's engine id).
     pub(super) engine_id: u64,
+    /// The first slice of its attempt's share for one connection: when its frame goes
+    /// out, the attempt's deadline starts running there (`Task::started`).
+    pub(super) starts_share: bool,
 }
 
 impl Slice {
+    /// Its frame is about to be written at `now`: the first slice of a share tells its
+    /// task that the share started moving.
+    pub(super) fn going_out(&self, now: &LazyNow) {
+        if self.starts_share {
+            self.task.started(self.attempt, now.get());
+        }
+    }
+
     /// Bytes of payload this slice's request frame carries.
     pub(super) fn payload_len(&self) -> u64 {
         match self.opcode {
@@ -125,6 +137,7 @@ mod tests {
             len,
             token: [5; 16],
             engine_id: 9,
+            starts_share: true,
         }
     }
 
