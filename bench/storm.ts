@@ -82,10 +82,14 @@ async function main(): Promise<void> {
   reply({ ready: true, names: locals.map((l) => l.engine.segmentName), pid: process.pid, fds: fds(), rss: rss() })
   let names: string[] = []
   const rl = readline.createInterface({ input: process.stdin })
-  const leave = async () => {
-    await Promise.allSettled(locals.map((l) => l.engine.close()))
-    process.exit(0)
-  }
+  // Leaving closes the engines and stops reading: with nothing left to wait for, the process
+  // ends by itself (a benchmark worker never calls exit).
+  let left: Promise<void> | undefined
+  const leave = () =>
+    (left ??= (async () => {
+      await Promise.allSettled(locals.map((l) => l.engine.close()))
+      rl.close()
+    })())
   rl.on('close', () => void leave())
   for await (const line of rl) {
     if (line.trim() === '') continue
@@ -161,5 +165,5 @@ async function main(): Promise<void> {
 
 main().catch((err: unknown) => {
   process.stderr.write(`storm process failed: ${(err as Error)?.stack ?? String(err)}\n`)
-  process.exit(1)
+  process.exitCode = 1
 })
