@@ -7,6 +7,8 @@
 import test from 'ava'
 import type { ChildProcess } from 'node:child_process'
 import * as path from 'node:path'
+import * as v8 from 'node:v8'
+import * as vm from 'node:vm'
 import { UsageError } from '../bench/options'
 import {
   distribution,
@@ -15,15 +17,16 @@ import {
   mismatchFigures,
   peerLostFigures,
   restartFigures,
-  rssBaselineRound,
-  rssFigures,
   type Kill,
 } from '../bench/cluster-soak/accounting'
 import { blockHash, decodePayload, encodePayload, HEADER_BYTES, judge, readHeader, writeHeader, type Payload } from '../bench/cluster-soak/block'
 import { parseSoakFlags, PROBE_AREA, regionBytes, type SoakConfig } from '../bench/cluster-soak/flags'
+import { CallDeadline } from '../bench/cluster-soak/host/deadline'
 import { PeerLink } from '../bench/cluster-soak/host/link'
+import { judgedQuantities, memoryFigures, MIN_SAMPLES, rssBaselineRound, slope } from '../bench/cluster-soak/memory'
 import { addCounters, newCounters } from '../bench/cluster-soak/protocol'
 import { pick, planRound, seededRandom } from '../bench/cluster-soak/schedule'
+import { summarize, type SummaryInput } from '../bench/cluster-soak/summary'
 import { netnsUnavailable } from '../support/netns'
 import { clusterNamespaces, sweepClusters } from '../support/netns-cluster'
 import { etcdUnavailable } from './etcd'
@@ -200,7 +203,15 @@ test('link: a kill notice yields a recovery even when no transfer failed', (t) =
 // ---------------------------------------------------------------------------------------
 // Figures.
 
-const kill = (host: number, tKill: number, tReady: number | null, storm: number[] = []): Kill => ({ host, round: 1, tKill, tReady, storm })
+const kill = (host: number, tKill: number, tReady: number | null, storm: number[] = [], tProcess: number | null = null, tEngineStart: number | null = null): Kill => ({
+  host,
+  round: 1,
+  tKill,
+  tReady,
+  tProcess,
+  tEngineStart,
+  storm,
+})
 
 test('distribution: nearest-rank percentiles; never counts as infinitely late', (t) => {
   t.deepEqual(distribution([]), { n: 0, never: 0, p50: null, p90: null, p99: null, max: null })
@@ -227,8 +238,8 @@ test('time-to-FAILED: from the kill for transfers in flight, from their start af
   t.deepEqual(f.unexplained, { ERR_FERRY_TIMEOUT: 1, ERR_FERRY_CONNECT: 2 })
 })
 
-test('restart-to-first-success: per survivor from ready; storm peers excluded; never counted', (t) => {
-  const kills = [kill(0, 1000, 2000, [1]), kill(1, 1000, 2100, [0]), kill(0, 9000, null)]
+test('restart-to-first-success: per survivor from ready and from the kill; storm peers excluded; never counted', (t) => {
+  const kills = [kill(0, 1000, 2000, [1], 1600, 1900), kill(1, 1000, 2100, [0], 1700, 2050), kill(0, 9000, null)]
   const r = restartFigures(
     kills,
     [
@@ -245,6 +256,13 @@ test('restart-to-first-success: per survivor from ready; storm peers excluded; n
   t.is(r.never, 1)
   t.is(r.notRestarted, 1)
   t.deepEqual([r.p50, r.max], [150, null])
+  // From the kill: 1150, 900, 1400, never.
+  t.deepEqual([r.fromKill.n, r.fromKill.never, r.fromKill.p50, r.fromKill.max], [4, 1, 1150, null])
+  // The restarts' parts: kill to ready 1000, 1100; to the process 600, 700; Node and tsx 300, 350; the engine 100, 50.
+  t.deepEqual([r.killToReady.p50, r.killToReady.max], [1000, 1100])
+  t.deepEqual([r.killToProcess.p50, r.killToProcess.max], [600, 700])
+  t.deepEqual([r.processToEngine.p50, r.processToEngine.max], [300, 350])
+  t.deepEqual([r.engineToReady.p50, r.engineToReady.max], [50, 100])
 })
 
 test('peerLost: true within the attribution window of a kill of its host; reasons tallied, unknown fields tolerated', (t) => {
@@ -282,34 +300,158 @@ test('mismatches: zeros read back across a restart of the target are lost to it,
   t.deepEqual(m, { mismatches: 2, lostToRestart: 1 })
 })
 
-test('RSS: growth from the baseline round within one incarnation; flat up to the threshold', (t) => {
+test('memory: the baseline round is the later of the warm-up and the middle', (t) => {
   t.is(rssBaselineRound(10, 1), 4)
   t.is(rssBaselineRound(10, 7), 6)
   t.is(rssBaselineRound(1, 0), 0)
+})
+
+test('memory: slope is the least-squares fit, null without two rounds', (t) => {
+  t.is(slope([]), null)
+  t.is(slope([[3, 10]]), null)
+  t.is(slope([[0, 1], [1, 2], [2, 3]]), 1)
+  t.is(slope([[0, 5], [1, 5], [2, 5], [3, 5]]), 0)
+  t.is(slope([[4, 100], [5, 103], [6, 100], [7, 103]]), 0.6)
+})
+
+test('memory: judged per incarnation from the baseline; a restart starts afresh without its partial round', (t) => {
   const series = [
-    [50, 60, 62, 63, 64],
-    [50, 55, 70, 80, 90],
-    [50, null, 40, 41, 43], // restarted in round 1
-    [50, 51, null, null, null], // down at the end
+    [50, 60, 62, 63, 64, 65],
+    [50, 55, 70, 80, 90, 100],
+    [50, null, 40, 80, 81, 82], // restarted in round 2: that round's sample is left out
+    [50, 51, 52, null, null, null], // down at the end
+    [50, 50, 50, 50, 51, 70], // restarted in round 5: its one sample is not a run
   ]
   const inc = [
-    [1, 1, 1, 1, 1],
-    [1, 1, 1, 1, 1],
-    [1, null, 2, 2, 2],
-    [1, 1, null, null, null],
+    [1, 1, 1, 1, 1, 1],
+    [1, 1, 1, 1, 1, 1],
+    [1, null, 2, 2, 2, 2],
+    [1, 1, 1, null, null, null],
+    [1, 1, 1, 1, 1, 3],
   ]
-  const r = rssFigures(series, inc, 1, 5)
+  const r = memoryFigures(series, inc, 1, 2, 3)
   t.deepEqual(
-    r.hosts.map((h) => [h.fromMb, h.endMb, h.growthMb, h.flat]),
+    r.hosts.map((h) => [h.fromMb, h.endMb, h.growthMb, h.slopeMbPerRound, h.samples, h.flat]),
     [
-      [60, 64, 4, true],
-      [55, 90, 35, false],
-      [40, 43, 3, true],
-      [51, 51, null, null],
+      [60, 65, 5, 1.2, 5, true],
+      [55, 100, 45, 11, 5, false],
+      [80, 82, 2, 1, 3, true],
+      [null, null, null, null, 0, null], // 2 samples in the window: not judged
+      [50, 51, 1, 0.3, 4, true],
     ],
   )
   t.false(r.flat)
-  t.is(r.maxGrowthMb, 35)
+  t.is(r.maxSlopeMbPerRound, 11)
+  t.is(memoryFigures([[1, 2]], [[1, 1]], 0, 1).flat, null, 'nobody judged')
+  t.is(memoryFigures(series, inc, 1, 2).hosts[2].flat, null, `runs shorter than ${MIN_SAMPLES} rounds are not judged by default`)
+})
+
+test('memory: noise around a level is flat; a steady leak of a little more than the bound is not', (t) => {
+  const inc = [Array(10).fill(1)]
+  const noisy = [120, 125, 119, 124, 120, 125, 119, 124, 120, 125]
+  t.true(memoryFigures([noisy], inc, 4, 2).flat)
+  const leak = Array.from({ length: 10 }, (_, r) => 100 + 2.4 * r + (r % 2 ? 1.5 : -1.5))
+  const f = memoryFigures([leak], inc, 4, 2)
+  t.false(f.flat, `slope ${f.maxSlopeMbPerRound}`)
+  // A leak that started late in the window is still a leak.
+  t.false(memoryFigures([[100, 100, 100, 100, 100, 100, 100, 104, 108, 112]], inc, 4, 2).flat)
+})
+
+test('memory: a sample splits into RSS, native (RSS less V8\'s heap) and the live heap', (t) => {
+  t.deepEqual(judgedQuantities({ rss: 150e6, heapTotal: 52.4e6, heapUsed: 12.34e6, external: 11e6, arrayBuffers: 10e6 }), { rss: 150, native: 97.6, heap: 12.3 })
+})
+
+/** A summary input of `rounds` rounds, one host, from per-round samples. */
+function summaryInput(rss: number[], heapTotal: number[], heapUsed: number[]): SummaryInput {
+  const c = config([`--rounds=${rss.length}`, '--hosts=2'])
+  const memory = rss.map((r, i) => ({ rss: r * 1e6, heapTotal: heapTotal[i] * 1e6, heapUsed: heapUsed[i] * 1e6, external: 0, arrayBuffers: 0 }))
+  return {
+    config: c,
+    durationS: 1,
+    stoppedAt: 1e15,
+    totals: newCounters(),
+    kills: [],
+    fails: [],
+    ups: [],
+    mismatches: [],
+    peerLost: [],
+    peerRecovered: 0,
+    memory: [memory, memory],
+    incarnations: [rss.map(() => 1), rss.map(() => 2)],
+    floods: [],
+    etcdPauses: [],
+    restartFailures: 0,
+    hostErrors: [],
+    misdeliveredSamples: [],
+  }
+}
+
+test('summary: memory that the engine holds growing is reported as growth, whatever V8\'s heap does', (t) => {
+  const rounds = 10
+  const flat = Array(rounds).fill(50)
+  // Native memory (RSS less the heap) grows 3 MB a round; the heap is flat.
+  const leaking = summarize(summaryInput(Array.from({ length: rounds }, (_, r) => 150 + 3 * r), flat, Array(rounds).fill(20)))
+  t.false(leaking.goals.rss_flat)
+  t.false(leaking.goals.native_memory_flat)
+  t.true(leaking.goals.js_heap_flat)
+  t.is(leaking.memory.native.max_slope_mb_per_round, 3)
+  // Live objects pile up in the JS heap: reported too.
+  const piling = summarize(summaryInput(Array.from({ length: rounds }, (_, r) => 150 + 4 * r), Array.from({ length: rounds }, (_, r) => 50 + 4 * r), Array.from({ length: rounds }, (_, r) => 20 + 4 * r)))
+  t.false(piling.goals.js_heap_flat)
+  t.true(piling.goals.native_memory_flat)
+  t.false(piling.goals.rss_flat)
+  // Flat everywhere: flat.
+  const steady = summarize(summaryInput(Array(rounds).fill(150), flat, Array(rounds).fill(20)))
+  t.deepEqual([steady.goals.rss_flat, steady.goals.native_memory_flat, steady.goals.js_heap_flat], [true, true, true])
+  t.deepEqual(steady.rss_mb_by_round[0], Array(rounds).fill(150))
+})
+
+// ---------------------------------------------------------------------------------------
+// A host's per-call deadline.
+
+test('deadline: one signal per lane until it fires; a call that ended leaves no timer behind', async (t) => {
+  const d = new CallDeadline()
+  const a = d.arm(60_000)
+  d.disarm()
+  t.is(d.arm(60_000), a, 'the same signal while it has not fired')
+  d.disarm()
+  const fired = d.arm(1)
+  const aborted = await new Promise<boolean>((resolve) => {
+    const bound = setTimeout(() => resolve(false), 10_000)
+    fired.addEventListener('abort', () => {
+      clearTimeout(bound)
+      resolve(true)
+    })
+  })
+  t.true(aborted, 'aborted within the bound')
+  t.is((fired.reason as { code?: string }).code, 'ABORT_ERR')
+  d.disarm()
+  const fresh = d.arm(60_000)
+  t.not(fresh, fired, 'a fired signal is never reused')
+  t.false(fresh.aborted)
+  d.disarm()
+})
+
+test('deadline: calls that ended retain no memory (the host heap stays bounded)', (t) => {
+  v8.setFlagsFromString('--expose-gc')
+  const gc = vm.runInNewContext('gc') as () => void
+  const d = new CallDeadline()
+  const noop = () => {}
+  const call = () => {
+    // As the library does with a call's signal.
+    const s = d.arm(30_000)
+    s.addEventListener('abort', noop, { once: true })
+    s.removeEventListener('abort', noop)
+    d.disarm()
+  }
+  for (let i = 0; i < 1000; i++) call()
+  gc()
+  const before = process.memoryUsage().heapUsed
+  // A host makes about this many calls in a 30 s hang bound.
+  for (let i = 0; i < 30_000; i++) call()
+  gc()
+  const grown = (process.memoryUsage().heapUsed - before) / 1e6
+  t.true(grown < 2, `the heap grew ${grown.toFixed(1)} MB over 30,000 calls`)
 })
 
 test('counters add up, code by code', (t) => {
@@ -374,8 +516,14 @@ if (skip) {
     for (const k of ['bytes_verified', 'bytes_verified_at_target', 'mismatches', 'misdelivered', 'peer_lost', 'false_peer_lost', 'kills', 'writes_ok']) {
       t.is(typeof s[k], 'number', k)
     }
-    const flat = (s.rss as Record<string, unknown>).flat
-    t.true(flat === null || typeof flat === 'boolean', `rss.flat: ${flat}`)
+    const memory = s.memory as Record<string, Record<string, unknown>>
+    for (const k of ['rss', 'native', 'heap']) {
+      const flat = memory[k].flat
+      t.true(flat === null || typeof flat === 'boolean', `memory.${k}.flat: ${flat}`)
+    }
+    t.is((round.heap_used_mb as unknown[]).length, 3)
+    const restarts = s.restart_ms as Record<string, Record<string, unknown>>
+    t.is(restarts.kill_to_ready.n, 1, 'the restart is measured from the kill to its ready')
     t.is(s.kills, 1)
     t.true((s.bytes_verified as number) > 0, 'bytes were verified')
     t.is(s.mismatches, 0)

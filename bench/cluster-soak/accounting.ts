@@ -5,8 +5,12 @@
  *   time-to-FAILED          a transfer to a killed host, from the kill (or its start, if
  *                           later) to its failure — for the transfers in flight when the
  *                           peer went, which the hosts report one by one (host/link.ts);
- *   restart-to-first-success from a restarted host's ready to each survivor's first verified
- *                           write to it, `never` where none came by the end of the run;
+ *   restart-to-first-success from a restarted host's ready (its engine started and registered,
+ *                           its target region allocated) to each survivor's first verified
+ *                           write to it, `never` where none came by the end of the run; the
+ *                           same from the kill, and the restart's own parts (kill to process
+ *                           start, Node and tsx loading, the engine starting), so that the
+ *                           time a restart takes is never mistaken for the engine's recovery;
  *   false peerLost          a `peerLost` naming a host that was not killed in the
  *                           attribution window before it;
  *   mismatches              read-backs unlike what was written, except those explained by
@@ -22,6 +26,9 @@ export interface Kill {
   tKill: number
   /** When the restarted incarnation said ready; null while it is not (or never was). */
   tReady: number | null
+  /** When its process started (Node's time origin), and when it began to create its engine. */
+  tProcess: number | null
+  tEngineStart: number | null
   /** The other hosts killed in the same storm. */
   storm: number[]
 }
@@ -104,9 +111,26 @@ export function failureFigures(fails: readonly FailRecord[], kills: readonly Kil
   return { timeToFailedMs: distribution(ttf), unexplained }
 }
 
-/** Restart-to-first-success over every (restarted host, survivor) pair. */
-export function restartFigures(kills: readonly Kill[], ups: readonly UpRecord[], hosts: number): Distribution & { notRestarted: number } {
-  const values: number[] = []
+export interface RestartFigures extends Distribution {
+  /** Kills whose host never said ready again. */
+  notRestarted: number
+  /** The same first successes, from the kill. */
+  fromKill: Distribution
+  /** A restart's parts: kill to ready, kill to the process's start (the down time and the spawn), process start to engine start (Node, tsx, modules), engine start to ready. */
+  killToReady: Distribution
+  killToProcess: Distribution
+  processToEngine: Distribution
+  engineToReady: Distribution
+}
+
+/**
+ * Restart-to-first-success over every (restarted host, survivor) pair, from the host's ready
+ * (the figure the goal is about) and from the kill, and the parts of each restart.
+ */
+export function restartFigures(kills: readonly Kill[], ups: readonly UpRecord[], hosts: number): RestartFigures {
+  const fromReady: number[] = []
+  const fromKill: number[] = []
+  const parts = { killToReady: [] as number[], killToProcess: [] as number[], processToEngine: [] as number[], engineToReady: [] as number[] }
   let never = 0
   let notRestarted = 0
   for (const k of kills) {
@@ -114,17 +138,31 @@ export function restartFigures(kills: readonly Kill[], ups: readonly UpRecord[],
       notRestarted++
       continue
     }
+    parts.killToReady.push(k.tReady - k.tKill)
+    if (k.tProcess !== null) parts.killToProcess.push(k.tProcess - k.tKill)
+    if (k.tProcess !== null && k.tEngineStart !== null) parts.processToEngine.push(k.tEngineStart - k.tProcess)
+    if (k.tEngineStart !== null) parts.engineToReady.push(k.tReady - k.tEngineStart)
     // Until this host's next kill: a success after it belongs to that one.
     const next = kills.filter((o) => o.host === k.host && o.tKill > k.tKill).reduce((m, o) => Math.min(m, o.tKill), Infinity)
     for (let s = 0; s < hosts; s++) {
       if (s === k.host || k.storm.includes(s)) continue
       let first = Infinity
       for (const u of ups) if (u.host === s && u.target === k.host && u.tEnd >= k.tKill && u.tEnd < next) first = Math.min(first, u.tEnd)
-      if (Number.isFinite(first)) values.push(Math.max(0, first - k.tReady))
-      else never++
+      if (Number.isFinite(first)) {
+        fromReady.push(Math.max(0, first - k.tReady))
+        fromKill.push(first - k.tKill)
+      } else never++
     }
   }
-  return { ...distribution(values, never), notRestarted }
+  return {
+    ...distribution(fromReady, never),
+    notRestarted,
+    fromKill: distribution(fromKill, never),
+    killToReady: distribution(parts.killToReady),
+    killToProcess: distribution(parts.killToProcess),
+    processToEngine: distribution(parts.processToEngine),
+    engineToReady: distribution(parts.engineToReady),
+  }
 }
 
 /** The host a segment name names, or -1. */
@@ -172,53 +210,4 @@ export function mismatchFigures(records: readonly MismatchRecord[], kills: reado
     else mismatches++
   }
   return { mismatches, lostToRestart }
-}
-
-/** One host's RSS at the end of each round (MB), null where it was down. */
-export type RssSeries = Array<number | null>
-
-export interface RssFigures {
-  /** The round whose end is the baseline (0-based). */
-  fromRound: number
-  /** Per host: RSS at the baseline, at the end, growth in between (MB, same incarnation only). */
-  hosts: Array<{ host: number; fromMb: number | null; endMb: number | null; growthMb: number | null; flat: boolean | null }>
-  /** Every host with a figure grew less than the threshold; null when none has one. */
-  flat: boolean | null
-  maxGrowthMb: number | null
-}
-
-/**
- * The round after which RSS is judged: the later of the warm-up's end and the run's middle
- * (memory that grows while a process warms up — V8's heap, pages of its regions touched for
- * the first time — takes several rounds to settle; a leak goes on growing).
- */
-export function rssBaselineRound(rounds: number, warmupRounds: number): number {
-  return Math.max(0, Math.min(rounds - 1, Math.max(warmupRounds, Math.floor(rounds / 2)) - 1))
-}
-
-/**
- * RSS growth per host from the end of round `fromRound` to the end. `series[h][r]` is host
- * h's RSS after round r and `incarnations[h][r]` its incarnation then: growth is measured
- * within the last incarnation only (a restarted host starts afresh), from the baseline or,
- * if that incarnation started later, from its first sample.
- */
-export function rssFigures(series: RssSeries[], incarnations: Array<Array<number | null>>, fromRound: number, flatMb: number): RssFigures {
-  const hosts = series.map((s, host) => {
-    const inc = incarnations[host]
-    let end = s.length - 1
-    while (end >= 0 && s[end] === null) end--
-    if (end < 0) return { host, fromMb: null, endMb: null, growthMb: null, flat: null }
-    let start = end
-    while (start - 1 >= fromRound && s[start - 1] !== null && inc[start - 1] === inc[end]) start--
-    if (start === end) return { host, fromMb: s[start], endMb: s[end], growthMb: null, flat: null }
-    const growthMb = Math.round(((s[end] as number) - (s[start] as number)) * 10) / 10
-    return { host, fromMb: s[start], endMb: s[end], growthMb, flat: growthMb <= flatMb }
-  })
-  const judged = hosts.filter((h) => h.flat !== null)
-  return {
-    fromRound,
-    hosts,
-    flat: judged.length ? judged.every((h) => h.flat) : null,
-    maxGrowthMb: judged.length ? Math.max(...judged.map((h) => h.growthMb as number)) : null,
-  }
 }

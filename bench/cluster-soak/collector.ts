@@ -4,10 +4,8 @@
  * incarnation's latest counters, the kills and restarts. No I/O.
  */
 import type { FailRecord, Kill, MismatchRecord, PeerLostRecord, UpRecord } from './accounting'
+import type { MemorySample } from './memory'
 import { addCounters, newCounters, type Counters, type Report } from './protocol'
-
-/** Bytes in MB (10^6), one decimal. */
-const mb = (bytes: number) => Math.round(bytes / 1e5) / 10
 
 /** Misdeliveries kept one by one for the summary; the rest only counted. */
 const KEEP_MISDELIVERED = 20
@@ -23,8 +21,8 @@ export class Collector {
   readonly errors: Array<{ host: number; t: number; message: string }> = []
   /** Latest counters per host incarnation, key `host/inc`. */
   readonly #counters = new Map<string, Counters>()
-  /** Host → its V8 heap (reserved, used) and external (Buffer) memory as last reported, MB. */
-  readonly memory = new Map<number, { heapTotal: number; heapUsed: number; external: number }>()
+  /** Host → its latest memory sample: the round it is for, the incarnation that took it. */
+  readonly memory = new Map<number, { round: number; inc: number; memory: MemorySample }>()
   /** Host → current incarnation. */
   readonly incarnation = new Map<number, number>()
   readonly #opened = new Set<string>()
@@ -58,7 +56,9 @@ export class Collector {
         break
       case 'counters':
         this.#counters.set(`${r.host}/${r.inc}`, r.counters)
-        this.memory.set(r.host, { heapTotal: mb(r.heapTotal), heapUsed: mb(r.heapUsed), external: mb(r.external) })
+        break
+      case 'memory':
+        this.memory.set(r.host, { round: r.round, inc: r.inc, memory: r.memory })
         break
       case 'quiet':
         this.#quiet.add(`${r.host}/${r.inc}`)
@@ -86,9 +86,15 @@ export class Collector {
     return sum
   }
 
-  /** The restart of `host` after its latest kill said ready at `t`. */
-  restarted(host: number, t: number): void {
+  /** Host `host`'s memory sample for round `round` from incarnation `inc`, if it came. */
+  sample(host: number, round: number, inc: number | undefined): MemorySample | undefined {
+    const m = this.memory.get(host)
+    return m && m.round === round && m.inc === inc ? m.memory : undefined
+  }
+
+  /** The restart of `host` after its latest kill said ready (`t`), its process having started at `tProcess` and begun its engine at `tEngineStart`. */
+  restarted(host: number, ready: { t: number; tProcess: number; tEngineStart: number }): void {
     const k = this.kills.filter((x) => x.host === host).at(-1)
-    if (k && k.tReady === null) k.tReady = t
+    if (k && k.tReady === null) Object.assign(k, { tReady: ready.t, tProcess: ready.tProcess, tEngineStart: ready.tEngineStart })
   }
 }

@@ -6,7 +6,6 @@
  * starts is removed in its `finally`, and by bench/lib/children.ts's cleanup on Ctrl-C or a
  * crash. Every wait is bounded.
  */
-import * as fs from 'node:fs'
 import * as path from 'node:path'
 import { netnsUnavailable } from '../../support/netns'
 import { createCluster, sweepClusters, type Cluster } from '../../support/netns-cluster'
@@ -17,6 +16,7 @@ import { startEtcd, type Etcd } from './etcd'
 import { regionBytes, type SoakConfig } from './flags'
 import { startFlood } from './flood'
 import { Hosts } from './hosts'
+import { judgedQuantities, mb, type MemorySample } from './memory'
 import { hostName, type Counters } from './protocol'
 import { planRound, type RoundPlan } from './schedule'
 import { summarize, type Summary } from './summary'
@@ -34,17 +34,8 @@ const READY_MS = 120_000
 const RESTART_TRIES = 3
 /** The flood builds up this long before the probe opens the flooded host. */
 const FLOOD_SETTLE_MS = 2000
-
-/** VmRSS of a process in MB (10^6 bytes), or null. */
-function rssMb(pid: number | undefined): number | null {
-  if (pid === undefined) return null
-  try {
-    const m = /^VmRSS:\s+(\d+)\s+kB/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))
-    return m ? Math.round((Number(m[1]) * 1024) / 1e5) / 10 : null
-  } catch {
-    return null
-  }
-}
+/** How long the driver waits for the hosts' memory samples at a round's end. */
+const SAMPLE_MS = 10_000
 
 interface Run {
   config: SoakConfig
@@ -82,32 +73,32 @@ export async function runSoak(config: SoakConfig, io: SoakIo): Promise<Summary> 
     hosts.broadcast({ cmd: 'go' })
     await untilOpened(run, READY_MS)
     io.log('every host opened its peers')
-    const rss: Array<Array<number | null>> = cluster.hosts.map(() => [])
+    /** Each host's memory sample after each round, and the incarnation that took it. */
+    const memory: Array<Array<MemorySample | null>> = cluster.hosts.map(() => [])
     const incarnations: Array<Array<number | null>> = cluster.hosts.map(() => [])
-    /** RSS less V8's heap: what native memory (the engine's included) holds. */
-    const besideHeap: Array<Array<number | null>> = cluster.hosts.map(() => [])
     let before = collector.totals()
     for (let r = 0; r < config.rounds; r++) {
       const plan = planRound(config, r)
       const disruptions = await runRound(run, plan)
       const totals = collector.totals()
-      const rssNow = cluster.hosts.map((_, i) => rssMb(hosts.pid(i)))
-      rssNow.forEach((v, i) => {
-        rss[i].push(v)
-        incarnations[i].push(hosts.alive(i) ? (collector.incarnation.get(i) ?? null) : null)
+      const samples = await sampleMemory(run, r)
+      samples.forEach((m, i) => {
+        memory[i].push(m?.memory ?? null)
+        incarnations[i].push(m?.inc ?? null)
       })
-      const mem = cluster.hosts.map((_, i) => (hosts.alive(i) ? collector.memory.get(i) : undefined))
-      const beside = mem.map((m, i) => (m && rssNow[i] !== null ? Math.round(((rssNow[i] as number) - m.heapTotal) * 10) / 10 : null))
-      beside.forEach((v, i) => besideHeap[i].push(v))
+      const q = samples.map((m) => (m ? judgedQuantities(m.memory) : null))
+      const each = (f: (m: MemorySample) => number) => samples.map((m) => (m ? mb(f(m.memory)) : null))
       io.emit({
         record: 'round',
         round: r,
         warmup: plan.warmup,
         length_ms: plan.lengthMs,
-        rss_mb: rssNow,
-        heap_total_mb: mem.map((m) => m?.heapTotal ?? null),
-        heap_used_mb: mem.map((m) => m?.heapUsed ?? null),
-        external_mb: mem.map((m) => m?.external ?? null),
+        rss_mb: q.map((x) => x?.rss ?? null),
+        native_mb: q.map((x) => x?.native ?? null),
+        heap_used_mb: q.map((x) => x?.heap ?? null),
+        heap_total_mb: each((m) => m.heapTotal),
+        external_mb: each((m) => m.external),
+        array_buffers_mb: each((m) => m.arrayBuffers),
         ...disruptions,
         delta: delta(before, totals),
       })
@@ -131,8 +122,7 @@ export async function runSoak(config: SoakConfig, io: SoakIo): Promise<Summary> 
       mismatches: c.mismatches,
       peerLost: c.peerLost,
       peerRecovered: c.peerRecovered.length,
-      rss,
-      besideHeap,
+      memory,
       incarnations,
       floods: run.floods,
       etcdPauses: run.etcdPauses,
@@ -171,6 +161,24 @@ async function untilOpened(run: Run, ms: number): Promise<void> {
       await delay(100)
     }
   }
+}
+
+/**
+ * Every running host's memory after round `round` (null for a host that is down or did not
+ * answer within SAMPLE_MS), with the incarnation that took it.
+ */
+async function sampleMemory(run: Run, round: number): Promise<Array<{ inc: number; memory: MemorySample } | null>> {
+  const { hosts, collector, config } = run
+  const alive = Array.from({ length: config.hosts }, (_, i) => hosts.alive(i))
+  hosts.broadcast({ cmd: 'sample', round })
+  const deadline = Date.now() + SAMPLE_MS
+  const answered = (i: number) => collector.sample(i, round, collector.incarnation.get(i)) !== undefined
+  while (alive.some((a, i) => a && hosts.alive(i) && !answered(i)) && Date.now() < deadline) await delay(20)
+  return alive.map((a, i) => {
+    const inc = collector.incarnation.get(i)
+    const m = a && hosts.alive(i) && inc !== undefined ? collector.sample(i, round, inc) : undefined
+    return m && inc !== undefined ? { inc, memory: m } : null
+  })
 }
 
 /** Waits, at most `ms`, until every running host has ended its traffic. */
@@ -213,7 +221,7 @@ async function storm(run: Run, plan: RoundPlan, at: (ms: number) => Promise<void
   await at(s.killMs)
   const kills = s.hosts.map((host) => {
     const tKill = run.hosts.kill(host)
-    run.collector.kills.push({ host, round: plan.round, tKill, tReady: null, storm: s.hosts.filter((x) => x !== host) })
+    run.collector.kills.push({ host, round: plan.round, tKill, tReady: null, tProcess: null, tEngineStart: null, storm: s.hosts.filter((x) => x !== host) })
     return { host, t_kill: tKill }
   })
   for (const k of kills) run.hosts.broadcast({ cmd: 'killed', target: k.host, t: k.t_kill }, s.hosts)
@@ -229,7 +237,7 @@ async function restart(run: Run, h: number): Promise<number | null> {
   for (let attempt = 1; attempt <= RESTART_TRIES; attempt++) {
     try {
       const ready = await run.hosts.start(h, READY_MS)
-      run.collector.restarted(h, ready.t)
+      run.collector.restarted(h, ready)
       run.hosts.send(h, { cmd: 'go' })
       return ready.t
     } catch (err) {

@@ -32,7 +32,13 @@ export const SOAK_OPTIONS = {
     help: 'on-stale: a lane reopens the segment when its handle no longer names the peer\'s buffer; never: it keeps the handle (the README\'s promise)',
   },
   'hang-ms': { type: 'integer', default: 30_000, min: 100, max: 3_600_000, help: 'a transfer or open still pending after this is aborted and counted as hung' },
-  'rss-flat-mb': { type: 'number', default: 5, min: 0, max: 100_000, help: 'RSS growth (MB, 10^6 bytes) over the second half of the rounds up to which a host counts as flat' },
+  'rss-slope-mb': {
+    type: 'number',
+    default: 2,
+    min: 0,
+    max: 100_000,
+    help: 'memory growth (MB, 10^6 bytes, per round: the least-squares slope over the second half of the rounds) up to which a host counts as flat; more --rounds see slower leaks',
+  },
   port: { type: 'integer', default: 7000, min: 1, max: 65_535, help: 'port every host listens on, on its own address' },
   seed: { type: 'integer', default: 1, min: 0, max: 2 ** 32 - 1, help: 'seed of the storm victims' },
   help: { type: 'boolean', default: false, aliases: ['h'], help: 'this help' },
@@ -55,7 +61,7 @@ export interface SoakConfig {
   leaseTtlMs: number
   reopen: 'on-stale' | 'never'
   hangMs: number
-  rssFlatMb: number
+  rssSlopeMb: number
   port: number
   seed: number
 }
@@ -94,7 +100,7 @@ export function parseSoakFlags(argv: readonly string[]): SoakConfig | 'help' {
     leaseTtlMs: v['lease-ttl-ms'],
     reopen: v.reopen as SoakConfig['reopen'],
     hangMs: v['hang-ms'],
-    rssFlatMb: v['rss-flat-mb'],
+    rssSlopeMb: v['rss-slope-mb'],
     port: v.port,
     seed: v.seed,
   }

@@ -6,8 +6,14 @@
  * notifications to every peer (host/peer.ts), the notifications it receives judged
  * (host/receiver.ts). Settings in FERRY_SOAK_HOST (protocol.ts's `HostSettings`); commands
  * on stdin, reports on stdout, both JSON lines.
+ *
+ * Its memory is sampled when the driver asks (`sample`, at each round's end) right after a
+ * full garbage collection, so that the sample shows what is still referenced rather than
+ * when V8 last collected (memory.ts judges it).
  */
 import * as readline from 'node:readline'
+import * as v8 from 'node:v8'
+import * as vm from 'node:vm'
 import { Engine } from '../../index'
 import { regionBytes } from './flags'
 import { PeerTraffic, type HostContext } from './host/peer'
@@ -17,6 +23,13 @@ import { within } from './wait'
 
 const COUNTERS_EVERY_MS = 1000
 
+/** When Node started this process (ms since the epoch). */
+const tProcess = Math.round(performance.timeOrigin)
+
+v8.setFlagsFromString('--expose-gc')
+/** V8's full collection, as `--expose-gc` gives it (a fresh context picks the flag up). */
+const collectGarbage = vm.runInNewContext('gc') as () => void
+
 const settings = JSON.parse(process.env.FERRY_SOAK_HOST ?? 'null') as HostSettings | null
 /** This incarnation: its start time. */
 const inc = Date.now()
@@ -25,6 +38,7 @@ const emit: Emit = (r) => process.stdout.write(JSON.stringify({ host: settings?.
 async function main(): Promise<number> {
   if (!settings) throw new Error('FERRY_SOAK_HOST is not set')
   const name = hostName(settings.index)
+  const tEngineStart = Date.now()
   const engine = await Engine.create({
     listen: settings.listen,
     metadata: settings.etcd,
@@ -57,9 +71,11 @@ async function main(): Promise<number> {
     counters.peerRecovered++
     emit({ ev: 'peerRecovered', event: { ...e } })
   })
-  const report = () => {
-    const m = process.memoryUsage()
-    emit({ ev: 'counters', counters, rss: m.rss, heapTotal: m.heapTotal, heapUsed: m.heapUsed, external: m.external })
+  const report = () => emit({ ev: 'counters', counters })
+  const sample = (round: number) => {
+    collectGarbage()
+    const { rss, heapTotal, heapUsed, external, arrayBuffers } = process.memoryUsage()
+    emit({ ev: 'memory', round, memory: { rss, heapTotal, heapUsed, external, arrayBuffers } })
   }
   const ticker = setInterval(report, COUNTERS_EVERY_MS)
   const peers = Array.from({ length: settings.hosts }, (_, i) => (i === settings.index ? null : new PeerTraffic(ctx, i)))
@@ -69,7 +85,7 @@ async function main(): Promise<number> {
     emit({ ev: 'opened', peers: opened.filter((x) => x === true).length, failed: opened.filter((x) => x === false).length })
     for (const p of peers) for (let l = 0; p && l < settings.lanes; l++) lanes.push(p.lane(l))
   }
-  emit({ ev: 'ready', pid: process.pid })
+  emit({ ev: 'ready', pid: process.pid, tProcess, tEngineStart })
   // The traffic ends, then its last counters go out (`quiet`); every lane ends after its
   // current call, which is bounded by hangMs.
   let quiet: Promise<void> | null = null
@@ -93,6 +109,7 @@ async function main(): Promise<number> {
       }
       if (c.cmd === 'go') void go()
       else if (c.cmd === 'killed') peers[c.target]?.link.killed(c.t)
+      else if (c.cmd === 'sample') sample(c.round)
       else if (c.cmd === 'quiesce') void quiesce()
       else if (c.cmd === 'stop') rl.close()
     })

@@ -15,11 +15,23 @@ import { within } from './wait'
 
 const HOST_SCRIPT = path.join(__dirname, 'host.ts')
 
+/**
+ * V8's young generation pinned near its initial size (1 MB semi-spaces). Left alone, V8
+ * doubles it, in steps further and further apart, each time enough objects have survived
+ * its collections, up to 16 MB semi-spaces: tens of MB of RSS that arrive as sudden steps
+ * late in a run and read as growth, though they are bounded and V8's own. Pinned, a host's
+ * RSS shows what its engine and its live objects hold.
+ */
+const HOST_NODE_OPTIONS = '--max-semi-space-size=1'
+
 export interface Ready {
   pid: number
   inc: number
   /** When the host said ready (its clock, which is this machine's). */
   t: number
+  /** When its process started, and when it began to create its engine. */
+  tProcess: number
+  tEngineStart: number
 }
 
 interface Running {
@@ -66,7 +78,11 @@ export class Hosts {
    * error or is not ready after `timeoutMs` (then it is killed).
    */
   start(i: number, timeoutMs: number): Promise<Ready> {
-    const proc = startTsx(`host ${i}`, HOST_SCRIPT, [], { FERRY_SOAK_HOST: JSON.stringify(this.settings(i)), FERRY_AUTH_SECRET_FILE: this.secretFile }, this.cluster.prefix(this.cluster.hosts[i]))
+    const proc = startTsx(`host ${i}`, HOST_SCRIPT, [], {
+        FERRY_SOAK_HOST: JSON.stringify(this.settings(i)),
+        FERRY_AUTH_SECRET_FILE: this.secretFile,
+        NODE_OPTIONS: [process.env.NODE_OPTIONS, HOST_NODE_OPTIONS].filter(Boolean).join(' '),
+      }, this.cluster.prefix(this.cluster.hosts[i]))
     const stderr = tailStderr(proc)
     const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()))
     this.#procs[i] = { proc, stderr, exited }
@@ -91,7 +107,7 @@ export class Hosts {
           this.log(`host ${i}: ${line}`)
           return
         }
-        if (r.ev === 'ready') finish(null, { pid: r.pid, inc: r.inc, t: r.t })
+        if (r.ev === 'ready') finish(null, { pid: r.pid, inc: r.inc, t: r.t, tProcess: r.tProcess, tEngineStart: r.tEngineStart })
         else if (r.ev === 'error') finish(new Error(`host ${i}: ${r.message}`))
         this.onReport(r)
       })

@@ -4,6 +4,7 @@
  * host's reports (JSON lines on its stdout). Times are `Date.now()` ms: every process runs
  * on this machine, so their clocks agree.
  */
+import type { MemorySample } from './memory'
 
 /** A host's settings, as JSON in FERRY_SOAK_HOST. */
 export interface HostSettings {
@@ -31,6 +32,8 @@ export type Command =
   | { cmd: 'go' }
   /** Host `target` was SIGKILLed at `t`. */
   | { cmd: 'killed'; target: number; t: number }
+  /** Report memory, right after a full garbage collection, as round `round`'s sample (`memory`). */
+  | { cmd: 'sample'; round: number }
   /** End the traffic and report the last counters (then `quiet`). */
   | { cmd: 'quiesce' }
   /** Close the engine and exit. */
@@ -82,7 +85,12 @@ export function newCounters(): Counters {
 
 /** Host → driver. `host` and `inc` (the incarnation: its start time) are on every report. */
 export type Report = { host: number; inc: number; t: number } & (
-  | { ev: 'ready'; pid: number }
+  /**
+   * The engine is started and registered and the target region allocated. `tProcess`: when
+   * the process started (Node's time origin); `tEngineStart`: when it began to create the
+   * engine (Node, tsx and the modules loaded).
+   */
+  | { ev: 'ready'; pid: number; tProcess: number; tEngineStart: number }
   | { ev: 'opened'; peers: number; failed: number }
   | { ev: 'fail'; target: number; op: 'write' | 'read' | 'open'; code: string; tStart: number; tEnd: number }
   | { ev: 'up'; target: number; downAt: number; tStart: number; tEnd: number; failures: number }
@@ -90,8 +98,9 @@ export type Report = { host: number; inc: number; t: number } & (
   | { ev: 'misdelivered'; from: string; why: string; payload: string }
   /** Every field of the engine's event as it came (a later version may add some). */
   | { ev: 'peerLost' | 'peerRecovered'; event: Record<string, unknown> }
-  /** With the process's memory (bytes): rss, V8's heap (reserved and used) and Buffers' memory. */
-  | { ev: 'counters'; counters: Counters; rss: number; heapTotal: number; heapUsed: number; external: number }
+  | { ev: 'counters'; counters: Counters }
+  /** The process's memory (bytes) after a full collection, for round `round` (`sample`). */
+  | { ev: 'memory'; round: number; memory: MemorySample }
   /** The traffic ended (`quiesce`); no counters change after this. */
   | { ev: 'quiet' }
   | { ev: 'error'; message: string }

@@ -8,16 +8,14 @@ import {
   mismatchFigures,
   peerLostFigures,
   restartFigures,
-  rssBaselineRound,
-  rssFigures,
   type Distribution,
   type FailRecord,
   type Kill,
   type MismatchRecord,
   type PeerLostRecord,
-  type RssSeries,
   type UpRecord,
 } from './accounting'
+import { judgedQuantities, memoryFigures, MIN_SAMPLES, rssBaselineRound, type MemoryFigures, type MemorySample } from './memory'
 import type { SoakConfig } from './flags'
 import type { Counters } from './protocol'
 
@@ -33,9 +31,9 @@ export interface SummaryInput {
   mismatches: readonly MismatchRecord[]
   peerLost: readonly PeerLostRecord[]
   peerRecovered: number
-  rss: RssSeries[]
-  /** RSS less V8's reserved heap, per host per round. */
-  besideHeap: RssSeries[]
+  /** Each host's memory after each round (after a full collection), null where it was down or did not answer. */
+  memory: Array<Array<MemorySample | null>>
+  /** The incarnation that took each sample. */
   incarnations: Array<Array<number | null>>
   floods: readonly object[]
   etcdPauses: readonly object[]
@@ -52,9 +50,13 @@ export function summarize(s: SummaryInput) {
   const restart = restartFigures(s.kills, s.ups, s.config.hosts)
   const lost = peerLostFigures(s.peerLost.filter((e) => e.t < s.stoppedAt), s.kills)
   const mism = mismatchFigures(s.mismatches.filter((m) => m.tEnd < s.stoppedAt), s.kills)
-  const rss = rssFigures(s.rss, s.incarnations, rssBaselineRound(s.config.rounds, s.config.warmupRounds), s.config.rssFlatMb)
-  const afterWarmup = rssFigures(s.rss, s.incarnations, Math.max(0, s.config.warmupRounds - 1), s.config.rssFlatMb)
-  const besideHeap = rssFigures(s.besideHeap, s.incarnations, rssBaselineRound(s.config.rounds, s.config.warmupRounds), s.config.rssFlatMb)
+  const fromRound = rssBaselineRound(s.config.rounds, s.config.warmupRounds)
+  const quantities = s.memory.map((host) => host.map((m) => (m ? judgedQuantities(m) : null)))
+  const series = (k: 'rss' | 'native' | 'heap') => quantities.map((host) => host.map((q) => q?.[k] ?? null))
+  const judge = (k: 'rss' | 'native' | 'heap') => memoryFigures(series(k), s.incarnations, fromRound, s.config.rssSlopeMb)
+  const rss = judge('rss')
+  const native = judge('native')
+  const heap = judge('heap')
   const t = s.totals
   const goals = {
     restart_p90_le_500ms: s.config.storm ? restart.p90 !== null && restart.p90 <= GOALS.restartP90Ms : null,
@@ -62,7 +64,8 @@ export function summarize(s: SummaryInput) {
     zero_misdelivered: t.misdelivered === 0,
     zero_false_peer_lost: lost.falsePeerLost === 0,
     rss_flat: rss.flat,
-    rss_beside_heap_flat: besideHeap.flat,
+    native_memory_flat: native.flat,
+    js_heap_flat: heap.flat,
   }
   return {
     record: 'summary' as const,
@@ -78,6 +81,8 @@ export function summarize(s: SummaryInput) {
     time_to_failed_ms: failures.timeToFailedMs,
     unexplained_failures: failures.unexplained,
     restart_to_first_success_ms: { n: restart.n, never: restart.never, p50: restart.p50, p90: restart.p90, p99: restart.p99, max: restart.max, not_restarted: restart.notRestarted },
+    restart_to_first_success_from_kill_ms: restart.fromKill,
+    restart_ms: { kill_to_ready: restart.killToReady, kill_to_process: restart.killToProcess, process_to_engine: restart.processToEngine, engine_to_ready: restart.engineToReady },
     kills: s.kills.length,
     restart_failures: s.restartFailures,
     writes_ok: t.writesOk,
@@ -99,25 +104,17 @@ export function summarize(s: SummaryInput) {
     failures_by_code: t.failures,
     hung: t.hung,
     reopens: t.reopens,
-    rss: {
-      flat: rss.flat,
-      flat_mb: s.config.rssFlatMb,
-      from_round: rss.fromRound,
-      max_growth_mb: rss.maxGrowthMb,
-      max_growth_after_warmup_mb: afterWarmup.maxGrowthMb,
-      max_growth_beside_heap_mb: besideHeap.maxGrowthMb,
-      hosts: rss.hosts.map((h, i) => ({
-        host: h.host,
-        from_mb: h.fromMb,
-        end_mb: h.endMb,
-        growth_mb: h.growthMb,
-        growth_after_warmup_mb: afterWarmup.hosts[i].growthMb,
-        growth_beside_heap_mb: besideHeap.hosts[i].growthMb,
-        flat: h.flat,
-      })),
+    memory: {
+      from_round: fromRound,
+      slope_bound_mb_per_round: s.config.rssSlopeMb,
+      min_samples: MIN_SAMPLES,
+      rss: memoryRecord(rss),
+      native: memoryRecord(native),
+      heap: memoryRecord(heap),
     },
-    rss_mb_by_round: s.rss,
-    rss_beside_heap_mb_by_round: s.besideHeap,
+    rss_mb_by_round: series('rss'),
+    native_mb_by_round: series('native'),
+    heap_used_mb_by_round: series('heap'),
     floods: s.floods,
     etcd_pauses: s.etcdPauses,
     host_errors: s.hostErrors,
@@ -126,6 +123,14 @@ export function summarize(s: SummaryInput) {
 }
 
 export type Summary = ReturnType<typeof summarize>
+
+function memoryRecord(f: MemoryFigures) {
+  return {
+    flat: f.flat,
+    max_slope_mb_per_round: f.maxSlopeMbPerRound,
+    hosts: f.hosts.map((h) => ({ host: h.host, from_mb: h.fromMb, end_mb: h.endMb, growth_mb: h.growthMb, slope_mb_per_round: h.slopeMbPerRound, samples: h.samples, flat: h.flat })),
+  }
+}
 
 const ms = (v: number | null) => (v === null ? 'never' : `${v} ms`)
 const dist = (d: Distribution) => (d.n === 0 ? 'none' : `p50 ${ms(d.p50)}, p90 ${ms(d.p90)}, p99 ${ms(d.p99)} (n ${d.n}${d.never ? `, ${d.never} never` : ''})`)
@@ -143,6 +148,29 @@ interface FloodRecord {
   probe: { ok: boolean; openMs?: number; ioMs?: number; code?: string; message?: string }
 }
 
+const verdict = (v: boolean | null) => (v === null ? 'not judged' : v ? 'flat' : 'GROWS')
+
+/** The memory verdicts and each host's series, as lines. */
+function memoryLines(s: Summary): string[] {
+  const m = s.memory
+  const what = { rss: 'RSS', native: 'native (RSS less V8\'s heap: the engine, Node)', heap: 'JS heap live after a full GC' } as const
+  const lines = [
+    `  memory after each round, judged from round ${m.from_round + 1} on (flat: slope <= ${m.slope_bound_mb_per_round} MB/round within an incarnation, runs of >= ${m.min_samples} rounds):`,
+  ]
+  for (const k of ['rss', 'native', 'heap'] as const) {
+    lines.push(`    ${what[k]}: ${verdict(m[k].flat)} (steepest ${m[k].max_slope_mb_per_round ?? '-'} MB/round)`)
+  }
+  const row = (v: Array<number | null>) => v.map((x) => (x === null ? '-' : x.toFixed(1)).padStart(6)).join('')
+  lines.push(`    per host per round (MB), RSS / native / live heap:`)
+  for (let h = 0; h < s.hosts; h++) {
+    const slopes = (['rss', 'native', 'heap'] as const).map((k) => m[k].hosts[h]?.slope_mb_per_round ?? '-').join(' / ')
+    lines.push(`    host ${h} rss   ${row(s.rss_mb_by_round[h])}   slopes ${slopes} MB/round`)
+    lines.push(`           native${row(s.native_mb_by_round[h])}`)
+    lines.push(`           heap  ${row(s.heap_used_mb_by_round[h])}`)
+  }
+  return lines
+}
+
 /** The summary as lines for people. */
 export function readable(s: Summary): string {
   const d = s.disruptions
@@ -152,14 +180,15 @@ export function readable(s: Summary): string {
   const lines = [
     `cluster soak: ${s.hosts} hosts, ${s.rounds} rounds, ${s.duration_s} s; disruptions: ${what || 'none'}; reopen ${s.reopen}`,
     `  time-to-FAILED (transfers to a killed host): ${dist(s.time_to_failed_ms)}`,
-    `  restart-to-first-success (from ready):       ${dist(s.restart_to_first_success_ms)}${s.restart_to_first_success_ms.not_restarted ? `; ${s.restart_to_first_success_ms.not_restarted} hosts never came back` : ''}${s.restart_failures ? `; ${s.restart_failures} restarts failed` : ''}`,
+    `  restart-to-first-success, from the restarted host's ready (goal p90 <= ${GOALS.restartP90Ms} ms): ${dist(s.restart_to_first_success_ms)}${s.restart_to_first_success_ms.not_restarted ? `; ${s.restart_to_first_success_ms.not_restarted} hosts never came back` : ''}${s.restart_failures ? `; ${s.restart_failures} restarts failed` : ''}`,
+    `    the same from the kill (the restart itself included):   ${dist(s.restart_to_first_success_from_kill_ms)}`,
+    `    a restart, kill to ready: ${dist(s.restart_ms.kill_to_ready)}; of which down and spawn ${dist(s.restart_ms.kill_to_process)}; Node and tsx ${dist(s.restart_ms.process_to_engine)}; engine start to ready ${dist(s.restart_ms.engine_to_ready)}`,
     `  bytes verified: ${(s.bytes_verified / GiB).toFixed(3)} GiB read back, ${(s.bytes_verified_at_target / GiB).toFixed(3)} GiB by notified targets; ${s.writes_ok} writes`,
     `  mismatches: ${s.mismatches} (lost to a restart: ${s.lost_to_restart})`,
     `  notifications: ${s.notifications}, verified ${s.notifications_verified}, superseded ${s.notifications_superseded}, misdelivered ${s.misdelivered}${s.misdelivered ? ` (${counts(s.misdelivered_by)})` : ''}`,
     `  peerLost: ${s.peer_lost}, false ${s.false_peer_lost}; reasons: true ${counts(s.peer_lost_reasons.true)}; false ${counts(s.peer_lost_reasons.false)}`,
     `  failures by code: ${counts(s.failures_by_code)}; unexplained by a kill: ${counts(s.unexplained_failures)}; hung ${s.hung}; reopens ${s.reopens}`,
-    `  RSS from round ${s.rss.from_round + 1} on: ${s.rss.flat === null ? 'not judged' : s.rss.flat ? 'flat' : 'grows'} (max growth ${s.rss.max_growth_mb ?? '-'} MB, flat at most ${s.rss.flat_mb} MB; ${s.rss.max_growth_after_warmup_mb ?? '-'} MB after warm-up; beside V8's heap ${s.rss.max_growth_beside_heap_mb ?? '-'} MB)`,
-    ...s.rss.hosts.map((h) => `    host ${h.host}: ${h.from_mb ?? '-'} -> ${h.end_mb ?? '-'} MB (after warm-up: +${h.growth_after_warmup_mb ?? '-'} MB; beside the heap +${h.growth_beside_heap_mb ?? '-'} MB)`),
+    ...memoryLines(s),
   ]
   for (const f of s.floods as FloodRecord[]) {
     const p = f.probe

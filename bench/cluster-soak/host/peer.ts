@@ -3,6 +3,10 @@
  * notification into its own slots of the peer's target region, reading it back and comparing
  * it; the peer's segment opened (and, with `reopen: 'on-stale'`, reopened when the handle no
  * longer names the peer's buffer) once for all lanes. Every call is bounded by `hangMs`.
+ *
+ * A lane keeps nothing from one write to the next: its areas of the host's regions, its
+ * request objects and its deadline (host/deadline.ts) are made once, so a host's heap holds
+ * only what its calls in flight need.
  */
 import { randomFillSync } from 'node:crypto'
 import type { Engine, Region, Segment } from '../../../index'
@@ -10,6 +14,7 @@ import { blockHash, encodePayload, HEADER_BYTES, isZero, writeHeader } from '../
 import { regionBytes } from '../flags'
 import { hostName, type Counters, type Emit, type HostSettings } from '../protocol'
 import { bounded, codeOf, delay } from '../wait'
+import { CallDeadline } from './deadline'
 import { PeerLink } from './link'
 
 /** What a host's peers share. */
@@ -87,6 +92,11 @@ export class PeerTraffic {
     const area = (this.target * lanes + lane) * blockMax
     const written = writeRegion.buffer.subarray(area, area + blockMax)
     const readBack = readRegion.buffer.subarray(area, area + blockMax)
+    const deadline = new CallDeadline()
+    // One request of each kind, its fields set per call (the engine reads them when called).
+    const write = { local: writeRegion, localOffset: area, remote: null as unknown as Segment, remoteBuffer: 0, remoteOffset: 0, length: 0, notify: '', signal: deadline.arm(hangMs) }
+    const read = { local: readRegion, localOffset: area, remote: null as unknown as Segment, remoteBuffer: 0, remoteOffset: 0, length: 0, signal: write.signal }
+    deadline.disarm()
     for (let k = 0; this.ctx.running(); k++) {
       if (!(await this.open())) {
         await delay(RETRY_MS)
@@ -98,15 +108,23 @@ export class PeerTraffic {
       const block = written.subarray(0, length)
       randomFillSync(block, HEADER_BYTES)
       writeHeader(block, { writer: settings.index, incarnation: this.ctx.inc, seq: ++this.#seq })
-      const notify = encodePayload({ writer: settings.index, incarnation: this.ctx.inc, seq: this.#seq, slot, length, hash: blockHash(block) })
-      const remote = { remote: seg, remoteBuffer: this.#buffer, remoteOffset: (settings.index * slots + slot) * blockMax, length }
+      write.notify = encodePayload({ writer: settings.index, incarnation: this.ctx.inc, seq: this.#seq, slot, length, hash: blockHash(block) })
+      write.remote = read.remote = seg
+      write.remoteBuffer = read.remoteBuffer = this.#buffer
+      write.remoteOffset = read.remoteOffset = (settings.index * slots + slot) * blockMax
+      write.length = read.length = length
       const tStart = Date.now()
       let op: 'write' | 'read' = 'write'
       try {
-        await engine.write({ local: writeRegion, localOffset: area, ...remote, notify, signal: AbortSignal.timeout(hangMs) })
+        write.signal = deadline.arm(hangMs)
+        await engine.write(write)
+        deadline.disarm()
         op = 'read'
-        await engine.read({ local: readRegion, localOffset: area, ...remote, signal: AbortSignal.timeout(hangMs) })
+        read.signal = deadline.arm(hangMs)
+        await engine.read(read)
+        deadline.disarm()
       } catch (err) {
+        deadline.disarm()
         this.#failed(op, tStart, err, seg)
         await delay(RETRY_MS)
         continue
@@ -114,14 +132,13 @@ export class PeerTraffic {
       const tEnd = Date.now()
       counters.writesOk++
       counters.bytesWritten += length
-      const back = readBack.subarray(0, length)
-      if (back.equals(block)) {
+      if (readBack.compare(written, 0, length, 0, length) === 0) {
         counters.bytesVerified += length
         const up = this.link.succeeded(tStart, tEnd)
         if (up) this.ctx.emit({ ev: 'up', target: this.target, ...up, t: tEnd })
       } else {
         counters.readbackMismatches++
-        const zero = isZero(back)
+        const zero = isZero(readBack.subarray(0, length))
         if (zero) counters.readbackZero++
         this.ctx.emit({ ev: 'mismatch', target: this.target, tStart, tEnd, zero, t: tEnd })
       }
