@@ -1,7 +1,8 @@
 /**
- * A throwaway single-member etcd for the cluster-mode tests: free loopback ports, a data
- * directory in the OS temp dir, readiness polled with a bound, killed by pid and its
- * directory removed by `stop()` (and by `stopAllEtcd()` from `test.after.always`).
+ * A throwaway single-member etcd for the cluster-mode tests (support/etcd.ts, which the soak
+ * shares): free ports, a data directory in the OS temp dir, readiness polled with a bound,
+ * killed by pid and its directory removed by `stop()` (and by `stopAllEtcd()` from
+ * `test.after.always`).
  *
  * With `tls`, it serves clients over TLS with `--client-cert-auth` (certificates made by
  * `makePki` with the openssl CLI) and reports health on a plain-http metrics port;
@@ -13,13 +14,12 @@
  * that need it as skipped, saying why; under CI it fails instead (`etcdUnavailable`).
  */
 import test, { type ImplementationFn } from 'ava'
-import { execFileSync, spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { execFileSync, spawnSync, type ChildProcess } from 'node:child_process'
 import * as fs from 'node:fs'
 import * as https from 'node:https'
-import * as net from 'node:net'
 import * as os from 'node:os'
 import * as path from 'node:path'
-import { delay } from './helpers'
+import { startEtcd as startEtcdProcess, type EtcdTlsFiles } from '../support/etcd'
 
 export interface EtcdServer {
   /** `etcd://127.0.0.1:port`, for `EngineOptions.metadata`. */
@@ -94,26 +94,6 @@ export function stopAllEtcd(): void {
   live.clear()
   for (const dir of pkis) fs.rmSync(dir, { recursive: true, force: true })
   pkis.clear()
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer()
-    srv.once('error', reject)
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as net.AddressInfo).port
-      srv.close(() => resolve(port))
-    })
-  })
-}
-
-async function healthy(clientUrl: string): Promise<boolean> {
-  try {
-    const r = await fetch(`${clientUrl}/health`, { signal: AbortSignal.timeout(1000) })
-    return (await r.text()).includes('"health":"true"')
-  } catch {
-    return false
-  }
 }
 
 /** PEM files in `dir`: a CA, a server certificate for 127.0.0.1 signed by it, a client one. */
@@ -199,64 +179,24 @@ export async function enableAuth(etcd: EtcdServer, pki: Pki, user: string, passw
   await call('enable', {})
 }
 
-export interface EtcdTlsFiles {
-  ca: string
-  serverCert: string
-  serverKey: string
-}
+export type { EtcdTlsFiles }
 
+/** Starts etcd (support/etcd.ts), recorded for `stopAllEtcd`. */
 export async function startEtcd(timeoutMs = 20_000, host = '127.0.0.1', tls?: EtcdTlsFiles): Promise<EtcdServer> {
-  if (spawnSync('etcd', ['--version']).error) {
-    throw new Error('`etcd` is not installed: the cluster-mode tests need it (Debian: apt-get install etcd-server)')
+  let entry: { proc: ChildProcess; dir: string } | undefined
+  const forget = () => {
+    if (entry) live.delete(entry)
   }
-  const [clientPort, peerPort, metricsPort] = [await freePort(), await freePort(), await freePort()]
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ferry-etcd-'))
-  const clientUrl = `${tls ? 'https' : 'http'}://${host}:${clientPort}`
-  const healthUrl = tls ? `http://127.0.0.1:${metricsPort}` : clientUrl
-  const tlsFlags = tls
-    ? [
-        `--listen-metrics-urls=${healthUrl}`,
-        `--cert-file=${tls.serverCert}`,
-        `--key-file=${tls.serverKey}`,
-        `--trusted-ca-file=${tls.ca}`,
-        '--client-cert-auth',
-      ]
-    : []
-  const peerUrl = `http://127.0.0.1:${peerPort}`
-  const proc = spawn(
-    'etcd',
-    [
-      '--name=ferry-test',
-      `--data-dir=${path.join(dir, 'data')}`,
-      `--listen-client-urls=${clientUrl}`,
-      `--advertise-client-urls=${clientUrl}`,
-      `--listen-peer-urls=${peerUrl}`,
-      `--initial-advertise-peer-urls=${peerUrl}`,
-      `--initial-cluster=ferry-test=${peerUrl}`,
-      ...tlsFlags,
-    ],
-    { stdio: ['ignore', 'ignore', 'pipe'] },
-  )
-  const entry = { proc, dir }
-  live.add(entry)
-  let log = ''
-  proc.stderr?.on('data', (d) => (log = (log + d).slice(-4000)))
-  const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()))
+  const etcd = await startEtcdProcess({ host, tls, timeoutMs, name: 'ferry-test', onStart: (proc, dir) => live.add((entry = { proc, dir })) }).catch((err: unknown) => {
+    // A start that failed removed its process and folder itself.
+    forget()
+    throw err
+  })
   const stop = async () => {
-    if (proc.exitCode === null && proc.signalCode === null && proc.pid) process.kill(proc.pid, 'SIGKILL')
-    await exited
-    fs.rmSync(dir, { recursive: true, force: true })
-    live.delete(entry)
+    await etcd.stop()
+    forget()
   }
-  const started = Date.now()
-  while (!(await healthy(healthUrl))) {
-    if (proc.exitCode !== null || proc.signalCode !== null || Date.now() - started > timeoutMs) {
-      await stop()
-      throw new Error(`etcd did not become ready within ${timeoutMs} ms:\n${log}`)
-    }
-    await delay(50)
-  }
-  return { url: `etcd://${host}:${clientPort}`, clientUrl, pid: proc.pid!, stop }
+  return { url: etcd.url, clientUrl: etcd.clientUrl, pid: etcd.pid, stop }
 }
 
 /** Records under `prefix`: each segment name with the revision that created its record. */
