@@ -395,6 +395,10 @@ test('summary: memory that the engine holds growing is reported as growth, whate
   t.false(leaking.goals.native_memory_flat)
   t.true(leaking.goals.js_heap_flat)
   t.is(leaking.memory.native.max_slope_mb_per_round, 3)
+  // Live objects pile up in the JS heap, slower than RSS may wander but faster than its bound: reported too.
+  const slowPile = summarize(summaryInput(Array(rounds).fill(150), flat, Array.from({ length: rounds }, (_, r) => 20 + 0.8 * r)))
+  t.false(slowPile.goals.js_heap_flat)
+  t.true(slowPile.goals.rss_flat)
   // Live objects pile up in the JS heap: reported too.
   const piling = summarize(summaryInput(Array.from({ length: rounds }, (_, r) => 150 + 4 * r), Array.from({ length: rounds }, (_, r) => 50 + 4 * r), Array.from({ length: rounds }, (_, r) => 20 + 4 * r)))
   t.false(piling.goals.js_heap_flat)

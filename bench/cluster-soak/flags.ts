@@ -37,7 +37,14 @@ export const SOAK_OPTIONS = {
     default: 2,
     min: 0,
     max: 100_000,
-    help: 'memory growth (MB, 10^6 bytes, per round: the least-squares slope over the second half of the rounds) up to which a host counts as flat; more --rounds see slower leaks',
+    help: 'RSS and native memory growth (MB, 10^6 bytes, per round: the least-squares slope over the second half of the rounds) up to which a host counts as flat; more --rounds see slower leaks',
+  },
+  'heap-slope-mb': {
+    type: 'number',
+    default: 0.5,
+    min: 0,
+    max: 100_000,
+    help: 'the same for the live JS heap after a full collection, which wanders far less',
   },
   port: { type: 'integer', default: 7000, min: 1, max: 65_535, help: 'port every host listens on, on its own address' },
   seed: { type: 'integer', default: 1, min: 0, max: 2 ** 32 - 1, help: 'seed of the storm victims' },
@@ -62,6 +69,7 @@ export interface SoakConfig {
   reopen: 'on-stale' | 'never'
   hangMs: number
   rssSlopeMb: number
+  heapSlopeMb: number
   port: number
   seed: number
 }
@@ -101,6 +109,7 @@ export function parseSoakFlags(argv: readonly string[]): SoakConfig | 'help' {
     reopen: v.reopen as SoakConfig['reopen'],
     hangMs: v['hang-ms'],
     rssSlopeMb: v['rss-slope-mb'],
+    heapSlopeMb: v['heap-slope-mb'],
     port: v.port,
     seed: v.seed,
   }

@@ -53,7 +53,7 @@ export function summarize(s: SummaryInput) {
   const fromRound = rssBaselineRound(s.config.rounds, s.config.warmupRounds)
   const quantities = s.memory.map((host) => host.map((m) => (m ? judgedQuantities(m) : null)))
   const series = (k: 'rss' | 'native' | 'heap') => quantities.map((host) => host.map((q) => q?.[k] ?? null))
-  const judge = (k: 'rss' | 'native' | 'heap') => memoryFigures(series(k), s.incarnations, fromRound, s.config.rssSlopeMb)
+  const judge = (k: 'rss' | 'native' | 'heap') => memoryFigures(series(k), s.incarnations, fromRound, k === 'heap' ? s.config.heapSlopeMb : s.config.rssSlopeMb)
   const rss = judge('rss')
   const native = judge('native')
   const heap = judge('heap')
@@ -107,6 +107,7 @@ export function summarize(s: SummaryInput) {
     memory: {
       from_round: fromRound,
       slope_bound_mb_per_round: s.config.rssSlopeMb,
+      heap_slope_bound_mb_per_round: s.config.heapSlopeMb,
       min_samples: MIN_SAMPLES,
       rss: memoryRecord(rss),
       native: memoryRecord(native),
@@ -155,7 +156,7 @@ function memoryLines(s: Summary): string[] {
   const m = s.memory
   const what = { rss: 'RSS', native: 'native (RSS less V8\'s heap: the engine, Node)', heap: 'JS heap live after a full GC' } as const
   const lines = [
-    `  memory after each round, judged from round ${m.from_round + 1} on (flat: slope <= ${m.slope_bound_mb_per_round} MB/round within an incarnation, runs of >= ${m.min_samples} rounds):`,
+    `  memory after each round, judged from round ${m.from_round + 1} on (flat: slope <= ${m.slope_bound_mb_per_round} MB/round, the live heap's <= ${m.heap_slope_bound_mb_per_round}, within an incarnation, runs of >= ${m.min_samples} rounds):`,
   ]
   for (const k of ['rss', 'native', 'heap'] as const) {
     lines.push(`    ${what[k]}: ${verdict(m[k].flat)} (steepest ${m[k].max_slope_mb_per_round ?? '-'} MB/round)`)
