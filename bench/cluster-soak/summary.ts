@@ -116,6 +116,7 @@ export function summarize(s: SummaryInput) {
     rss_mb_by_round: series('rss'),
     native_mb_by_round: series('native'),
     heap_used_mb_by_round: series('heap'),
+    incarnations_by_round: s.incarnations,
     floods: s.floods,
     etcd_pauses: s.etcdPauses,
     host_errors: s.hostErrors,
@@ -161,13 +162,15 @@ function memoryLines(s: Summary): string[] {
   for (const k of ['rss', 'native', 'heap'] as const) {
     lines.push(`    ${what[k]}: ${verdict(m[k].flat)} (steepest ${m[k].max_slope_mb_per_round ?? '-'} MB/round)`)
   }
-  const row = (v: Array<number | null>) => v.map((x) => (x === null ? '-' : x.toFixed(1)).padStart(6)).join('')
-  lines.push(`    per host per round (MB), RSS / native / live heap:`)
+  const row = (v: Array<number | null>, inc: Array<number | null>) =>
+    v.map((x, r) => (x === null ? '-' : x.toFixed(1)).padStart(6) + (r > 0 && inc[r] !== null && inc[r] !== inc[r - 1] ? '*' : ' ')).join('')
+  lines.push(`    per host per round (MB), RSS / native / live heap (* a restarted host's first sample):`)
   for (let h = 0; h < s.hosts; h++) {
     const slopes = (['rss', 'native', 'heap'] as const).map((k) => m[k].hosts[h]?.slope_mb_per_round ?? '-').join(' / ')
-    lines.push(`    host ${h} rss   ${row(s.rss_mb_by_round[h])}   slopes ${slopes} MB/round`)
-    lines.push(`           native${row(s.native_mb_by_round[h])}`)
-    lines.push(`           heap  ${row(s.heap_used_mb_by_round[h])}`)
+    const inc = s.incarnations_by_round[h] ?? []
+    lines.push(`    host ${h} rss   ${row(s.rss_mb_by_round[h], inc)}  slopes ${slopes} MB/round`)
+    lines.push(`           native${row(s.native_mb_by_round[h], inc)}`)
+    lines.push(`           heap  ${row(s.heap_used_mb_by_round[h], inc)}`)
   }
   return lines
 }
