@@ -122,6 +122,13 @@ export declare class NativeEngine {
   openSegment(name: string): Promise<OpenResult>
   /** Closes a segment. */
   closeSegment(handle: number): void
+  /** An open segment as this engine knows it now (the peer's incarnation and buffers). */
+  segmentInfo(handle: number): SegmentDesc
+  /**
+   * Fetches an open segment's descriptor from the peer now; resolves with an
+   * `OpenResult`.
+   */
+  refreshSegment(handle: number): Promise<OpenResult>
   /** Allocates a batch; returns its id. */
   allocateBatch(capacity: number): number
   /** Submits requests as tasks of a batch; returns the index of the first task. */

@@ -122,3 +122,57 @@ test('closeSegment during shm copies ends them as ERR_FERRY_SEGMENT_CLOSED, with
     await target.kill()
   }
 })
+
+test('a Segment shows the peer as the engine knows it now: buffers allocated later, and the new incarnation after a restart', async (t) => {
+  t.timeout(120_000)
+  const first = await Engine.create()
+  const engine = await Engine.create({ peerTimeoutMs: 3000 })
+  const seen = record(engine)
+  let second: Engine | undefined
+  const probe = await Engine.create()
+  try {
+    const local = engine.allocate(MiB)
+    const seg = await engine.openSegment(first.segmentName)
+    t.deepEqual(seg.buffers, [])
+    const oldId = seg.engineId
+    // Allocated after the open: a request naming it lists it.
+    const late = first.allocate(MiB)
+    await engine.write({ local, remote: seg, remoteBuffer: late.id, length: MiB, requireTransport: 'tcp' })
+    t.deepEqual(
+      seg.buffers.map((b) => b.id),
+      [late.id],
+    )
+    // Another, listed by asking the peer.
+    const later = first.allocate(MiB)
+    t.is(await seg.refresh(), seg)
+    t.deepEqual(
+      seg.buffers.map((b) => b.id),
+      [late.id, later.id],
+    )
+    // The peer restarts on its address: the same object shows the new incarnation.
+    const name = first.segmentName
+    await first.close()
+    await until('peerLost', () => seen.lost[0])
+    second = await Engine.create({ listen: name })
+    await until('peerRecovered', () => (seen.recovered > 0 ? true : undefined))
+    t.not(seg.engineId, oldId)
+    t.is(seg.engineId, (await probe.openSegment(name)).engineId)
+    t.deepEqual(seg.buffers, [], 'the new incarnation has allocated nothing yet')
+    const again = second.allocate(MiB)
+    await seg.refresh()
+    t.deepEqual(
+      seg.buffers.map((b) => b.id),
+      [again.id],
+    )
+    // Closed, it keeps what it knew last.
+    seg.close()
+    t.is(seg.engineId, (await probe.openSegment(name)).engineId)
+    t.is(seg.buffers.length, 1)
+    await t.throwsAsync(seg.refresh(), { instanceOf: FerryError })
+  } finally {
+    await engine.close()
+    await probe.close()
+    await first.close()
+    await second?.close()
+  }
+})

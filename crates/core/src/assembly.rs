@@ -29,7 +29,9 @@ use crate::notify::inbox::Inbox;
 use crate::notify::outbox::{Notifier, OutboxConfig};
 use crate::segment::SegmentTable;
 use crate::server::{accept_loop, LocalSegment};
-use crate::transport::{ControlPeers, LostHook, Transport, TransportContext, TransportFactory};
+use crate::transport::{
+    AnsweredHook, ControlPeers, LostHook, Transport, TransportContext, TransportFactory,
+};
 use crate::transports::fault::FaultFactory;
 use crate::transports::tcp::TcpFactory;
 use crate::wire::Token;
@@ -151,6 +153,12 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
             inner.declare_lost(peer, reason);
         }
     });
+    let answered_slot = slot.clone();
+    let answered: AnsweredHook = Arc::new(move |peer, engine_id| {
+        if let Some(inner) = answered_slot.get().and_then(Weak::upgrade) {
+            inner.incarnation_answered(peer, engine_id);
+        }
+    });
     let farewell: Arc<Farewell> = Arc::default();
     let context = TransportContext {
         engine_id,
@@ -159,6 +167,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         shutdown: shutdown.child_token(),
         regions: regions.clone(),
         lost,
+        answered,
         control_peers: control_peers.clone(),
         token,
         secret: secret.clone(),

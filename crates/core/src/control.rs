@@ -81,16 +81,18 @@ pub(crate) async fn open_control(
 }
 
 /// Sends one transport control request (`TransportReq`, e.g. an RDMA endpoint handshake) to
-/// the engine at `addr` and returns its answer.
+/// the engine at `addr` and returns its answer, with the engine id its handshake answered:
+/// the incarnation that made the answer, which may not be the one the caller knows.
 pub async fn transport_request(
     addr: &str,
     local_engine_id: u64,
     kind: crate::kind::TransportKind,
     payload: &[u8],
     timeout: Duration,
-) -> Result<Vec<u8>> {
+) -> Result<(Vec<u8>, u64)> {
     let exchange = async {
-        let (mut stream, _) = connect(addr, ConnKind::Control, local_engine_id, timeout).await?;
+        let (mut stream, answered) =
+            connect(addr, ConnKind::Control, local_engine_id, timeout).await?;
         let mut req = Header::new(Op::TransportReq);
         req.request_id = 1;
         req.buffer_id = kind as u64;
@@ -100,7 +102,7 @@ pub async fn transport_request(
             match read_frame(&mut stream).await? {
                 Some((h, body)) if h.op == Op::TransportResp => {
                     let _ = stream.shutdown().await;
-                    return Ok(body);
+                    return Ok((body, answered));
                 }
                 Some((h, body)) if h.op == Op::Error => {
                     return Err(Error::Protocol(format!(

@@ -48,6 +48,19 @@ pub struct SegmentInfo {
     pub buffers: Vec<BufferDescriptor>,
 }
 
+impl SegmentInfo {
+    /// `peer` as known now.
+    pub(crate) fn of(peer: &crate::segment::Peer) -> Self {
+        let desc = peer.descriptor();
+        Self {
+            handle: peer.handle(),
+            name: peer.name().to_string(),
+            engine_id: desc.engine_id,
+            buffers: desc.buffers.clone(),
+        }
+    }
+}
+
 /// Aggregate status of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchSnapshot {
@@ -235,6 +248,27 @@ impl Engine {
             biased;
             _ = closed.cancelled() => Err(Error::Closed),
             r = live.open_segment(name) => r.map_err(|e| if closed.is_cancelled() { Error::Closed } else { e }),
+        }
+    }
+
+    /// What this engine knows now of segment `handle`: the peer's incarnation and buffers
+    /// as last fetched — by the open, the link or the etcd watch (a restart), a request
+    /// naming a buffer not listed yet, or [`Engine::refresh_segment`].
+    pub fn segment_info(&self, handle: u64) -> Result<SegmentInfo> {
+        let live = self.live()?;
+        Ok(SegmentInfo::of(&*live.segments.get(handle)?))
+    }
+
+    /// Fetches segment `handle`'s descriptor from the peer now and applies it (a new
+    /// incarnation ends the old one, buffers allocated since become known); returns it.
+    pub async fn refresh_segment(&self, handle: u64) -> Result<SegmentInfo> {
+        let live = self.live()?;
+        let peer = live.segments.get(handle)?;
+        let closed = live.shutdown.clone();
+        tokio::select! {
+            biased;
+            _ = closed.cancelled() => Err(Error::Closed),
+            r = live.refresh(&peer) => r.map(|()| SegmentInfo::of(&peer)).map_err(|e| if closed.is_cancelled() { Error::Closed } else { e }),
         }
     }
 

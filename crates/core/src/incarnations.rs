@@ -9,6 +9,7 @@
 //! same ids; the transports check that each request reaches the incarnation it was planned
 //! against, so no byte planned for one lands in another.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,6 +77,33 @@ impl Inner {
             self.attach_transports(peer).await;
         }
         Ok(())
+    }
+
+    /// A transport's connection to `peer` was answered by engine `engine_id`. When that is
+    /// not the incarnation known (the peer restarted, and a data connection reconnected
+    /// before the link or the etcd watch noticed), the descriptor is fetched in the
+    /// background and goes through [`Inner::descriptor_seen`]: the old incarnation is lost
+    /// (`restarted`) once, whoever else notices, and the next request goes to the new one.
+    /// If the fetch fails the old incarnation is still gone — another engine answered at
+    /// its address, past the handshake — so it is lost all the same, and the link finds the
+    /// new one when it reconnects.
+    pub(crate) fn incarnation_answered(self: &Arc<Self>, peer: &Arc<Peer>, engine_id: u64) {
+        if engine_id == peer.engine_id() || peer.is_closed() || self.is_closed() {
+            return;
+        }
+        if peer.fetching_new.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (inner, peer) = (self.clone(), peer.clone());
+        self.handle.spawn(async move {
+            if let Err(e) = inner.refresh(&peer).await {
+                tracing::info!(peer = peer.name(), error = %e, "a new incarnation answered, its descriptor did not come");
+                if peer.engine_id() != engine_id && !peer.is_closed() {
+                    inner.declare_lost(&peer, LossReason::Restarted { engine_id });
+                }
+            }
+            peer.fetching_new.store(false, Ordering::Release);
+        });
     }
 
     /// A request named a buffer that segment `name`'s descriptor does not list: fetches

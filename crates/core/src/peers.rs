@@ -64,13 +64,7 @@ impl Inner {
             self.descriptor_seen(&peer, desc);
         }
         self.attach_transports(&peer).await;
-        let desc = peer.descriptor();
-        Ok(SegmentInfo {
-            handle: peer.handle(),
-            name: peer.name().to_string(),
-            engine_id: desc.engine_id,
-            buffers: desc.buffers.clone(),
-        })
+        Ok(SegmentInfo::of(&peer))
     }
 
     /// The control address of segment `name` with etcd metadata, and the revision to watch

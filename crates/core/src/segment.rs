@@ -115,6 +115,9 @@ pub struct Peer {
     /// Tells the link that the peer's incarnation changed: a connection to the old one is
     /// left for a new one.
     pub(crate) relink: tokio::sync::Notify,
+    /// A transport's connection reached another incarnation, and the descriptor is being
+    /// fetched for it: the connections that see the same meanwhile fetch nothing more.
+    pub(crate) fetching_new: AtomicBool,
 }
 
 /// What a held failure learns: `Some(loss)` once the loss is announced, `None` when the
@@ -159,6 +162,7 @@ impl Peer {
             probe: tokio::sync::Notify::new(),
             check: tokio::sync::Notify::new(),
             relink: tokio::sync::Notify::new(),
+            fetching_new: AtomicBool::new(false),
         }
     }
 

@@ -19,6 +19,12 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 /// it lost).
 pub type LostHook = Arc<dyn Fn(&Arc<Peer>, crate::liveness::LossReason) + Send + Sync>;
 
+/// Reports the engine id that a transport's own connection to a peer was answered with
+/// (its handshake's). Another than the incarnation the engine knows means the peer
+/// restarted: the engine fetches its descriptor and moves the segment to the new
+/// incarnation, as when the link sees it (`incarnations.rs`). Cheap for the known one.
+pub type AnsweredHook = Arc<dyn Fn(&Arc<Peer>, u64) + Send + Sync>;
+
 /// One attempt of a task, handed to a transport.
 #[derive(Debug, Clone)]
 pub struct Attempt {
@@ -206,6 +212,8 @@ pub struct TransportContext {
     pub regions: Arc<RegionTable>,
     /// Declares a peer lost.
     pub lost: LostHook,
+    /// Hears which incarnation a transport's connection reached.
+    pub answered: AnsweredHook,
     /// Peer engines with a control connection to this one.
     pub control_peers: Arc<ControlPeers>,
     /// The engine's access token (what peers must present for its memory).

@@ -384,3 +384,77 @@ fn a_restart_the_link_missed_is_restarted_and_no_byte_planned_for_the_old_incarn
         second.close();
     });
 }
+
+#[test]
+fn a_restart_only_a_data_connection_saw_moves_the_handle_to_the_new_incarnation() {
+    within(BOUND * 2, "restart seen by a data connection", || {
+        let tcp = [TransportKind::Tcp];
+        let hint = TransportHint::Require(TransportKind::Tcp);
+        let peer_timeout = Duration::from_secs(6);
+        let proxy = Proxy::start();
+        let first = target(&tcp, "127.0.0.1:0", Some(proxy.addr()));
+        proxy.forward_to(first.local_addr());
+        let buffer = first.allocate(LEN).expect("buffer");
+        let initiator = Engine::new(EngineConfig {
+            peer_timeout,
+            ..config(&tcp)
+        })
+        .expect("initiator");
+        let events = record(&initiator);
+        let local = initiator.allocate(LEN).expect("local");
+        let seg = initiator
+            .open_segment_blocking(first.segment_name())
+            .expect("open")
+            .handle;
+        // The link's connection (the open's) goes silent: the link learns nothing of the
+        // restart, neither the goodbye nor the new incarnation, until the peer timeout.
+        proxy.freeze();
+        let frozen_at = Instant::now();
+        fill(&local, 31);
+        assert_landed(
+            &write(&initiator, &local, seg, buffer.id(), hint),
+            &local,
+            &buffer,
+        );
+        let listen = first.local_addr().to_string();
+        first.close();
+        let second = target(&tcp, &listen, Some(proxy.addr()));
+        let fresh = second.allocate(LEN).expect("fresh buffer");
+        assert_eq!(fresh.id(), buffer.id());
+        // The data connection reconnects to the new incarnation first: the request planned
+        // against the old one fails as restarted, and the handle moves to the new one.
+        fill(&local, 32);
+        let deadline = Instant::now() + BOUND;
+        let snap = loop {
+            let snap = write(&initiator, &local, seg, fresh.id(), hint);
+            if snap.status == TransferStatus::Completed {
+                break snap;
+            }
+            let error = snap.error.clone().expect("failed");
+            assert!(
+                matches!(&error, ferry_core::Error::PeerLost { reason, .. } if reason.kind().name() == "restarted"),
+                "{error:?}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "never reached the new incarnation"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_landed(&snap, &local, &fresh);
+        assert!(
+            frozen_at.elapsed() < peer_timeout,
+            "reached only once the link timed out"
+        );
+        assert_eq!(losses(&events.lock().expect("events")), ["restarted"]);
+        // The link leaves its connection to the old incarnation: no second loss, no
+        // silence declared once its peer timeout has passed.
+        while frozen_at.elapsed() < peer_timeout * 3 / 2 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(losses(&events.lock().expect("events")), ["restarted"]);
+        assert!(recoveries(&events.lock().expect("events")) >= 1);
+        initiator.close();
+        second.close();
+    });
+}

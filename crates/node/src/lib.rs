@@ -157,6 +157,12 @@ impl NativeEngine {
         self.engine.handles().decode(HandleKind::Region, handle)
     }
 
+    /// The id of segment `handle` in this engine, checked to be this engine's.
+    fn segment_handle(&self, handle: f64) -> Result<u64, ferry_core::Error> {
+        let handle = to_u64(handle, "segment")?;
+        self.engine.handles().decode(HandleKind::Segment, handle)
+    }
+
     /// The JS description of a region.
     fn region_info(&self, region: &ferry_core::Region) -> RegionInfo {
         RegionInfo {
@@ -257,13 +263,44 @@ impl NativeEngine {
     /// Closes a segment.
     #[napi(catch_unwind)]
     pub fn close_segment(&self, handle: f64) -> napi::Result<(), String> {
-        let handle = to_u64(handle, "segment").map_err(js_error)?;
-        let handle = self
-            .engine
-            .handles()
-            .decode(HandleKind::Segment, handle)
-            .map_err(js_error)?;
+        let handle = self.segment_handle(handle).map_err(js_error)?;
         self.engine.close_segment(handle).map_err(js_error)
+    }
+
+    /// An open segment as this engine knows it now (the peer's incarnation and buffers).
+    #[napi(catch_unwind)]
+    pub fn segment_info(&self, handle: f64) -> napi::Result<SegmentDesc, String> {
+        let handle = self.segment_handle(handle).map_err(js_error)?;
+        let info = self.engine.segment_info(handle).map_err(js_error)?;
+        Ok(SegmentDesc::new(info, &self.engine.handles()))
+    }
+
+    /// Fetches an open segment's descriptor from the peer now; resolves with an
+    /// `OpenResult`.
+    #[napi(catch_unwind, ts_return_type = "Promise<OpenResult>")]
+    pub fn refresh_segment<'env>(
+        &self,
+        env: &'env Env,
+        handle: f64,
+    ) -> napi::Result<Object<'env>, String> {
+        let handle = self.segment_handle(handle).map_err(js_error)?;
+        let (settle, promise) = Settle::<OpenResult>::new(env).map_err(internal)?;
+        let engine = self.engine.clone();
+        let handles = self.engine.handles();
+        let spawned = self.engine.spawn(async move {
+            settle.resolve(match engine.refresh_segment(handle).await {
+                Ok(info) => OpenResult {
+                    segment: Some(SegmentDesc::new(info, &handles)),
+                    error: None,
+                },
+                Err(e) => OpenResult {
+                    segment: None,
+                    error: Some(FailureJs::from(&e)),
+                },
+            });
+        });
+        spawned.map_err(js_error)?;
+        Ok(promise)
     }
 
     /// Allocates a batch; returns its id.

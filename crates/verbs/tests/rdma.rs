@@ -589,3 +589,102 @@ fn with_a_cluster_secret_the_rdma_handshake_runs_and_read_only_memory_stays_unwr
         stranger.close();
     });
 }
+
+#[test]
+fn an_endpoint_reconnect_that_reaches_a_new_incarnation_moves_the_segment_to_it() {
+    within(Duration::from_secs(60), "test body", || {
+        const LEN: u64 = 1 << 20;
+        let peer_timeout = Duration::from_secs(6);
+        let listen_via = |proxy: &ferry_testkit::Proxy, listen: &str| {
+            let addr = proxy.addr().to_string();
+            engine_with(provider(EmulatedFaults::default()), |c, _| {
+                c.listen = listen.to_string();
+                c.advertise = Some(addr);
+            })
+        };
+        let proxy = ferry_testkit::Proxy::start();
+        let first = listen_via(&proxy, "127.0.0.1:0");
+        proxy.forward_to(first.local_addr());
+        let buffer = first.allocate(LEN).expect("buffer");
+        let initiator = engine_with(provider(EmulatedFaults::default()), |c, _| {
+            c.transports = vec![TransportKind::Rdma];
+            c.peer_timeout = peer_timeout;
+        });
+        let events: Arc<Mutex<Vec<EngineEvent>>> = Arc::default();
+        let sink = events.clone();
+        initiator.set_event_sink(Some(Arc::new(move |e| {
+            sink.lock().expect("events").push(e);
+        })));
+        let losses = || -> Vec<&'static str> {
+            let events = events.lock().expect("events");
+            events
+                .iter()
+                .filter_map(|e| match e {
+                    EngineEvent::PeerLost { reason, .. } => Some(reason.kind().name()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let local = initiator.allocate(LEN).expect("local");
+        let seg = initiator
+            .open_segment_blocking(first.segment_name())
+            .expect("open")
+            .handle;
+        let write = |buffer: u64| {
+            let req = Request {
+                opcode: Opcode::Write,
+                local: local.id(),
+                local_offset: 0,
+                segment: seg,
+                remote_buffer: buffer,
+                remote_offset: 0,
+                length: LEN,
+                hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
+            };
+            // Refused at once while no endpoint is up.
+            initiator.transfer_blocking(&[req]).map(one)
+        };
+        // The link's connection goes silent: it learns nothing of the restart until the
+        // peer timeout.
+        proxy.freeze();
+        let frozen_at = Instant::now();
+        fill(&local, 41);
+        let snap = write(buffer.id()).expect("transfer");
+        assert_eq!(snap.status, TransferStatus::Completed, "{:?}", snap.error);
+        let listen = first.local_addr().to_string();
+        first.close();
+        let second = listen_via(&proxy, &listen);
+        let fresh = second.allocate(LEN).expect("fresh buffer");
+        assert_eq!(fresh.id(), buffer.id());
+        // The endpoints break on the gone incarnation and reconnect to the new one first.
+        fill(&local, 42);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let outcome = write(fresh.id());
+            if outcome
+                .as_ref()
+                .is_ok_and(|s| s.status == TransferStatus::Completed)
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never reached the new incarnation: {outcome:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(bytes_of(&fresh), bytes_of(&local));
+        assert!(
+            frozen_at.elapsed() < peer_timeout,
+            "reached only once the link timed out: {:?}",
+            losses()
+        );
+        assert_eq!(losses(), ["restarted"]);
+        while frozen_at.elapsed() < peer_timeout * 3 / 2 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(losses(), ["restarted"], "the link left the old incarnation");
+        initiator.close();
+        second.close();
+    });
+}

@@ -134,7 +134,7 @@ impl Shared {
         };
         let body = serde_json::to_vec(&request)
             .map_err(|e| Error::Protocol(format!("encode handshake: {e}")))?;
-        let reply = transport_request(
+        let (reply, answered) = transport_request(
             link.peer.name(),
             self.engine_id,
             TransportKind::Rdma,
@@ -142,6 +142,17 @@ impl Shared {
             self.config.connect_timeout,
         )
         .await?;
+        // Another incarnation answered (the peer restarted, and this reconnect saw it
+        // first): a queue pair to it would carry requests planned, rkeys and all, for the
+        // one gone. The engine moves the segment to the new incarnation, whose attach
+        // sets the endpoints up again.
+        if answered != link.engine_id.load(Ordering::Acquire) {
+            (self.answered)(&link.peer, answered);
+            return Err(Error::TransportUnavailable(format!(
+                "rdma: {} answered as another incarnation ({answered:016x})",
+                link.peer.name()
+            )));
+        }
         let remote: EndpointInfo = serde_json::from_slice(&reply)
             .map_err(|e| Error::Protocol(format!("bad rdma handshake reply: {e}")))?;
         let remote_gid = parse_gid(&remote.gid)

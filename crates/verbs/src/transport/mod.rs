@@ -41,7 +41,7 @@ use std::time::Instant;
 use ferry_core::memory::{Access, Region, RegionId};
 use ferry_core::segment::Peer;
 use ferry_core::transport::{
-    Attempt, BoxFuture, ControlPeers, Transport, TransportContext, TransportFactory,
+    AnsweredHook, Attempt, BoxFuture, ControlPeers, Transport, TransportContext, TransportFactory,
 };
 use ferry_core::{Error, Result, TransportKind};
 
@@ -102,6 +102,8 @@ struct Shared {
     /// Bumped whenever endpoints come or go, so the poller refreshes its list.
     generation: AtomicU64,
     control_peers: Arc<ControlPeers>,
+    /// Hears which incarnation of a peer an endpoint handshake reached.
+    answered: AnsweredHook,
     poller: OnceLock<std::thread::Thread>,
     stopping: AtomicBool,
 }
@@ -134,6 +136,7 @@ impl RdmaTransport {
             passive: Mutex::default(),
             generation: AtomicU64::new(0),
             control_peers: context.control_peers,
+            answered: context.answered,
             poller: OnceLock::new(),
             stopping: AtomicBool::new(false),
         });

@@ -33,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::event_loop::watch::{self as event_loop, Interest, Watch};
 use crate::net::connect;
 use crate::segment::Peer;
+use crate::transport::AnsweredHook;
 use crate::wire::ConnKind;
 
 /// Largest payload (either way) a request may have to take a loop connection: the JS
@@ -104,6 +105,9 @@ pub(crate) struct Lanes {
     pub engine_id: u64,
     pub connect_timeout: Duration,
     pub registry: Arc<Registry>,
+    /// Hears which incarnation of the peer each connection reached (`None` for a
+    /// transport built outside an engine).
+    pub answered: Option<AnsweredHook>,
 }
 
 /// A thread's connection to one peer, in whatever state it is.
@@ -232,9 +236,15 @@ fn start_connect(lanes: &Lanes, peer: &Arc<Peer>) -> Arc<Landing> {
         lanes.connect_timeout,
     );
     let landed = slot.clone();
+    let (answered, peer) = (lanes.answered.clone(), peer.clone());
     lanes.rt.spawn(async move {
         let stream = connect(&addr, ConnKind::Data, engine_id, timeout)
             .await
+            .inspect(|(_, remote)| {
+                if let Some(answered) = &answered {
+                    answered(&peer, *remote);
+                }
+            })
             .and_then(|(s, remote)| {
                 let s = s.into_std().map_err(|e| Error::io("loop connection", &e))?;
                 s.set_nonblocking(true)

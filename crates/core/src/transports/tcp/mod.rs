@@ -74,13 +74,15 @@ impl TransportFactory for TcpFactory {
     }
 
     fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>> {
-        Ok(Arc::new(TcpTransport::new(
+        let mut tcp = TcpTransport::new(
             context.handle,
             context.engine_id,
             self.0,
             context.shutdown,
             context.attempt_timeout,
-        )))
+        );
+        tcp.lanes.answered = Some(context.answered);
+        Ok(Arc::new(tcp))
     }
 }
 
@@ -120,6 +122,7 @@ impl TcpTransport {
             engine_id: local_engine_id,
             connect_timeout: config.connect_timeout,
             registry: Arc::default(),
+            answered: None,
         };
         Self {
             rt,
@@ -145,6 +148,7 @@ impl TcpTransport {
                             &self.rt,
                             self.shutdown.clone(),
                             self.local_engine_id,
+                            self.lanes.answered.clone(),
                             Timeouts {
                                 connect: self.config.connect_timeout,
                                 stuck_after: self.stuck_after,

@@ -44,6 +44,7 @@ use crate::lazy_now::LazyNow;
 use crate::net::{connect, read_header_bytes};
 use crate::segment::Peer;
 use crate::task::Observer;
+use crate::transport::AnsweredHook;
 use crate::wire::ConnKind;
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
@@ -82,6 +83,8 @@ pub(super) struct PoolConn {
     /// Wakes the actor: work was queued.
     work: Notify,
     current: Mutex<CancellationToken>,
+    /// Hears which incarnation of the peer each connection reached.
+    answered: Option<AnsweredHook>,
 }
 
 impl PoolConn {
@@ -93,10 +96,12 @@ impl PoolConn {
         rt: &Handle,
         shutdown: CancellationToken,
         local_engine_id: u64,
+        answered: Option<AnsweredHook>,
         timeouts: Timeouts,
     ) -> Arc<Self> {
         let conn = Arc::new(Self {
             peer: peer.clone(),
+            answered,
             inflight: Mutex::new(Inflight::default()),
             write: Mutex::new(WriteState::default()),
             work: Notify::new(),
@@ -309,6 +314,12 @@ async fn conn_actor(
         };
         backoff = BACKOFF_START;
         retry_at = None;
+        // Another incarnation than the one known: the peer restarted, and this connection
+        // is the first to see it. Its slices fail as restarted (`register`), and the
+        // engine moves the segment to the new incarnation.
+        if let Some(answered) = &conn.answered {
+            answered(&conn.peer, remote_engine);
+        }
         let cancel = shutdown.child_token();
         *conn.current.lock().unwrap_or_else(|p| p.into_inner()) = cancel.clone();
         let (rd, wr) = stream.into_split();
