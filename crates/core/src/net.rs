@@ -110,7 +110,17 @@ pub(crate) async fn read_frame_within<R: AsyncRead + Unpin>(
 async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, header: &Header) -> Result<Vec<u8>> {
     let len = usize::try_from(header.payload_len())
         .map_err(|_| Error::Protocol("payload length overflows usize".into()))?;
-    let mut payload = vec![0u8; len];
+    // Bounded by the frame's op (`Op::payload_cap`, checked as the header was decoded),
+    // and still allocated fallibly: a process short of memory refuses the frame
+    // with the limit's words instead of aborting.
+    let mut payload = Vec::new();
+    payload.try_reserve_exact(len).map_err(|_| {
+        Error::ResourceLimit(format!(
+            "{} in this process",
+            crate::resource::describe_allocation(len, "a peer's frame")
+        ))
+    })?;
+    payload.resize(len, 0);
     r.read_exact(&mut payload)
         .await
         .map_err(|e| Error::Protocol(format!("truncated payload: {e}")))?;
