@@ -339,10 +339,16 @@ impl ShmTransport {
                 mapping.clone(),
                 split.job,
             )?;
-            // Queued behind other copies, its clock starts when a copy thread takes it
-            // (`Shared::copy_back`): a long list never times out behind its own head. The
-            // copy threads wait on no peer, so that wait is bounded by the copies ahead.
-            if let Some(deadlines) = &self.deadlines {
+            // What this thread does not copy itself waits behind other copies: its clock
+            // starts when a copy thread takes it (`Shared::copy_back`), so a long list
+            // never times out behind its own head. The copy threads wait on no peer, so
+            // that wait is bounded by the copies ahead. A copy this thread may finish
+            // alone waits on nothing, and is timed from submission as any other.
+            if let Some(deadlines) = self
+                .deadlines
+                .as_ref()
+                .filter(|_| req.length > split.own_bytes)
+            {
                 a.task.time_from_start(a.attempt, deadlines);
             }
             let helpers = self.policy.helpers(shared.jobs());

@@ -207,7 +207,9 @@ impl Shared {
     /// thread to come starts the attempt's clock (`Task::started`: ignored unless its
     /// deadline runs from its start).
     pub(super) fn copy_back(&self) {
-        if !self.started.swap(true, Ordering::Relaxed) {
+        if self.task.is_timed_from_start(self.attempt)
+            && !self.started.swap(true, Ordering::Relaxed)
+        {
             self.task.started(self.attempt, std::time::Instant::now());
         }
         self.work(u64::MAX, End::Back);
