@@ -160,6 +160,16 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         }
     });
     let farewell: Arc<Farewell> = Arc::default();
+    let tick = config
+        .failover
+        .attempt_timeout
+        .map(|t| (t / 10).clamp(Duration::from_millis(5), Duration::from_millis(100)))
+        .unwrap_or(Duration::from_millis(100));
+    let deadlines = Arc::new(Deadlines::new(
+        std::time::Instant::now(),
+        tick,
+        config.failover.attempt_timeout.unwrap_or_default(),
+    ));
     let context = TransportContext {
         engine_id,
         machine_id: machine_id.clone(),
@@ -176,6 +186,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         frame_timeout: config.frame_timeout,
         farewell: farewell.clone(),
         attempt_timeout: config.failover.attempt_timeout,
+        deadlines: config.failover.attempt_timeout.map(|_| deadlines.clone()),
     };
     let (transports, disabled) = {
         let _guard = runtime.enter();
@@ -241,11 +252,6 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         }
     };
     handle.spawn(accept_loop(listener, local.clone(), shutdown.clone()));
-    let tick = config
-        .failover
-        .attempt_timeout
-        .map(|t| (t / 10).clamp(Duration::from_millis(5), Duration::from_millis(100)))
-        .unwrap_or(Duration::from_millis(100));
     let handles = Handles::default();
     // Notifications name their sender as peers open it: its etcd name when published there.
     let outbox = OutboxConfig {
@@ -270,11 +276,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         batches: BatchTable::new(handles),
         transports,
         not_enabled: not_enabled_messages(&config, &disabled),
-        deadlines: Arc::new(Deadlines::new(
-            std::time::Instant::now(),
-            tick,
-            config.failover.attempt_timeout.unwrap_or_default(),
-        )),
+        deadlines,
         health: HealthTable::new(config.rail),
         health_dirty: Arc::default(),
         ops: Mutex::new(rustc_hash::FxHashMap::default()),

@@ -93,10 +93,15 @@ impl Inner {
         }
         // Otherwise registered only for an attempt still running once submitted: most
         // same-host copies are done by now, and skip the deadline table's lock and the
-        // clock. One that ends meanwhile is removed again by the task. The deadline counts
-        // from the call's time: its first clock read, at the latest now.
+        // clock. One that ends meanwhile is removed again by the task, and one that its
+        // transport queued and timed from its start itself (shm's copy threads) keeps
+        // that. The deadline counts from the call's time: its first clock read, at the
+        // latest now.
         if let Some(timeout) = timed.filter(|_| !from_start) {
-            if !task.status().is_terminal() && task.attempt() == attempt {
+            if !task.status().is_terminal()
+                && task.attempt() == attempt
+                && !task.is_timed_from_start(attempt)
+            {
                 let at = now.get() + timeout;
                 let key = self.deadlines.add(Arc::downgrade(task), attempt, at);
                 task.set_deadline(attempt, &self.deadlines, key);

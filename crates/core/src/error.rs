@@ -361,6 +361,29 @@ impl Error {
         }
     }
 
+    /// A mapping of `len` bytes refused with `err` in `context`: out of memory or address
+    /// space, a `ResourceLimit` naming the size and the limit (`RLIMIT_AS` where set);
+    /// otherwise as [`Error::io`].
+    pub(crate) fn mapping(context: &str, len: u64, err: &std::io::Error) -> Self {
+        let errno = err.raw_os_error().unwrap_or(0);
+        let address_space = crate::resource::soft_limit(libc::RLIMIT_AS);
+        match crate::resource::describe_mapping(len, errno, address_space) {
+            Some(limit) => Self::ResourceLimit(format!("{limit} in this process ({context})")),
+            None => Self::io(context, err),
+        }
+    }
+
+    /// A thread for `what` that could not be started (`err` from spawning it): out of
+    /// threads or memory, a `ResourceLimit` naming the limits; otherwise as [`Error::io`].
+    pub(crate) fn thread(what: &str, err: &std::io::Error) -> Self {
+        let errno = err.raw_os_error().unwrap_or(0);
+        let nproc = crate::resource::soft_limit(libc::RLIMIT_NPROC);
+        match crate::resource::describe_thread(what, errno, nproc) {
+            Some(limit) => Self::ResourceLimit(format!("{limit} in this process")),
+            None => Self::io(what, err),
+        }
+    }
+
     /// An injected failure (`is_injected` tells it apart): `what` happened by design.
     pub(crate) fn injected(what: impl std::fmt::Display) -> Self {
         Self::Io(format!("{INJECTED}{what}"))

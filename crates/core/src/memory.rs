@@ -86,8 +86,8 @@ impl Mapping {
             return Err(Error::io("seal memfd", &std::io::Error::last_os_error()));
         }
         // The length it was truncated to, at a placement of its own (`ALIAS_SPAN`).
-        let ptr =
-            crate::linux::map_shared(fd.as_fd(), len, 0).map_err(|e| Error::io("mmap", &e))?;
+        let ptr = crate::linux::map_shared(fd.as_fd(), len, 0)
+            .map_err(|e| Error::mapping("map region memory", len as u64, &e))?;
         Ok(Self {
             ptr,
             len,

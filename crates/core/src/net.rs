@@ -107,10 +107,25 @@ pub(crate) async fn read_frame_within<R: AsyncRead + Unpin>(
     Ok(Some((header, payload)))
 }
 
+/// A zeroed buffer for a frame's `len`-byte payload. Bounded by the frame's op
+/// (`Op::payload_cap`, checked as the header was decoded), and still allocated fallibly: a
+/// process short of memory refuses the frame with the limit's words instead of aborting.
+fn frame_buffer(len: usize) -> Result<Vec<u8>> {
+    let mut payload = Vec::new();
+    payload.try_reserve_exact(len).map_err(|_| {
+        Error::ResourceLimit(format!(
+            "{} in this process",
+            crate::resource::describe_allocation(len, "a peer's frame")
+        ))
+    })?;
+    payload.resize(len, 0);
+    Ok(payload)
+}
+
 async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, header: &Header) -> Result<Vec<u8>> {
     let len = usize::try_from(header.payload_len())
         .map_err(|_| Error::Protocol("payload length overflows usize".into()))?;
-    let mut payload = vec![0u8; len];
+    let mut payload = frame_buffer(len)?;
     r.read_exact(&mut payload)
         .await
         .map_err(|e| Error::Protocol(format!("truncated payload: {e}")))?;
@@ -446,6 +461,21 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_frame_buffer_that_cannot_be_allocated_is_a_resource_limit_not_an_abort() {
+        // More than any allocator gives: the fallible path, as under RLIMIT_AS.
+        let len = usize::MAX / 4;
+        let err = frame_buffer(len).expect_err("no such buffer");
+        assert_eq!(err.code(), "ERR_FERRY_RESOURCE_LIMIT", "{err}");
+        assert!(
+            err.to_string().contains(&format!(
+                "memory: a buffer of {len} bytes for a peer's frame"
+            )),
+            "{err}"
+        );
+        assert_eq!(frame_buffer(16).expect("small"), vec![0u8; 16]);
+    }
 
     /// How many of `n` connects to `listener` (never accepted) complete within 300 ms each.
     fn queued(listener: &TcpListener, n: usize) -> usize {

@@ -105,7 +105,10 @@ impl Inner {
         };
         match t.reachable(peer) {
             Ok(()) => Path::Usable,
-            Err(why) => Path::Unreachable(why.into()),
+            Err(why) => match t.setup_limit(peer) {
+                Some(limit) => Path::Exhausted(limit.into()),
+                None => Path::Unreachable(why.into()),
+            },
         }
     }
 

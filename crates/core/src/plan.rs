@@ -29,6 +29,9 @@ pub(crate) enum Path<'a> {
     NotEnabled(Cow<'a, str>),
     /// Enabled here, but it cannot reach this peer (e.g. shm towards another host).
     Unreachable(Cow<'a, str>),
+    /// Enabled here, but setting it up towards this peer ran out of a resource (the
+    /// message names the limit): a request that requires it fails `ResourceLimit`.
+    Exhausted(Cow<'a, str>),
 }
 
 impl Path<'_> {
@@ -36,7 +39,7 @@ impl Path<'_> {
     pub(crate) fn why_not(&self) -> Option<&str> {
         match self {
             Self::Usable => None,
-            Self::NotEnabled(why) | Self::Unreachable(why) => Some(why),
+            Self::NotEnabled(why) | Self::Unreachable(why) | Self::Exhausted(why) => Some(why),
         }
     }
 }
@@ -89,12 +92,15 @@ pub(crate) fn plan(hint: TransportHint, view: &PeerView<'_>) -> Result<Plan> {
         }
     }
     if let TransportHint::Require(k) = hint {
+        let exhausted = matches!(path(k), Path::Exhausted(_));
         if let Some(why) = path(k).why_not() {
             return Err(view.lost.clone().unwrap_or_else(|| {
-                Error::TransportUnavailable(format!(
-                    "{k} required but unavailable towards {}: {why}",
-                    view.name
-                ))
+                let why = format!("{k} required but unavailable towards {}: {why}", view.name);
+                if exhausted {
+                    Error::ResourceLimit(why)
+                } else {
+                    Error::TransportUnavailable(why)
+                }
             }));
         }
         return Ok(Plan {
@@ -247,6 +253,18 @@ mod tests {
             ok(remote_host.plan(TransportHint::Auto)),
             (vec![Tcp], false)
         );
+    }
+
+    #[test]
+    fn a_required_transport_that_ran_out_of_a_resource_fails_with_the_limit() {
+        let limit = "memory: mmap of 1073741824 bytes failed: ENOMEM";
+        let p = Peer::new(&[Tcp, Shm]).with(Shm, Path::Exhausted(limit.into()));
+        let (c, m) = code(p.plan(TransportHint::Require(Shm)));
+        assert_eq!(c, "ERR_FERRY_RESOURCE_LIMIT");
+        assert!(m.contains(limit), "{m}");
+        // Anything else goes where it can, as for any path that cannot serve.
+        assert_eq!(ok(p.plan(TransportHint::Auto)), (vec![Tcp], false));
+        assert_eq!(ok(p.plan(TransportHint::Prefer(Shm))), (vec![Tcp], false));
     }
 
     #[test]

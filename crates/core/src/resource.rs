@@ -30,6 +30,59 @@ pub(crate) fn describe_limit(errno: i32, nofile: Option<u64>) -> Option<String> 
     }
 }
 
+/// How a refused mapping of `len` bytes reads, for `errno` from `mmap`: `ENOMEM` is memory
+/// or the process's address space (`address_space`: the soft `RLIMIT_AS` when finite;
+/// without one, the machine's memory or its count of mappings, `vm.max_map_count`). `None`
+/// for any other error. Pure.
+pub(crate) fn describe_mapping(len: u64, errno: i32, address_space: Option<u64>) -> Option<String> {
+    if errno != libc::ENOMEM {
+        return None;
+    }
+    Some(match address_space {
+        Some(n) => format!(
+            "memory: mmap of {len} bytes failed: ENOMEM (address space: RLIMIT_AS {n} bytes, ulimit -v)"
+        ),
+        None => format!(
+            "memory: mmap of {len} bytes failed: ENOMEM (out of memory, or vm.max_map_count mappings)"
+        ),
+    })
+}
+
+/// How a buffer of `len` bytes that could not be allocated for `what` reads. Pure.
+pub(crate) fn describe_allocation(len: usize, what: &str) -> String {
+    format!("memory: a buffer of {len} bytes for {what} could not be allocated")
+}
+
+/// How a thread that could not be started for `what` reads, for `errno` from
+/// `pthread_create` (`EAGAIN`: the process's count of tasks, `RLIMIT_NPROC`, or memory for
+/// the thread's stack; `nproc` the soft limit when finite). `None` for any other error.
+/// Pure.
+pub(crate) fn describe_thread(what: &str, errno: i32, nproc: Option<u64>) -> Option<String> {
+    if errno != libc::EAGAIN && errno != libc::ENOMEM {
+        return None;
+    }
+    Some(match nproc {
+        Some(n) => format!(
+            "threads: {what} could not be started (RLIMIT_NPROC {n}, threads-max, or memory for its stack)"
+        ),
+        None => format!(
+            "threads: {what} could not be started (threads-max, or memory for its stack)"
+        ),
+    })
+}
+
+/// This process's soft limit `resource` (`RLIMIT_AS`, `RLIMIT_NPROC`, …) when it can be
+/// read and is finite.
+pub(crate) fn soft_limit(resource: libc::__rlimit_resource_t) -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` through a valid, exclusive pointer to a local.
+    let rc = unsafe { libc::getrlimit(resource, &mut limit) };
+    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+}
+
 /// The limit `err` reached, worded, or `None` when it is no resource error.
 pub(crate) fn limit_of(err: &io::Error) -> Option<String> {
     let errno = err.raw_os_error()?;
@@ -39,13 +92,7 @@ pub(crate) fn limit_of(err: &io::Error) -> Option<String> {
 
 /// This process's soft `RLIMIT_NOFILE`, when it can be read and is finite.
 pub(crate) fn open_files_limit() -> Option<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one `rlimit` through a valid, exclusive pointer to a local.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+    soft_limit(libc::RLIMIT_NOFILE)
 }
 
 /// The frame that tells a connection it was refused because `limit` was reached: an
@@ -184,6 +231,33 @@ mod tests {
             .expect("a limit")
             .starts_with("memory"));
         assert!(describe_limit(libc::ENOBUFS, None).is_some());
+    }
+
+    #[test]
+    fn a_refused_mapping_names_its_size_and_the_address_space_limit() {
+        let bounded = describe_mapping(1 << 30, libc::ENOMEM, Some(512 << 20)).expect("a limit");
+        assert_eq!(
+            bounded,
+            "memory: mmap of 1073741824 bytes failed: ENOMEM (address space: RLIMIT_AS 536870912 bytes, ulimit -v)"
+        );
+        let unbounded = describe_mapping(4096, libc::ENOMEM, None).expect("a limit");
+        assert!(unbounded.starts_with("memory: mmap of 4096 bytes failed: ENOMEM"));
+        assert!(unbounded.contains("vm.max_map_count"), "{unbounded}");
+        assert_eq!(describe_mapping(4096, libc::EACCES, Some(1)), None);
+        assert!(describe_allocation(4 << 20, "a peer's frame")
+            .starts_with("memory: a buffer of 4194304 bytes"));
+    }
+
+    #[test]
+    fn a_thread_that_cannot_start_names_the_limits_on_threads() {
+        let t = describe_thread("the shm copy thread", libc::EAGAIN, Some(64)).expect("a limit");
+        assert!(
+            t.starts_with("threads: the shm copy thread could not be started"),
+            "{t}"
+        );
+        assert!(t.contains("RLIMIT_NPROC 64"), "{t}");
+        assert!(describe_thread("x", libc::ENOMEM, None).is_some());
+        assert_eq!(describe_thread("x", libc::EPERM, None), None);
     }
 
     #[test]

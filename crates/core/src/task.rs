@@ -391,7 +391,11 @@ impl Task {
         let stale = {
             let mut st = self.lock();
             let registered = AttemptDeadline::registered(deadlines, key);
-            if self.status().is_terminal() || self.attempt() != attempt {
+            // An attempt its transport timed from its start meanwhile keeps that timing.
+            if self.status().is_terminal()
+                || self.attempt() != attempt
+                || self.is_timed_from_start(attempt)
+            {
                 Some(registered)
             } else {
                 st.deadline.replace(registered)
@@ -416,6 +420,12 @@ impl Task {
         if let Some(d) = stale {
             d.remove();
         }
+    }
+
+    /// Whether `attempt`'s deadline runs from when its bytes start moving
+    /// ([`Task::time_from_start`]).
+    pub fn is_timed_from_start(&self, attempt: u32) -> bool {
+        self.timed_from_start.load(Ordering::Acquire) == attempt
     }
 
     /// Declares that `attempt` travels in `shares` shares (one per connection or endpoint

@@ -61,6 +61,11 @@ pub trait Transport: Send + Sync {
     /// that wait itself: a connection with work outstanding and no answer for the
     /// attempt deadline ([`TransportContext::attempt_timeout`]) is stuck, and everything
     /// on it, queued work too, fails at once. Default: no (timed from submission).
+    ///
+    /// A transport that queues only some attempts, and whose queue always drains without
+    /// waiting on the peer (shm's copy threads), says no here and times those it queues
+    /// itself: `Task::time_from_start` with [`TransportContext::deadlines`] before it
+    /// queues one, `Task::started` as it starts on it.
     fn reports_starts(&self) -> bool {
         false
     }
@@ -105,6 +110,14 @@ pub trait Transport: Send + Sync {
     /// Whether this transport can reach `peer` from here; the reason when it cannot.
     fn reachable(&self, _peer: &Peer) -> std::result::Result<(), String> {
         Ok(())
+    }
+
+    /// Why this transport could not be set up towards `peer` for want of a resource (its
+    /// attach ran out of memory or address space), while that holds: a request that
+    /// requires it then fails with `ResourceLimit` and these words, not as merely
+    /// unreachable. Asked only after [`Transport::reachable`] said no. Default: never.
+    fn setup_limit(&self, _peer: &Peer) -> Option<String> {
+        None
     }
 
     /// Sets up what the transport needs towards a newly opened (or recovered) peer, such
@@ -233,6 +246,10 @@ pub struct TransportContext {
     /// ([`Transport::reports_starts`]) treats a connection with work outstanding and no
     /// answer for this long as stuck, and fails everything it holds, queued work too.
     pub attempt_timeout: Option<std::time::Duration>,
+    /// The engine's attempt deadlines (`None` without an attempt timeout): where a
+    /// transport that queues some attempts has those timed from their start
+    /// ([`Transport::reports_starts`]).
+    pub(crate) deadlines: Option<Arc<crate::deadlines::Deadlines<Task>>>,
 }
 
 /// Builds a transport for an engine. Every transport is built this way: tcp, shm and the

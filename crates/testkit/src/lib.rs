@@ -8,6 +8,8 @@
 //! - [`fill`], [`bytes_of`], [`bytes_at`]: write a pattern into a region, copy bytes out;
 //! - [`user_region`]: registered (leaked) user memory with a chosen access;
 //! - [`request`], [`wait_batch`], [`one`]: requests and bounded waits on their outcome;
+//! - [`lists`]: scattered block lists run to their end, counted by status and checked
+//!   byte for byte (the attempt-deadline tests of each transport);
 //! - [`notes`]: a target-side notification handler that checks the data is in place;
 //! - [`Proxy`]: a TCP forwarder whose connections a test freezes or cuts;
 //! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness;
@@ -15,6 +17,7 @@
 //!   (outside CI; under CI that fails it).
 
 mod etcd;
+pub mod lists;
 pub mod notes;
 mod pair;
 mod proxy;

@@ -9,11 +9,13 @@ use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 
 pub use crate::config::fault::FaultSpec;
+use crate::deadlines::Deadlines;
 pub use crate::error::{is_injected, INJECTED};
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::memory::{Region, RegionId};
 use crate::segment::Peer;
+use crate::task::Task;
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 
 /// SplitMix64: tiny, seedable, and good enough to draw fault decisions.
@@ -46,12 +48,11 @@ impl TransportFactory for FaultFactory {
 
     fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>> {
         let handle = context.handle.clone();
+        let deadlines = context.deadlines.clone();
         let inner = self.inner.build(context)?;
-        Ok(Arc::new(FaultTransport::new(
-            inner,
-            self.spec.clone(),
-            handle,
-        )))
+        let mut fault = FaultTransport::new(inner, self.spec.clone(), handle);
+        fault.deadlines = deadlines;
+        Ok(Arc::new(fault))
     }
 }
 
@@ -62,6 +63,9 @@ pub struct FaultTransport {
     rng: Mutex<Rng>,
     submits: AtomicU64,
     rt: Handle,
+    /// The engine's attempt deadlines (`None`: none), for the attempts a delay hands to a
+    /// transport that times them from their start.
+    deadlines: Option<Arc<Deadlines<Task>>>,
 }
 
 impl FaultTransport {
@@ -74,6 +78,7 @@ impl FaultTransport {
             rng: Mutex::new(Rng(seed)),
             submits: AtomicU64::new(0),
             rt,
+            deadlines: None,
         }
     }
 
@@ -108,7 +113,9 @@ impl Transport for FaultTransport {
     }
 
     /// As the decorated transport, unless a delay is injected: that delay stands for a
-    /// peer slow to answer, so the deadline runs through it, from submission.
+    /// peer slow to answer, so the deadline runs through it, from submission. Once the
+    /// delay is over, an attempt handed to a transport that reports starts is timed from
+    /// its start there: the delay counts, the queue behind it does not.
     fn reports_starts(&self) -> bool {
         self.spec.delay.is_none() && self.inner.reports_starts()
     }
@@ -134,8 +141,14 @@ impl Transport for FaultTransport {
         match self.spec.delay {
             Some(delay) if !forward.is_empty() => {
                 let inner = self.inner.clone();
+                let requeued = self.deadlines.clone().filter(|_| inner.reports_starts());
                 self.rt.spawn(async move {
                     tokio::time::sleep(delay).await;
+                    if let Some(deadlines) = &requeued {
+                        for a in &forward {
+                            a.task.time_from_start(a.attempt, deadlines);
+                        }
+                    }
                     for (a, r) in forward.iter().zip(inner.submit(&forward)) {
                         if let Err(e) = r {
                             a.task.attempt_failed(a.attempt, e);
@@ -176,6 +189,10 @@ impl Transport for FaultTransport {
 
     fn attach(&self, peer: &Arc<Peer>) -> Option<BoxFuture<Result<()>>> {
         self.inner.attach(peer)
+    }
+
+    fn setup_limit(&self, peer: &Peer) -> Option<String> {
+        self.inner.setup_limit(peer)
     }
 
     fn region_added(&self, region: &Arc<Region>) -> Result<()> {

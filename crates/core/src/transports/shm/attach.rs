@@ -77,11 +77,22 @@ pub(super) struct Attached {
     pub(super) life: Option<PeerLifeWord>,
 }
 
-/// Runs blocking work on tokio's blocking pool and waits for it.
+/// Runs blocking work on tokio's blocking pool and waits for it. Where the pool has no
+/// thread and cannot start one (out of threads or memory), tokio panics in
+/// `spawn_blocking`: that becomes a `ResourceLimit` here, not a panic of the open.
 async fn off_runtime<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(work)
+    let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tokio::task::spawn_blocking(work)
+    }))
+    .map_err(|_| {
+        Error::ResourceLimit(
+            "threads: the I/O runtime could not start a blocking thread for the shm attach (RLIMIT_NPROC, threads-max, or memory for its stack) in this process"
+                .into(),
+        )
+    })?;
+    spawned
         .await
         .map_err(|e| Error::Io(format!("shm attach: {e}")))?
 }
@@ -138,7 +149,8 @@ fn fetch_and_map(
             (0, Some(fd)) if len == b.length => {
                 let len =
                     usize::try_from(len).map_err(|_| Error::Protocol("buffer too large".into()))?;
-                let mapping = RemoteMapping::map(fd, len).map_err(io("map shm buffer"))?;
+                let mapping = RemoteMapping::map(fd, len)
+                    .map_err(|e| Error::mapping("map shm buffer", len as u64, &e))?;
                 if !mapping.is_shrink_sealed() {
                     return Err(Error::Protocol(format!(
                         "buffer {} is not sealed against shrinking; refusing to map it",

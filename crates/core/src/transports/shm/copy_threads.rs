@@ -39,7 +39,7 @@ impl CopyThreads {
                         shared.copy_back();
                     }
                 })
-                .map_err(|e| Error::io("start shm copy thread", &e))?;
+                .map_err(|e| Error::thread("an shm copy thread", &e))?;
             threads.push(handle);
         }
         Ok(Self {

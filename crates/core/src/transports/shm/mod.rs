@@ -38,12 +38,13 @@ use rustc_hash::FxHashMap;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 
+use crate::deadlines::Deadlines;
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::linux::RemoteMapping;
 use crate::request::ValidatedRequest;
 use crate::segment::{Peer, SegmentDescriptor};
-use crate::task::Observer;
+use crate::task::{Observer, Task};
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 use attach::{connect_and_map, socket_of, Attached};
 use copy::{copy_spans, Copy};
@@ -79,6 +80,14 @@ pub struct ShmTransport {
     /// mutex, which threads submitting side by side queue on).
     closed: AtomicBool,
     on_death: DeathHook,
+    /// Why an attach ran out of a resource (out of memory or address space for a peer's
+    /// mappings), by peer handle, until an attach succeeds or the peer is forgotten: a
+    /// request that requires shm then fails with the limit's words. Read only once shm
+    /// is found unable to serve.
+    setup_limits: std::sync::Mutex<FxHashMap<u64, String>>,
+    /// The engine's attempt deadlines: a copy queued for the copy threads is timed from
+    /// when one of them takes it, not from its submission (`None`: no deadline).
+    deadlines: Option<Arc<Deadlines<Task>>>,
 }
 
 impl ShmTransport {
@@ -123,6 +132,8 @@ impl ShmTransport {
             rt: context.handle,
             shutdown: context.shutdown,
             on_death: context.lost,
+            deadlines: context.deadlines,
+            setup_limits: std::sync::Mutex::default(),
         }))
     }
 
@@ -205,6 +216,30 @@ impl ShmTransport {
         Ok(())
     }
 
+    /// Records how an attach towards `peer` ended: a resource limit is kept (for
+    /// `setup_limit`) until an attach succeeds; any other outcome clears it.
+    fn note_attach(&self, peer: &Peer, outcome: &Result<()>) {
+        let mut limits = self.setup_limits.lock().unwrap_or_else(|p| p.into_inner());
+        match outcome {
+            Err(Error::ResourceLimit(limit)) => {
+                tracing::warn!(peer = peer.name(), %limit, "shm cannot map this peer's memory");
+                limits.insert(peer.handle(), limit.clone());
+            }
+            _ => {
+                limits.remove(&peer.handle());
+            }
+        }
+    }
+
+    /// The resource limit an attach towards `peer` met, while it holds.
+    fn limit_towards(&self, peer: &Peer) -> Option<String> {
+        self.setup_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&peer.handle())
+            .cloned()
+    }
+
     /// Runs `f` on the peer and the mapping that `req` is copied with, once the transport
     /// is open, the target not known dead, its buffer mapped and every span inside the
     /// mapping; why not otherwise. Borrowed from the tables: no reference taken.
@@ -239,11 +274,16 @@ impl ShmTransport {
         }
         let maps = peer.maps.load();
         let mapping = maps.get(&req.remote_buffer).ok_or_else(|| {
-            Error::TransportUnavailable(format!(
+            let why = format!(
                 "buffer {} of {} is not mapped",
                 req.remote_buffer,
                 req.peer.name()
-            ))
+            );
+            // Mapping it ran out of memory: the limit is the news.
+            match self.limit_towards(&req.peer) {
+                Some(limit) => Error::ResourceLimit(format!("{why}: {limit}")),
+                None => Error::TransportUnavailable(why),
+            }
         })?;
         if let Some(s) = req
             .spans()
@@ -299,6 +339,18 @@ impl ShmTransport {
                 mapping.clone(),
                 split.job,
             )?;
+            // What this thread does not copy itself waits behind other copies: its clock
+            // starts when a copy thread takes it (`Shared::copy_back`), so a long list
+            // never times out behind its own head. The copy threads wait on no peer, so
+            // that wait is bounded by the copies ahead. A copy this thread may finish
+            // alone waits on nothing, and is timed from submission as any other.
+            if let Some(deadlines) = self
+                .deadlines
+                .as_ref()
+                .filter(|_| req.length > split.own_bytes)
+            {
+                a.task.time_from_start(a.attempt, deadlines);
+            }
             let helpers = self.policy.helpers(shared.jobs());
             self.copy_threads.share(shared, split.own_bytes, helpers)
         })?
@@ -356,7 +408,11 @@ impl Transport for ShmTransport {
     fn attach(&self, peer: &Arc<Peer>) -> Option<BoxFuture<Result<()>>> {
         let me = self.me.upgrade()?;
         let peer = peer.clone();
-        Some(Box::pin(async move { me.attach_peer(&peer).await }))
+        Some(Box::pin(async move {
+            let attached = me.attach_peer(&peer).await;
+            me.note_attach(&peer, &attached);
+            attached
+        }))
     }
 
     fn reachable(&self, peer: &Peer) -> std::result::Result<(), String> {
@@ -427,6 +483,10 @@ impl Transport for ShmTransport {
             .map(|copied| copied.map(drop))
     }
 
+    fn setup_limit(&self, peer: &Peer) -> Option<String> {
+        self.limit_towards(peer)
+    }
+
     fn fail_peer(&self, peer: &Peer, _error: Error) {
         // Copies are synchronous or queued; queued ones re-check liveness before copying.
         if let Some(p) = self.peer(peer.handle()) {
@@ -436,6 +496,10 @@ impl Transport for ShmTransport {
 
     fn forget_peer(&self, peer: &Peer, error: Error) {
         self.fail_peer(peer, error);
+        self.setup_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&peer.handle());
         if let Some(p) = self.replace_peer(peer.handle(), None) {
             // Unmap now: only copies already in flight keep their mapping until they end.
             p.let_go();

@@ -2,7 +2,7 @@
 //! jobs ([`Work`]), and the one copy they belong to ([`Shared`]), which counts them taken
 //! and done and tells the task once.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -129,6 +129,8 @@ pub(super) struct Shared {
     copied: AtomicU64,
     /// The first job's failure, if one failed.
     error: Mutex<Option<Error>>,
+    /// A copy thread came to it: the attempt's start was reported.
+    started: AtomicBool,
 }
 
 /// Which end of a [`Shared`] copy's jobs a thread takes from.
@@ -172,6 +174,7 @@ impl Shared {
             left: AtomicUsize::new(jobs + 1),
             copied: AtomicU64::new(0),
             error: Mutex::new(None),
+            started: AtomicBool::new(false),
         })
     }
 
@@ -200,8 +203,15 @@ impl Shared {
         }
     }
 
-    /// A copy thread's part: takes jobs from the back until none is left.
+    /// A copy thread's part: takes jobs from the back until none is left. The first copy
+    /// thread to come starts the attempt's clock (`Task::started`: ignored unless its
+    /// deadline runs from its start).
     pub(super) fn copy_back(&self) {
+        if self.task.is_timed_from_start(self.attempt)
+            && !self.started.swap(true, Ordering::Relaxed)
+        {
+            self.task.started(self.attempt, std::time::Instant::now());
+        }
         self.work(u64::MAX, End::Back);
     }
 
