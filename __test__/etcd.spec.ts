@@ -337,6 +337,45 @@ etcdTest('a name is one engine\'s: a second live engine cannot take it, a restar
   }
 })
 
+etcdTest('a successor on the dead holder\'s own address takes the name without waiting for it', async (t) => {
+  // A restarted worker comes back on the same host:port. Its name's record still names the
+  // dead engine there; the successor already holds that port, so the dead engine cannot be
+  // answering at it and there is nothing to wait for (the probe's bound is 1 s).
+  t.timeout(60_000)
+  const etcd = await startEtcd()
+  const listen = `127.0.0.1:${await freePort()}`
+  const target = await startTarget({
+    FERRY_TARGET_BYTES: String(MiB),
+    FERRY_TARGET_METADATA: etcd.url,
+    FERRY_TARGET_SEGMENT_NAME: 'kv-8',
+    FERRY_TARGET_LISTEN: listen,
+  })
+  try {
+    await target.kill('SIGKILL')
+    const started = Date.now()
+    const successor = await Engine.create({ metadata: etcd.url, segmentName: 'kv-8', listen })
+    const took = Date.now() - started
+    try {
+      t.true(took < 1000, `Engine.create took ${took} ms; the dead holder was not probed at our own address`)
+      const opener = await Engine.create({ metadata: etcd.url })
+      try {
+        const src = opener.allocate(4096)
+        const dst = successor.allocate(4096)
+        const info = await opener.openSegment('kv-8')
+        const w = await opener.write({ local: src, remote: info, remoteBuffer: dst.id, length: 4096 })
+        t.is(w.bytes, 4096, 'the name leads to the successor')
+      } finally {
+        await opener.close()
+      }
+    } finally {
+      await successor.close()
+    }
+  } finally {
+    await target.kill()
+    await etcd.stop()
+  }
+})
+
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer()

@@ -112,6 +112,15 @@ pub(crate) fn on_put(record: &SegmentRecord, addr: &str, engine_id: u64, lost: b
     }
 }
 
+/// Whether the engine named in `holder` could still be answering at its address, so that
+/// `ours` has to ask it before taking the name. Not when the address is our own: this
+/// engine listens there already (bound before publishing, no port sharing), so the holder
+/// is gone. A restarted worker comes back on its old host:port, and asking would only wait
+/// out the probe's bound against our own listener, which does not serve yet.
+fn may_still_answer(holder: &SegmentRecord, ours: &SegmentRecord) -> bool {
+    holder.addr != ours.addr
+}
+
 fn etcd_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Metadata(format!("etcd {what}: {e}"))
 }
@@ -245,7 +254,7 @@ impl Registry {
                 _ => None,
             });
             if let Some(h) = holder.filter(|h| h.engine_id != self.record.engine_id) {
-                if self.answers(&h).await {
+                if may_still_answer(&h, &self.record) && self.answers(&h).await {
                     let _ = bounded("lease revoke", t, c.lease_revoke(grant.id())).await;
                     return Err(Error::Metadata(format!(
                         "segment name {:?} is held by another live engine (pid {} at {}); \
@@ -607,6 +616,21 @@ mod tests {
         assert!(check_name("").is_err());
         assert!(check_name("a b").is_err());
         assert!(check_name(&"x".repeat(256)).is_err());
+    }
+
+    #[test]
+    fn a_holder_at_our_own_address_is_not_asked() {
+        let record = |addr: &str, engine_id| SegmentRecord {
+            name: "n".into(),
+            addr: addr.into(),
+            engine_id,
+            machine_id: "m".into(),
+            pid: 1,
+        };
+        let ours = record("10.0.0.2:7000", 2);
+        assert!(!may_still_answer(&record("10.0.0.2:7000", 1), &ours));
+        assert!(may_still_answer(&record("10.0.0.2:7001", 1), &ours));
+        assert!(may_still_answer(&record("10.0.0.3:7000", 1), &ours));
     }
 
     #[test]
