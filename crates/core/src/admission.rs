@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Failure;
-use crate::handshakes::Handshakes;
+use crate::handshakes::{fitted_to_open_files, Handshakes};
 use crate::wire::RejectCode;
 
 /// Connection caps (`maxConnections`, `maxConnectionsPerAddress`) and the handshake
@@ -178,13 +178,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Admission {
-    pub(crate) fn new(limits: ConnLimits) -> Arc<Self> {
+    /// Admission under `limits`, its handshake budget fitted to `nofile`, the process's
+    /// soft open-file limit (`handshakes::fitted_to_open_files`; `None`: unlimited).
+    pub(crate) fn new(limits: ConnLimits, nofile: Option<u64>) -> Arc<Self> {
+        let (handshakes, per_source) =
+            fitted_to_open_files(limits.handshakes, limits.handshakes_per_address, nofile);
+        let limits = ConnLimits {
+            handshakes,
+            handshakes_per_address: per_source,
+            ..limits
+        };
         Arc::new(Self {
             limits,
             open: Mutex::new(Open {
                 total: 0,
                 by_addr: HashMap::new(),
-                handshakes: Handshakes::new(limits.handshakes, limits.handshakes_per_address),
+                handshakes: Handshakes::new(handshakes, per_source),
             }),
             refused: Default::default(),
             auth_failures: Default::default(),
@@ -316,7 +325,7 @@ mod tests {
 
     #[test]
     fn caps_per_address_and_total_refuse_excess_and_free_on_drop() {
-        let a = Admission::new(limits(3, 2));
+        let a = Admission::new(limits(3, 2), None);
         let x: IpAddr = [10, 0, 0, 1].into();
         let y: IpAddr = [10, 0, 0, 2].into();
         let s1 = a.start_handshake(Some(x)).admit().expect("1st");
@@ -343,7 +352,7 @@ mod tests {
 
     #[test]
     fn handshakes_count_apart_from_authenticated_peers_and_the_oldest_is_pushed_out() {
-        let a = Admission::new(limits(10, 1));
+        let a = Admission::new(limits(10, 1), None);
         let x: IpAddr = [10, 0, 0, 1].into();
         let first = a.start_handshake(Some(x));
         let second = a.start_handshake(Some(x));
@@ -369,8 +378,27 @@ mod tests {
     }
 
     #[test]
+    fn the_handshake_budget_is_fitted_to_the_open_file_limit() {
+        // Allowed 64 descriptors: 16 handshakes (a quarter), not the default 1024 / 256.
+        let a = Admission::new(ConnLimits::default(), Some(64));
+        let x: IpAddr = [10, 0, 0, 1].into();
+        let y: IpAddr = [10, 0, 0, 2].into();
+        let held: Vec<Handshake> = (0..16).map(|_| a.start_handshake(Some(x))).collect();
+        assert!(held.iter().all(|h| !h.evicted().is_cancelled()));
+        // The 17th from anywhere pushes out the oldest of the fullest source.
+        let peer = a.start_handshake(Some(y));
+        assert!(held[0].evicted().is_cancelled());
+        assert!(held[1..].iter().all(|h| !h.evicted().is_cancelled()));
+        let _slot = peer.admit().expect("the other source's peer gets in");
+        // Unlimited: the configured budget.
+        let b = Admission::new(ConnLimits::default(), None);
+        let many: Vec<Handshake> = (0..256).map(|_| b.start_handshake(Some(x))).collect();
+        assert!(many.iter().all(|h| !h.evicted().is_cancelled()));
+    }
+
+    #[test]
     fn auth_failures_are_counted_by_reason() {
-        let a = Admission::new(ConnLimits::default());
+        let a = Admission::new(ConnLimits::default(), None);
         a.auth_failed(Failure::BadProof, None);
         a.auth_failed(Failure::BadProof, None);
         a.auth_failed(Failure::Uid, None);

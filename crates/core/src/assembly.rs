@@ -138,7 +138,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
     token[..8].copy_from_slice(&random_u64().to_le_bytes());
     token[8..].copy_from_slice(&random_u64().to_le_bytes());
     let regions = Arc::new(RegionTable::default());
-    let admission = Admission::new(config.connections);
+    let admission = Admission::new(config.connections, crate::resource::open_files_limit());
     let credentials = crate::auth::register(engine_id, secret.clone());
     let control_peers: Arc<ControlPeers> = Arc::default();
     let machine_id = config.machine_id.clone().unwrap_or_else(machine_identity);

@@ -286,10 +286,19 @@ async fn heartbeat(
     let _abort = AbortOnDrop(reader);
     let mut seq = 0u64;
     // Failures held until the peer's fate is known are released by the answer to a ping
-    // sent after they were held: the first ping numbered `vouching` or later.
-    let mut vouching: Option<u64> = None;
+    // sent after they were held (the first ping numbered `vouching.0` or later), or by a
+    // sign of life counted heard after they were held (at `vouching.1` or later).
+    let mut vouching: Option<(u64, Instant)> = None;
     loop {
         let now = Instant::now();
+        // Replies other connections got from this incarnation since the last sample.
+        let sign = link.signs_of_life(now, peer.take_heard_elsewhere());
+        if let (Some(at), Some((_, since))) = (sign, vouching) {
+            if at >= since {
+                vouching = None;
+                peer.vouch_alive();
+            }
+        }
         match link.poll(now, peer.is_lost()) {
             Some(Action::Ping) => {
                 seq += 1;
@@ -324,7 +333,7 @@ async fn heartbeat(
                     if checking && !link.checking() {
                         tracing::info!(peer = peer.name(), "the peer answered directly: its etcd record's removal is no loss");
                     }
-                    if vouching.is_some_and(|first| answered >= first) {
+                    if vouching.is_some_and(|(first, _)| answered >= first) {
                         vouching = None;
                         peer.vouch_alive();
                     }
@@ -338,7 +347,7 @@ async fn heartbeat(
             _ = tokio::time::sleep_until(deadline.into()) => {}
             _ = peer.probe.notified() => {
                 if peer.holds() {
-                    vouching.get_or_insert(seq + 1);
+                    vouching.get_or_insert((seq + 1, Instant::now()));
                     link.probe(Instant::now());
                 }
             }

@@ -11,10 +11,38 @@
 //! newer connections from its address (or `total` from everywhere) arrive before it
 //! completes, which takes a round trip or two.
 //!
-//! Pure: no sockets and no clock; arrival order is the only time it knows.
+//! The budget never takes more than a quarter of the process's open-file limit
+//! (`fitted_to_open_files`): a handshake holds a descriptor, and the rest must stay for the
+//! authenticated peers, their data connections and the engine's own files.
+//!
+//! Pure: no sockets and no clock; arrival order is the only time it knows, and the
+//! open-file limit is passed in.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+
+/// The share of the soft open-file limit (`RLIMIT_NOFILE`) handshakes may hold: one in
+/// `OPEN_FILES_SHARE`.
+pub(crate) const OPEN_FILES_SHARE: u64 = 4;
+/// The budget's floor, whatever the limit: a process allowed so few descriptors still
+/// lets peers in, a few at a time.
+pub(crate) const MIN_HANDSHAKES: usize = 16;
+
+/// The budget (`total`, `per_source`) that fits a process allowed `nofile` open files (its
+/// soft `RLIMIT_NOFILE`; `None`: unlimited or unknown): the configured caps, lowered to a
+/// quarter of the limit (at least `MIN_HANDSHAKES`, never above what was configured), and
+/// the per-source cap to the total.
+pub(crate) fn fitted_to_open_files(
+    total: usize,
+    per_source: usize,
+    nofile: Option<u64>,
+) -> (usize, usize) {
+    let share = nofile.map_or(usize::MAX, |n| {
+        usize::try_from(n / OPEN_FILES_SHARE).unwrap_or(usize::MAX)
+    });
+    let total = total.min(share.max(MIN_HANDSHAKES));
+    (total, per_source.min(total))
+}
 
 /// Handshakes in progress by source, in arrival order, each with a value the caller uses
 /// to end a handshake that is pushed out (`V`).
@@ -103,6 +131,30 @@ impl<K: Hash + Eq + Clone, V> Handshakes<K, V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_budget_takes_at_most_a_quarter_of_the_open_file_limit() {
+        // The defaults, where the limit is large (or unknown): unchanged.
+        assert_eq!(fitted_to_open_files(1024, 256, None), (1024, 256));
+        assert_eq!(fitted_to_open_files(1024, 256, Some(1 << 20)), (1024, 256));
+        assert_eq!(fitted_to_open_files(1024, 256, Some(4096)), (1024, 256));
+        // The common soft limit of 1024: 256 handshakes, and one source may hold them all
+        // (a full total pushes out the fullest source's oldest, so others still get in).
+        assert_eq!(fitted_to_open_files(1024, 256, Some(1024)), (256, 256));
+        assert_eq!(fitted_to_open_files(1024, 256, Some(400)), (100, 100));
+        // Never below the floor, never above what was configured.
+        assert_eq!(fitted_to_open_files(1024, 256, Some(20)), (16, 16));
+        assert_eq!(fitted_to_open_files(1024, 256, Some(0)), (16, 16));
+        assert_eq!(fitted_to_open_files(8, 2, Some(20)), (8, 2));
+        assert_eq!(fitted_to_open_files(8, 2, Some(u64::MAX)), (8, 2));
+        // Whatever the limit, handshakes and what is left for everything else add up to
+        // it: at most a quarter (or the floor) is the budget's.
+        for nofile in [64u64, 100, 1000, 1024, 4000, 20_000] {
+            let (total, per) = fitted_to_open_files(1024, 256, Some(nofile));
+            assert!(total as u64 <= (nofile / 4).max(16), "{nofile}: {total}");
+            assert!(per <= total);
+        }
+    }
 
     #[test]
     fn a_full_source_pushes_out_its_own_oldest_and_no_one_elses() {

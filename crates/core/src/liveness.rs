@@ -4,10 +4,20 @@
 //! and the tests drive it on simulated time.
 //!
 //! - Up: a ping goes out on connect and every `interval` (a quarter of the timeout, at
-//!   least 20 ms). A peer not heard from for `timeout` is lost — at exactly
-//!   `last_heard + timeout` — unless this side itself was not running then (polled more
-//!   than an interval after a ping was due): that silence is not the peer's, so it gets a
-//!   ping and one more interval.
+//!   least 20 ms). Any authenticated frame of the peer's incarnation is heard: the link's
+//!   own frames, and the replies other connections get from it (`signs_of_life`, sampled
+//!   by the driver: a busy peer's pong may lag behind its data replies). A peer not heard
+//!   from for `timeout` is lost — at exactly `last_heard + timeout` on a side that runs
+//!   when due — but time this side itself was not running is not the peer's silence:
+//!   - a poll later than what was due by more than `STALL_SLACK` credits twice the
+//!     excess (`starved`, at most one timeout in all since the peer was last heard) to
+//!     the silence's deadline and to a direct check's: this side did not run, and an
+//!     answer that came meanwhile may still wait unread;
+//!   - a poll more than an interval after a ping was due, past the deadline still, gets a
+//!     ping and one more interval (a stall longer than the credit's cap).
+//!
+//!   So a dead or hung peer is lost `timeout` after it was last heard, plus what this
+//!   side lost to its own stalls (at most one more timeout, and an interval).
 //! - A broken or silent link waits a backoff before it reconnects: 100 ms, doubling to
 //!   5 s, each delay with ±20 % jitter so that peers do not reconnect in lockstep; a
 //!   connection resets it.
@@ -36,6 +46,10 @@ pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(20);
 /// shorter): long enough for a loaded peer to answer a ping, short enough that a hung
 /// peer whose lease expired is lost well before a long peer timeout.
 pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_millis(1500);
+/// How late a poll may be before the lateness counts as this side's own stall: timer
+/// wake-ups are a millisecond or so late on any machine, and counting those would only
+/// move the deadline by as much again.
+pub(crate) const STALL_SLACK: Duration = Duration::from_millis(25);
 
 /// Why a peer was declared lost, with what was seen (`kind` is what users branch on:
 /// closed, crashed, timed out or restarted).
@@ -188,6 +202,11 @@ pub(crate) struct Link {
     rng: u64,
     /// Only while up.
     check: Option<Check>,
+    /// Time this side was not running since the peer was last heard (late polls past
+    /// `STALL_SLACK`), at most `timeout`: added to the silence's deadline.
+    starved: Duration,
+    /// When the driver last sampled signs of life: a sign it finds was heard after then.
+    sampled_at: Option<Instant>,
 }
 
 impl Link {
@@ -200,6 +219,8 @@ impl Link {
             backoff: BACKOFF_START,
             rng: seed,
             check: None,
+            starved: Duration::ZERO,
+            sampled_at: None,
         }
     }
 
@@ -223,7 +244,7 @@ impl Link {
                 last_heard,
                 next_ping,
             } => {
-                let due = next_ping.min(last_heard + self.timeout);
+                let due = next_ping.min(last_heard + self.timeout + self.starved);
                 Some(self.check.as_ref().map_or(due, |c| due.min(c.until)))
             }
             LinkState::Waiting { until } => Some(until),
@@ -241,6 +262,8 @@ impl Link {
         self.backoff = BACKOFF_START;
         // Connecting is a direct answer: a check asked for before needs no other.
         self.check = None;
+        self.starved = Duration::ZERO;
+        self.sampled_at = Some(now);
         peer_lost
     }
 
@@ -276,10 +299,49 @@ impl Link {
     /// A frame came in.
     pub(crate) fn heard(&mut self, now: Instant) {
         if let LinkState::Up { last_heard, .. } = &mut self.state {
-            *last_heard = (*last_heard).max(now);
+            if now > *last_heard {
+                *last_heard = now;
+                // Silence counts from here: stalls before it are no longer the question.
+                self.starved = Duration::ZERO;
+            }
         }
         if self.check.as_ref().is_some_and(|c| now >= c.since) {
             self.check = None;
+        }
+    }
+
+    /// The driver's sample, at `now`, of whether other connections heard the peer's
+    /// incarnation since its last sample (`seen`). A sign is counted as heard at that last
+    /// sample — the earliest it may have come — so that a peer that stopped answering is
+    /// never kept up by more than the time between two samples. Returns when it was
+    /// counted heard, if it was.
+    pub(crate) fn signs_of_life(&mut self, now: Instant, seen: bool) -> Option<Instant> {
+        let since = self.sampled_at.replace(now);
+        if !matches!(self.state, LinkState::Up { .. }) {
+            return None;
+        }
+        let at = since.filter(|_| seen)?;
+        self.heard(at);
+        Some(at)
+    }
+
+    /// Credits a poll's lateness past `STALL_SLACK` as this side's stall (see the module),
+    /// twice: once for the time this side did not run, once for it to read what came
+    /// meanwhile — the link's reader runs as late as its timer, so an answer that came
+    /// during the stall may still be unread when a late deadline is polled.
+    fn credit_stall(&mut self, now: Instant) {
+        let Some(due) = self.next_deadline() else {
+            return;
+        };
+        let late = now.saturating_duration_since(due);
+        let credit =
+            (late.saturating_sub(STALL_SLACK) * 2).min(self.timeout.saturating_sub(self.starved));
+        if credit.is_zero() {
+            return;
+        }
+        self.starved += credit;
+        if let Some(check) = self.check.as_mut() {
+            check.until += credit;
         }
     }
 
@@ -295,6 +357,7 @@ impl Link {
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
         self.state = LinkState::Waiting { until: now + delay };
         self.check = None;
+        self.starved = Duration::ZERO;
         (!peer_lost).then_some(Action::Lost(reason))
     }
 
@@ -304,57 +367,73 @@ impl Link {
             LinkState::Up {
                 last_heard,
                 next_ping,
-            } => {
-                if now >= last_heard + self.timeout {
-                    if now > next_ping + self.interval {
-                        // Polled more than an interval after a ping was due: this side was
-                        // not running (its process stopped, its runtime starved), so the
-                        // silence is its own, not the peer's, and answers may be waiting
-                        // unread. Ping now and give the peer one interval to be heard.
-                        let grace = now + self.interval;
-                        self.state = LinkState::Up {
-                            last_heard: grace.checked_sub(self.timeout).unwrap_or(now),
-                            next_ping: grace,
-                        };
-                        return Some(Action::Ping);
-                    }
-                    let timeout_ms = self.timeout.as_millis() as u64;
-                    return self.broken(LossReason::Silent { timeout_ms }, now, peer_lost);
-                }
-                if let Some(check) = self.check.as_mut().filter(|c| now >= c.until) {
-                    if now > check.until + self.interval {
-                        // As above: the late poll is this side's stall. Ping again and
-                        // give the peer one interval.
-                        check.until = now + self.interval;
-                        self.state = LinkState::Up {
-                            last_heard,
-                            next_ping: now + self.interval,
-                        };
-                        return Some(Action::Ping);
-                    }
-                    let reason = check.reason.clone();
-                    return self.broken(reason, now, peer_lost);
-                }
-                if now >= next_ping {
-                    // Pings keep their cadence; a late poll does not send a burst.
-                    let mut next = next_ping + self.interval;
-                    if next <= now {
-                        next = now + self.interval;
-                    }
-                    self.state = LinkState::Up {
-                        last_heard,
-                        next_ping: next,
-                    };
-                    return Some(Action::Ping);
-                }
-                None
-            }
+            } => self.poll_up(now, last_heard, next_ping, peer_lost),
             LinkState::Waiting { until } if now >= until => {
                 self.state = LinkState::Connecting;
                 Some(Action::Connect)
             }
             LinkState::Waiting { .. } | LinkState::Connecting => None,
         }
+    }
+
+    fn poll_up(
+        &mut self,
+        now: Instant,
+        last_heard: Instant,
+        next_ping: Instant,
+        peer_lost: bool,
+    ) -> Option<Action> {
+        let silent = |link: &Self| now >= last_heard + link.timeout + link.starved;
+        if silent(self) && now > next_ping + self.interval {
+            // Polled more than an interval after a ping was due: this side was not
+            // running (its process stopped, its runtime starved), so the silence is its
+            // own, not the peer's, and answers may be waiting unread. Ping now and give
+            // the peer one interval to be heard.
+            let grace = now + self.interval;
+            self.starved = Duration::ZERO;
+            self.state = LinkState::Up {
+                last_heard: grace.checked_sub(self.timeout).unwrap_or(now),
+                next_ping: grace,
+            };
+            return Some(Action::Ping);
+        }
+        if let Some(check) = self
+            .check
+            .as_mut()
+            .filter(|c| now > c.until + self.interval)
+        {
+            // As above: the late poll is this side's stall. Ping again and give the peer
+            // one interval.
+            check.until = now + self.interval;
+            self.state = LinkState::Up {
+                last_heard,
+                next_ping: now + self.interval,
+            };
+            return Some(Action::Ping);
+        }
+        // A shorter lateness is credited: what was due moves by it (past the slack).
+        self.credit_stall(now);
+        if silent(self) {
+            let timeout_ms = self.timeout.as_millis() as u64;
+            return self.broken(LossReason::Silent { timeout_ms }, now, peer_lost);
+        }
+        if let Some(check) = self.check.as_ref().filter(|c| now >= c.until) {
+            let reason = check.reason.clone();
+            return self.broken(reason, now, peer_lost);
+        }
+        if now >= next_ping {
+            // Pings keep their cadence; a late poll does not send a burst.
+            let mut next = next_ping + self.interval;
+            if next <= now {
+                next = now + self.interval;
+            }
+            self.state = LinkState::Up {
+                last_heard,
+                next_ping: next,
+            };
+            return Some(Action::Ping);
+        }
+        None
     }
 
     /// `d` ± `JITTER_PERCENT` %, drawn from the link's generator (SplitMix64).
@@ -432,16 +511,152 @@ mod tests {
             quiet.poll(t0 + ms(5750), false),
             Some(Action::Lost(LossReason::Silent { timeout_ms: 3000 }))
         );
-        // A poll late by less than an interval is not a stall: the deadline holds.
+        // A poll late by less than an interval is a shorter stall: credited (twice its
+        // lateness past the slack), it pings, and the peer is lost if still silent then.
         let mut late = Link::new(T, 1);
         late.connected(t0, false);
         for at in [0, 750, 1500, 2250] {
             assert_eq!(late.poll(t0 + ms(at), false), Some(Action::Ping));
         }
+        assert_eq!(late.poll(t0 + ms(3700), false), Some(Action::Ping));
+        assert_eq!(late.poll(t0 + ms(3750), false), Some(Action::Ping));
+        let credited = t0 + ms(3000) + (ms(700) - STALL_SLACK) * 2;
+        assert_eq!(late.next_deadline(), Some(credited));
         assert_eq!(
-            late.poll(t0 + ms(3700), false),
+            late.poll(credited, false),
             Some(Action::Lost(LossReason::Silent { timeout_ms: 3000 }))
         );
+    }
+
+    #[test]
+    fn late_polls_credit_this_sides_stall_to_the_silence_up_to_one_timeout() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 1);
+        link.connected(t0, false);
+        assert_eq!(link.poll(t0, false), Some(Action::Ping));
+        // Every wake-up runs 400 ms late (a starved runtime), and so does the reading of
+        // the peer's pongs: none is read for the whole timeout.
+        for due in [750, 1500, 2250] {
+            assert_eq!(link.poll(t0 + ms(due + 400), false), Some(Action::Ping));
+        }
+        // Without the credit the peer was lost at 3000.
+        assert_eq!(link.poll(t0 + ms(3000), false), Some(Action::Ping));
+        let credit = (ms(400) - STALL_SLACK) * 2 * 3;
+        let mut probe = link.clone();
+        let lost_at = loop {
+            let at = probe.next_deadline().expect("up");
+            if let Some(Action::Lost(_)) = probe.poll(at, false) {
+                break at;
+            }
+        };
+        assert_eq!(lost_at, t0 + T + credit, "the silence's deadline, moved");
+        // The pong is read: the peer is up, the credit starts again.
+        link.heard(t0 + ms(3050));
+        assert!(matches!(link.state(), LinkState::Up { .. }));
+        assert_eq!(link.next_deadline(), Some(t0 + ms(3750)), "the next ping");
+        // Polls within the slack credit nothing: the deadline stays exact.
+        let mut exact = Link::new(T, 1);
+        exact.connected(t0, false);
+        for due in [0, 750, 1500, 2250] {
+            assert_eq!(
+                exact.poll(t0 + ms(due) + STALL_SLACK, false),
+                Some(Action::Ping)
+            );
+        }
+        assert_eq!(
+            exact.poll(t0 + ms(3000), false),
+            Some(Action::Lost(LossReason::Silent { timeout_ms: 3000 }))
+        );
+        // A side that is always late loses a silent peer by twice the timeout at most.
+        let mut starved = Link::new(T, 1);
+        starved.connected(t0, false);
+        let lost_at = loop {
+            let at = starved.next_deadline().expect("up") + ms(700);
+            match starved.poll(at, false) {
+                Some(Action::Lost(reason)) => break (at, reason),
+                other => assert!(matches!(other, None | Some(Action::Ping)), "{other:?}"),
+            }
+        };
+        assert_eq!(lost_at.1, LossReason::Silent { timeout_ms: 3000 });
+        assert!(lost_at.0 - t0 <= T * 2 + ms(700), "{:?}", lost_at.0 - t0);
+        assert!(lost_at.0 - t0 > T + ms(700), "{:?}", lost_at.0 - t0);
+    }
+
+    #[test]
+    fn a_stall_credit_also_moves_a_direct_checks_deadline() {
+        let t0 = Instant::now();
+        let mut link = Link::new(ms(60_000), 3);
+        link.connected(t0, false);
+        link.poll(t0, false);
+        assert!(link.check(t0 + ms(10), LossReason::RecordRemoved));
+        assert_eq!(link.poll(t0 + ms(10), false), Some(Action::Ping));
+        // Polled 500 ms after the check's deadline (less than an interval): credited.
+        let until = t0 + ms(10) + CHECK_TIMEOUT;
+        assert_eq!(link.poll(until + ms(500), false), None);
+        assert!(link.checking());
+        let moved = until + (ms(500) - STALL_SLACK) * 2;
+        assert_eq!(
+            link.next_deadline(),
+            Some(moved),
+            "the check's deadline, moved"
+        );
+        let mut quiet = link.clone();
+        assert_eq!(
+            quiet.poll(moved, false),
+            Some(Action::Lost(LossReason::RecordRemoved))
+        );
+        link.heard(until + ms(510));
+        assert!(!link.checking());
+    }
+
+    #[test]
+    fn signs_of_life_from_other_connections_count_from_the_previous_sample() {
+        let t0 = Instant::now();
+        let mut link = Link::new(T, 1);
+        // Not up: a sign changes nothing.
+        assert_eq!(link.signs_of_life(t0, true), None);
+        link.connected(t0, false);
+        assert_eq!(link.poll(t0, false), Some(Action::Ping));
+        // No pong ever comes; data replies do, between the samples the driver takes at
+        // each of its polls.
+        let mut at = t0;
+        while at < t0 + T * 4 {
+            let previous = at;
+            at = link.next_deadline().expect("up");
+            // Counted as heard at the previous sample, not now.
+            assert_eq!(link.signs_of_life(at, true), Some(previous));
+            let action = link.poll(at, false);
+            assert!(matches!(action, None | Some(Action::Ping)), "{action:?}");
+        }
+        assert!(matches!(link.state(), LinkState::Up { .. }));
+        // Then nothing at all: lost at the timeout after the last sample that found one.
+        let last_sign = at;
+        let lost = loop {
+            at = link.next_deadline().expect("up");
+            assert_eq!(link.signs_of_life(at, false), None);
+            if let Some(Action::Lost(reason)) = link.poll(at, false) {
+                break reason;
+            }
+        };
+        assert_eq!(lost, LossReason::Silent { timeout_ms: 3000 });
+        assert!(at - last_sign <= T, "{:?}", at - last_sign);
+        // A sign answers a direct check begun before its sample's predecessor, not one
+        // begun after it.
+        let mut checked = Link::new(T, 1);
+        checked.connected(t0, false);
+        checked.poll(t0, false);
+        checked.signs_of_life(t0 + ms(100), false);
+        assert!(checked.check(t0 + ms(200), LossReason::RecordRemoved));
+        assert_eq!(
+            checked.signs_of_life(t0 + ms(300), true),
+            Some(t0 + ms(100))
+        );
+        assert!(checked.checking(), "the sign may predate the check");
+        assert_eq!(
+            checked.signs_of_life(t0 + ms(400), true),
+            Some(t0 + ms(300))
+        );
+        assert!(!checked.checking());
     }
 
     #[test]

@@ -218,11 +218,7 @@ pub(crate) async fn connect(
                 // out its oldest handshake (`handshakes`). A new connection is the newest
                 // there, so a flood must push it out again: a few more tries, in the time
                 // left.
-                Err(HandshakeFailure::Other(reason))
-                    if reason.starts_with(HANDSHAKE_CUT) && cuts < CUT_RETRIES =>
-                {
-                    cuts += 1;
-                }
+                Err(failure) if failure.is_cut() && cuts < CUT_RETRIES => cuts += 1,
                 Err(failure) => return Err(failure.into_error(addr)),
             }
         }
@@ -255,6 +251,14 @@ impl From<&str> for HandshakeFailure {
 }
 
 impl HandshakeFailure {
+    /// Whether the server closed the handshake before any verdict: a target whose
+    /// handshake budget is full pushes out its oldest handshake (`handshakes`). A new
+    /// connection is the newest there, so a flood must push it out again: a client tries
+    /// a few more ([`CUT_RETRIES`]), in the time it has.
+    pub(crate) fn is_cut(&self) -> bool {
+        matches!(self, Self::Other(reason) if reason.starts_with(HANDSHAKE_CUT))
+    }
+
     /// The error of a failed handshake with `peer`: a limit the peer reached is a
     /// `ResourceLimit`, anything else a `Connect`.
     pub(crate) fn into_error(self, peer: &str) -> Error {
@@ -314,8 +318,8 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// How a handshake the server closed without a verdict begins its error.
 const HANDSHAKE_CUT: &str = "closed during the handshake";
-/// New connections [`connect`] tries after a handshake was cut.
-const CUT_RETRIES: u32 = 3;
+/// New connections a client ([`connect`], the shm attach) tries after a handshake was cut.
+pub(crate) const CUT_RETRIES: u32 = 3;
 
 async fn read_handshake<S: AsyncRead + Unpin>(
     stream: &mut S,

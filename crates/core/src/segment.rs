@@ -118,6 +118,10 @@ pub struct Peer {
     /// A transport's connection reached another incarnation, and the descriptor is being
     /// fetched for it: the connections that see the same meanwhile fetch nothing more.
     pub(crate) fetching_new: AtomicBool,
+    /// Set when another connection got a reply from the peer's incarnation; the link takes
+    /// it as a sign of life (`liveness::Link::signs_of_life`). Read on every reply, written
+    /// once per sample: a busy peer's pongs may lag behind its data replies.
+    heard_elsewhere: AtomicBool,
 }
 
 /// What a held failure learns: `Some(loss)` once the loss is announced, `None` when the
@@ -163,7 +167,23 @@ impl Peer {
             check: tokio::sync::Notify::new(),
             relink: tokio::sync::Notify::new(),
             fetching_new: AtomicBool::new(false),
+            heard_elsewhere: AtomicBool::new(false),
         }
+    }
+
+    /// A connection to incarnation `engine_id` of the peer got an authenticated reply
+    /// (its handshake proved the secret): a sign of life when that incarnation is the one
+    /// known. Costs one relaxed load while the link has not sampled the last one.
+    pub(crate) fn heard_from(&self, engine_id: impl FnOnce() -> u64) {
+        if !self.heard_elsewhere.load(Ordering::Relaxed) && engine_id() == self.engine_id() {
+            self.heard_elsewhere.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether another connection heard the peer since the last call (the link's sample).
+    pub(crate) fn take_heard_elsewhere(&self) -> bool {
+        self.heard_elsewhere.load(Ordering::Relaxed)
+            && self.heard_elsewhere.swap(false, Ordering::Relaxed)
     }
 
     /// Holds `verdict` until the peer's fate is known: a failure that may mean the peer

@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_core::auth::{Secret, HELLO_AUTH};
+use ferry_core::auth::Secret;
 use ferry_core::wire::{ConnKind, Header, Op};
 use ferry_core::{Engine, EngineConfig, Metrics, TransportKind};
+use ferry_testkit::raw::{hello, resident_bytes};
 
 const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef-cluster";
 /// The flood: more connections from one address than the old per-address cap.
@@ -29,17 +30,6 @@ fn config(secret: Option<&[u8]>) -> EngineConfig {
 
 fn refused(m: &Metrics) -> u64 {
     m.connections_refused.iter().map(|(_, n)| n).sum()
-}
-
-fn hello(auth: bool, kind: ConnKind) -> Header {
-    let mut h = Header::new(Op::Hello);
-    h.buffer_id = kind as u64;
-    h.request_id = 99;
-    if auth {
-        h.flags = HELLO_AUTH;
-        h.token = [7; 16];
-    }
-    h
 }
 
 /// Waits (bounded) until `done` holds for the target's metrics.
@@ -209,16 +199,6 @@ fn a_flood_that_reopens_every_closed_connection_cannot_lock_a_peer_out() {
     assert!(delay < Duration::from_millis(500), "delayed by {delay:?}");
     i.close();
     t.close();
-}
-
-fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
 }
 
 #[test]

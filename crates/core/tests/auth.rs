@@ -7,10 +7,11 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::time::Duration;
 
-use ferry_core::auth::{nonce, ClientHandshake, Secret, HELLO_AUTH, MAC_LEN};
+use ferry_core::auth::{nonce, ClientHandshake, Secret, MAC_LEN};
 use ferry_core::segment::SegmentDescriptor;
-use ferry_core::wire::{split_frame, ConnKind, Header, Op, RejectCode, HEADER_LEN};
+use ferry_core::wire::{ConnKind, Header, Op, RejectCode, HEADER_LEN};
 use ferry_core::{Access, Engine, EngineConfig, Error, Opcode, TransferStatus, TransportKind};
+use ferry_testkit::raw::{hello, ops_in, read_to_close, resident_bytes, shm_sockets};
 use ferry_testkit::{bytes_of, fill, request, user_region};
 
 const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef-cluster";
@@ -21,36 +22,6 @@ fn config(secret: Option<&[u8]>) -> EngineConfig {
         auth_secret: secret.map(|s| Secret::new(s.to_vec()).expect("secret")),
         ..EngineConfig::default()
     }
-}
-
-/// Everything the target sends on one raw connection until it closes (bounded by a read
-/// timeout).
-fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    let mut got = Vec::new();
-    let _ = s.read_to_end(&mut got);
-    got
-}
-
-fn ops_in(mut bytes: &[u8]) -> Vec<(Op, u16)> {
-    let mut ops = Vec::new();
-    while let Ok(Some((h, payload))) = split_frame(bytes) {
-        ops.push((h.op, h.flags));
-        bytes = &bytes[HEADER_LEN + payload.len()..];
-    }
-    ops
-}
-
-fn hello(auth: bool) -> Header {
-    let mut h = Header::new(Op::Hello);
-    h.buffer_id = ConnKind::Control as u64;
-    h.request_id = 99;
-    if auth {
-        h.flags = HELLO_AUTH;
-        h.token = [7; 16];
-    }
-    h
 }
 
 fn auth_failures(e: &Engine, reason: &str) -> u64 {
@@ -91,7 +62,8 @@ fn no_secret_gets_no_descriptor_and_a_holder_is_served() {
     let mut s = TcpStream::connect(t.segment_name()).expect("connect");
     let mut get = Header::new(Op::GetDescriptor);
     get.request_id = 1;
-    s.write_all(&hello(false).encode()).expect("hello");
+    s.write_all(&hello(false, ConnKind::Control).encode())
+        .expect("hello");
     let _ = s.write_all(&get.encode());
     // The refusal alone, not the close after it: a peer that has read its refusal finds
     // the failure counted already (a client reports the refusal at once; an operator's
@@ -119,7 +91,7 @@ fn no_secret_gets_no_descriptor_and_a_holder_is_served() {
     assert_eq!(auth_failures(&t, "no_secret"), 1);
     // A write frame straight after Hello, as an outsider would send it: nothing moves.
     let mut s = TcpStream::connect(t.segment_name()).expect("connect");
-    let mut h = hello(false);
+    let mut h = hello(false, ConnKind::Control);
     h.buffer_id = ConnKind::Data as u64;
     let mut w = Header::new(Op::WriteReq);
     w.buffer_id = buf.id();
@@ -135,7 +107,8 @@ fn no_secret_gets_no_descriptor_and_a_holder_is_served() {
 
 /// Sends an authenticating Hello and returns the server's challenge frame.
 fn challenge(s: &mut TcpStream) -> Vec<u8> {
-    s.write_all(&hello(true).encode()).expect("hello");
+    s.write_all(&hello(true, ConnKind::Control).encode())
+        .expect("hello");
     let mut c = vec![0u8; HEADER_LEN + MAC_LEN];
     s.read_exact(&mut c).expect("challenge");
     assert_eq!(Header::decode(&c).expect("header").op, Op::AuthChallenge);
@@ -213,22 +186,6 @@ fn engines_with_another_secret_or_none_cannot_open_the_segment() {
     open.close();
     served(&t, &buf);
     t.close();
-}
-
-/// This process's shm sockets, from /proc/net/unix.
-fn shm_sockets() -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
-    let suffix = format!("-{}", std::process::id());
-    let mut names: Vec<String> = table
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(7))
-        .filter_map(|p| p.strip_prefix('@'))
-        .filter(|n| n.starts_with("ferry-shm-") && n.ends_with(&suffix))
-        .map(str::to_string)
-        .collect();
-    names.sort();
-    names.dedup();
-    names
 }
 
 #[test]
@@ -435,16 +392,6 @@ fn read_only_memory_is_refused_to_writes_over_tcp_and_never_offered_over_shm() {
     t.close();
 }
 
-fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kb * 1024
-}
-
 #[test]
 fn three_hundred_outsiders_pushing_4_mib_each_hold_almost_nothing() {
     let (t, buf, before) = target();
@@ -459,7 +406,7 @@ fn three_hundred_outsiders_pushing_4_mib_each_hold_almost_nothing() {
                 };
                 let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
                 // Hello with or without the auth flag, then a 4 MiB WRITE announced and sent.
-                let _ = s.write_all(&hello(i % 2 == 0).encode());
+                let _ = s.write_all(&hello(i % 2 == 0, ConnKind::Control).encode());
                 let mut w = Header::new(Op::WriteReq);
                 w.buffer_id = 1;
                 w.length = 4 << 20;

@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use ferry_core::{Engine, EngineConfig, Opcode, Region, TransferStatus, TransportKind};
+use ferry_testkit::raw::shm_sockets;
 use ferry_testkit::{bytes_of, fill};
 
 /// The environment variable naming the per-user secret's folder.
@@ -240,22 +241,6 @@ for name in sys.argv[3:]:
         pass
 print(json.dumps(got))
 "#;
-
-/// This process's shm sockets, from /proc/net/unix.
-fn shm_sockets() -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/net/unix").expect("/proc/net/unix");
-    let suffix = format!("-{}", std::process::id());
-    let mut names: Vec<String> = table
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(7))
-        .filter_map(|p| p.strip_prefix('@'))
-        .filter(|n| n.starts_with("ferry-shm-") && n.ends_with(&suffix))
-        .map(str::to_string)
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
 
 fn raw_probe(mut c: Command, t: &Engine, buf: &Region) -> serde_json::Value {
     c.args(["-c", RAW_PROBE, t.segment_name(), &buf.id().to_string()])

@@ -12,6 +12,9 @@
 //!   byte for byte (the attempt-deadline tests of each transport);
 //! - [`notes`]: a target-side notification handler that checks the data is in place;
 //! - [`Proxy`]: a TCP forwarder whose connections a test freezes or cuts;
+//! - [`raw`]: raw wire clients' pieces ([`raw::hello`], [`raw::read_to_close`],
+//!   [`raw::ops_in`]), this process's shm sockets ([`raw::shm_sockets`]) and its resident
+//!   memory ([`raw::resident_bytes`]);
 //! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness;
 //!   [`skip_without_etcd!`], [`etcd_missing`]: skip a test where etcd is not installed
 //!   (outside CI; under CI that fails it).
@@ -21,6 +24,7 @@ pub mod lists;
 pub mod notes;
 mod pair;
 mod proxy;
+pub mod raw;
 mod region;
 mod wait;
 

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::life_word::PeerLifeWord;
 use crate::linux::{peer_pid, Pidfd, RemoteMapping};
-use crate::net::client_handshake;
+use crate::net::{client_handshake, CUT_RETRIES};
 use crate::segment::SegmentDescriptor;
 use crate::wire::{ConnKind, Token};
 
@@ -34,23 +34,35 @@ pub(super) async fn connect_and_map(
     desc: &SegmentDescriptor,
 ) -> Result<Attached> {
     let io = |what: &'static str| move |e: std::io::Error| Error::io(what, &e);
-    let name = socket.to_string();
-    let (std_stream, pidfd) = off_runtime(move || {
-        let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(io("shm address"))?;
-        let std_stream = StdUnixStream::connect_addr(&addr).map_err(io("connect shm socket"))?;
-        let pid = peer_pid(&std_stream).map_err(io("shm peer pid"))?;
-        let pidfd = Pidfd::open(pid).map_err(io("pidfd_open"))?;
-        Ok((std_stream, pidfd))
-    })
-    .await?;
-    // The handshake, as on tcp; then the token and fd requests, blocking with a timeout.
-    std_stream.set_nonblocking(true).map_err(io("shm socket"))?;
-    let mut tokio_stream = UnixStream::from_std(std_stream).map_err(io("shm socket"))?;
-    let shake = client_handshake(&mut tokio_stream, ConnKind::Shm, local_engine_id);
-    tokio::time::timeout(AUTH_TIMEOUT, shake)
+    // The handshake, as on tcp, and like tcp's `net::connect` on a new connection when the
+    // target cut it before any verdict (its handshake budget was full), a few times, all
+    // within one `AUTH_TIMEOUT`; then the token and fd requests, blocking with a timeout.
+    let handshake = async {
+        let mut cuts = 0;
+        loop {
+            let name = socket.to_string();
+            let (std_stream, pidfd) = off_runtime(move || {
+                let addr =
+                    SocketAddr::from_abstract_name(name.as_bytes()).map_err(io("shm address"))?;
+                let std_stream =
+                    StdUnixStream::connect_addr(&addr).map_err(io("connect shm socket"))?;
+                let pid = peer_pid(&std_stream).map_err(io("shm peer pid"))?;
+                let pidfd = Pidfd::open(pid).map_err(io("pidfd_open"))?;
+                Ok((std_stream, pidfd))
+            })
+            .await?;
+            std_stream.set_nonblocking(true).map_err(io("shm socket"))?;
+            let mut tokio_stream = UnixStream::from_std(std_stream).map_err(io("shm socket"))?;
+            match client_handshake(&mut tokio_stream, ConnKind::Shm, local_engine_id).await {
+                Ok(_) => return Ok((tokio_stream, pidfd)),
+                Err(failure) if failure.is_cut() && cuts < CUT_RETRIES => cuts += 1,
+                Err(failure) => return Err(failure.into_error(&format!("shm socket {socket}"))),
+            }
+        }
+    };
+    let (tokio_stream, pidfd) = tokio::time::timeout(AUTH_TIMEOUT, handshake)
         .await
-        .map_err(|_| Error::Protocol("shm handshake timed out".into()))?
-        .map_err(|failure| failure.into_error(&format!("shm socket {socket}")))?;
+        .map_err(|_| Error::Protocol("shm handshake timed out".into()))??;
     let std_stream = tokio_stream.into_std().map_err(io("shm socket"))?;
     let (token, desc) = (*token, desc.clone());
     let (std_stream, (maps, life)) = off_runtime(move || {
@@ -194,6 +206,92 @@ mod tests {
     use super::*;
     use crate::net::{acknowledge, server_handshake};
     use crate::transports::shm::serve::bind;
+
+    fn empty_descriptor() -> SegmentDescriptor {
+        SegmentDescriptor {
+            engine_id: 0x5eed,
+            name: "127.0.0.1:1".into(),
+            machine_id: String::new(),
+            pid: std::process::id(),
+            tcp_addr: "127.0.0.1:1".into(),
+            token: String::new(),
+            buffers: Vec::new(),
+            transport_info: Default::default(),
+        }
+    }
+
+    /// A target that cuts the first `cut` handshakes after reading them (as one whose
+    /// handshake budget is full pushes them out) and serves the next; returns how many
+    /// connections it accepted.
+    fn cutting_target(
+        listener: tokio::net::UnixListener,
+        cut: usize,
+    ) -> std::thread::JoinHandle<usize> {
+        let listener = listener.into_std().expect("std");
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("target runtime");
+            rt.block_on(async move {
+                let listener = UnixListener::from_std(listener).expect("listener");
+                let mut accepted = 0;
+                loop {
+                    let accept = tokio::time::timeout(Duration::from_secs(10), listener.accept());
+                    let Ok(Ok((mut stream, _))) = accept.await else {
+                        return accepted;
+                    };
+                    accepted += 1;
+                    let shake = server_handshake(&mut stream, None, 0x5eed).await;
+                    if accepted <= cut {
+                        drop(stream); // pushed out: closed before any verdict
+                        continue;
+                    }
+                    shake.expect("handshake");
+                    acknowledge(&mut stream, 0x5eed).await.expect("HelloAck");
+                    let mut token = [0u8; 16];
+                    stream.read_exact(&mut token).await.expect("token");
+                    stream.write_all(&[1]).await.expect("reply");
+                    // Held until the initiator lets go.
+                    let _ = stream.read(&mut token).await;
+                    return accepted;
+                }
+            })
+        })
+    }
+
+    #[test]
+    fn an_attach_whose_handshake_was_cut_tries_again_on_a_new_connection() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // Socket names of their own: tests run at once.
+        for (cut, id) in [(1, 0xc071), (CUT_RETRIES as usize, 0xc072)] {
+            let (listener, name) = {
+                let _guard = rt.enter();
+                bind(id).expect("bind")
+            };
+            let target = cutting_target(listener, cut);
+            let attached = rt.block_on(connect_and_map(&name, 1, &[7; 16], &empty_descriptor()));
+            assert!(attached.is_ok(), "cut {cut}×: {:?}", attached.err());
+            drop(attached);
+            assert_eq!(target.join().expect("target"), cut + 1);
+        }
+        // One cut more than the retries: the attach fails, saying why.
+        let (listener, name) = {
+            let _guard = rt.enter();
+            bind(0xc073).expect("bind")
+        };
+        let target = cutting_target(listener, CUT_RETRIES as usize + 1);
+        let failed = rt.block_on(connect_and_map(&name, 1, &[7; 16], &empty_descriptor()));
+        let error = failed.err().expect("cut every time");
+        assert!(
+            error.to_string().contains("closed during the handshake"),
+            "{error}"
+        );
+        drop(target); // it waits for a connection that never comes, then ends by itself
+    }
 
     #[test]
     fn an_attach_waiting_on_its_peer_leaves_the_runtime_running() {

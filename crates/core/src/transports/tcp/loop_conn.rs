@@ -359,10 +359,14 @@ impl LoopConn {
                 rx,
                 rx_start,
                 inflight,
+                remote_engine,
                 ..
             } = &mut *st;
             let header = &rx[*rx_start..*rx_start + HEADER_LEN];
             let decoded = reply::decode(header, |id| inflight.remove(&id), Slice::asked);
+            if decoded.is_ok() {
+                self.peer.heard_from(|| *remote_engine);
+            }
             st.rx_start += HEADER_LEN;
             match decoded {
                 Ok((slice, Reply::Written)) => settle.done.push(slice),

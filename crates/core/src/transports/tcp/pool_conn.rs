@@ -466,7 +466,10 @@ async fn read_loop(conn: &PoolConn, mut r: BufReader<OwnedReadHalf>) -> Error {
             }
         };
         let (slice, reply) = match reply::decode(&header, |id| conn.take(id), Slice::asked) {
-            Ok(decoded) => decoded,
+            Ok(decoded) => {
+                conn.peer.heard_from(|| conn.lock().remote_engine);
+                decoded
+            }
             Err(broken) => {
                 let error = Error::from(broken.violation);
                 tracing::warn!(peer = conn.peer.name(), error = %error, "dropping data connection");
