@@ -55,6 +55,7 @@ mod lanes;
 mod lazy_now;
 mod life_word;
 pub mod linux;
+mod link_port;
 mod liveness;
 pub mod memory;
 pub mod metadata;

@@ -115,6 +115,8 @@ pub struct Peer {
     /// Tells the link that the peer's incarnation changed: a connection to the old one is
     /// left for a new one.
     pub(crate) relink: tokio::sync::Notify,
+    /// The link's connection as notifications use it (`link_port`).
+    pub(crate) link_port: Arc<crate::link_port::LinkPort>,
 }
 
 /// What a held failure learns: `Some(loss)` once the loss is announced, `None` when the
@@ -159,6 +161,7 @@ impl Peer {
             probe: tokio::sync::Notify::new(),
             check: tokio::sync::Notify::new(),
             relink: tokio::sync::Notify::new(),
+            link_port: Arc::default(),
         }
     }
 

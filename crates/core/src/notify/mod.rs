@@ -29,6 +29,7 @@
 pub(crate) mod inbox;
 pub(crate) mod outbox;
 pub(crate) mod outcome;
+mod path;
 pub(crate) mod protocol;
 pub(crate) mod serve;
 pub(crate) mod sessions;
