@@ -126,3 +126,81 @@ fn a_same_host_peer_over_shm_holds_the_link_and_its_socket() {
     initiator.close();
     target.close();
 }
+
+/// Resident memory of this process, in bytes.
+fn rss() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("resident pages");
+    pages * 4096
+}
+
+/// The figures of the README's "Cost of a peer": descriptors and resident memory per
+/// opened pair (both sides, both in this process), after opening, after a 64 KiB write and
+/// after a notification, for tcp alone and for shm on the same host. Prints them; run with
+/// `cargo test -p ferry-core --test peer_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "prints figures; memory is too noisy to assert on a shared machine"]
+fn figures_per_pair() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    const PAIRS: usize = 32;
+    for transports in [
+        vec![TransportKind::Tcp],
+        vec![TransportKind::Shm, TransportKind::Tcp],
+    ] {
+        let target = engines(transports.clone()).0;
+        let remote = target.allocate(1 << 20).expect("remote");
+        let initiators: Vec<(Engine, std::sync::Arc<ferry_core::Region>)> = (0..PAIRS)
+            .map(|_| {
+                let cfg = EngineConfig {
+                    transports: transports.clone(),
+                    ..EngineConfig::default()
+                };
+                let e = Engine::new(cfg).expect("initiator");
+                let local = e.allocate(64 << 10).expect("local");
+                (e, local)
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let (fds0, rss0) = (open_fds(), rss());
+        let segs: Vec<u64> = initiators
+            .iter()
+            .map(|(e, _)| {
+                let seg = e.open_segment_blocking(target.segment_name());
+                seg.expect("open").handle
+            })
+            .collect();
+        let (fds1, rss1) = (open_fds(), rss());
+        for ((e, local), seg) in initiators.iter().zip(&segs) {
+            let req = request(Opcode::Write, local, *seg, &remote, 0, 64 << 10);
+            let done = e.transfer_blocking(&[req]).expect("write");
+            assert_eq!(done[0].status, TransferStatus::Completed);
+        }
+        let (fds2, rss2) = (open_fds(), rss());
+        for ((e, _), seg) in initiators.iter().zip(&segs) {
+            assert_eq!(e.notify_blocking(*seg, b"n"), Ok(NotifyOutcome::Queued));
+        }
+        let (fds3, rss3) = (open_fds(), rss());
+        let per = |fds: usize, rss: u64| {
+            format!(
+                "{:.1} fds, {:.0} KiB",
+                (fds - fds0) as f64 / PAIRS as f64,
+                (rss.saturating_sub(rss0)) as f64 / 1024.0 / PAIRS as f64
+            )
+        };
+        eprintln!(
+            "{transports:?}, per pair (both sides): opened {}; after a 64 KiB write {}; \
+             after a notification {}",
+            per(fds1, rss1),
+            per(fds2, rss2),
+            per(fds3, rss3)
+        );
+        for (e, _) in initiators {
+            e.close();
+        }
+        target.close();
+    }
+}
