@@ -13,8 +13,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
-use crate::liveness::{Action, Link, LinkState, LossReason};
 use crate::link_port::{Answers, Queued};
+use crate::liveness::{Action, Link, LinkState, LossReason};
 use crate::net::{connect, connect_reaching, read_frame, write_frame, Reached};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::wire::{ConnKind, Header, Op};

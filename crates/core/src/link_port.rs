@@ -168,9 +168,8 @@ impl Drop for Carrier {
             }
             ours
         });
-        Answers(self.end.answers.clone()).close(Err(Error::Io(
-            "the link connection closed".into(),
-        )));
+        Answers(self.end.answers.clone())
+            .close(Err(Error::Io("the link connection closed".into())));
     }
 }
 

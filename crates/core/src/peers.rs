@@ -53,12 +53,8 @@ impl Inner {
                 let _guard = self.handle.enter();
                 m.watch(peer.clone(), events.clone(), rev, self.engine_id);
             }
-            self.handle.spawn(run_link(
-                peer.clone(),
-                cfg,
-                events,
-                Some(first),
-            ));
+            self.handle
+                .spawn(run_link(peer.clone(), cfg, events, Some(first)));
         } else {
             // Open again: the name may now answer with a new incarnation.
             self.descriptor_seen(&peer, desc);

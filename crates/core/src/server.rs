@@ -20,8 +20,8 @@ use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::memory::{check_range, Access, Region, RegionTable, Window};
 use crate::net::{
-    acknowledge_serving, read_frame_within, read_header_within, refuse, server_handshake, tune_accepted,
-    write_all_pair, write_frame, Refused, ACK_LINK_NOTIFY,
+    acknowledge_serving, read_frame_within, read_header_within, refuse, server_handshake,
+    tune_accepted, write_all_pair, write_frame, Refused, ACK_LINK_NOTIFY,
 };
 use crate::notify::serve::{serve_notify, OnLink, Receiving};
 use crate::resource::Overflow;

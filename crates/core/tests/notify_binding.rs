@@ -39,12 +39,7 @@ fn raw_notify(
     seqs: &[u64],
 ) -> Option<Vec<Header>> {
     let secret = secret.map(|s| Secret::new(s.to_vec()).expect("secret"));
-    let hs = ClientHandshake::new(
-        secret,
-        kind as u64,
-        claimed,
-        nonce().expect("nonce"),
-    );
+    let hs = ClientHandshake::new(secret, kind as u64, claimed, nonce().expect("nonce"));
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");

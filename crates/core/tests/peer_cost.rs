@@ -122,7 +122,11 @@ fn a_same_host_peer_over_shm_holds_the_link_and_its_socket() {
     // liveness), the life word's memfd, and the memfd of the one remote buffer mapped.
     assert_eq!(opened, before + 8, "after openSegment");
     // Writes go over shm (no tcp data connection) and the notification over the link.
-    assert_eq!(settle_at(before + 8), before + 8, "after writes and a notification");
+    assert_eq!(
+        settle_at(before + 8),
+        before + 8,
+        "after writes and a notification"
+    );
     initiator.close();
     target.close();
 }

@@ -30,8 +30,8 @@ use super::protocol::{restarted, Answer, Open};
 use super::sessions::SessionToken;
 use super::window::WINDOW;
 use crate::error::{Error, Result};
-use crate::metrics::NotifyCounters;
 use crate::link_port::Read;
+use crate::metrics::NotifyCounters;
 use crate::segment::Peer;
 use crate::wire::{Header, Op, RejectCode};
 

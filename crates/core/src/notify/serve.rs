@@ -104,8 +104,7 @@ where
         }
         let (reply, text) = take(local, held, &h, data, &from);
         answer(w, reply, &text).await?;
-        if Answer::from_raw(reply.flags) == Some(Answer::Superseded) && reply.op == Op::NotifyAck
-        {
+        if Answer::from_raw(reply.flags) == Some(Answer::Superseded) && reply.op == Op::NotifyAck {
             // The sender reconnected: this connection is stale.
             return w
                 .flush()
@@ -204,8 +203,7 @@ impl<'a> OnLink<'a> {
             ));
         };
         let (reply, text) = take(&self.local, held, h, data, from);
-        if reply.op == Op::NotifyAck && Answer::from_raw(reply.flags) == Some(Answer::Superseded)
-        {
+        if reply.op == Op::NotifyAck && Answer::from_raw(reply.flags) == Some(Answer::Superseded) {
             self.session = None;
         }
         Ok((reply, text))
