@@ -53,8 +53,9 @@ pub(super) struct Path {
     _reader: Option<AbortOnDrop>,
 }
 
-/// Reaches `peer`: waits (until `until`) for its link to be up, then takes the link if the
-/// incarnation it reached serves notifications, or connects on its own.
+/// Reaches `peer`: waits (until `until`) for its link to be up on the incarnation its
+/// descriptor names, then takes the link if that incarnation serves notifications there,
+/// or connects on its own.
 pub(super) async fn reach(
     peer: &Arc<Peer>,
     engine_id: u64,
@@ -66,7 +67,10 @@ pub(super) async fn reach(
         if peer.is_lost() {
             return Err(peer.lost_error());
         }
-        if let Some(end) = watch.borrow_and_update().clone() {
+        // A link still on an incarnation older than the descriptor is about to move (a
+        // new one was seen: `relink`); what is sent now is for whoever answers now.
+        let current = watch.borrow_and_update().clone();
+        if let Some(end) = current.filter(|e| e.engine_id == peer.engine_id()) {
             break end;
         }
         tokio::select! {
