@@ -265,7 +265,9 @@ async fn heartbeat(
     peer: &Peer,
 ) -> Option<Action> {
     let remote_id = reached.engine_id;
-    let (mut rd, wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
+    // Buffered: a burst of notification answers is read in a few calls, not two a frame.
+    let mut rd = tokio::io::BufReader::new(rd);
     let carrier = peer
         .link_port
         .carry(wr, remote_id, reached.carries_notify());

@@ -21,7 +21,7 @@ use crate::kind::TransportKind;
 use crate::memory::{check_range, Access, Region, RegionTable, Window};
 use crate::net::{
     acknowledge_serving, read_frame_within, read_header_within, refuse, server_handshake,
-    tune_accepted, write_all_pair, write_frame, Refused, ACK_LINK_NOTIFY,
+    tune_accepted, write_all_pair, Refused, ACK_LINK_NOTIFY,
 };
 use crate::notify::serve::{serve_notify, OnLink, Receiving};
 use crate::resource::Overflow;
@@ -273,19 +273,22 @@ async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegmen
 
 /// Answers a peer's control frames until it leaves, or says goodbye as this engine closes.
 /// The link of engine `sender` also carries its notifications (`notify::serve::OnLink`).
-async fn serve_control(mut stream: TcpStream, local: &LocalSegment, sender: u64) -> Result<()> {
+/// The answers to a burst of frames leave in one write.
+async fn serve_control(stream: TcpStream, local: &LocalSegment, sender: u64) -> Result<()> {
     let mut notes = OnLink::new(local.receiving(), sender);
+    let mut r = BufReader::new(stream);
+    let mut answers: Vec<u8> = Vec::new();
     loop {
         // A frame half read when the goodbye begins is dropped with the connection.
         let frame = tokio::select! {
             biased;
             _ = local.farewell.begun() => {
-                let goodbye = Header::new(Op::Goodbye);
-                let bye = write_frame(&mut stream, &goodbye, &[]);
+                append_frame(&mut answers, &Header::new(Op::Goodbye), &[]);
+                let bye = r.get_mut().write_all(&answers);
                 let _ = tokio::time::timeout(local.frame_timeout, bye).await;
                 return Ok(());
             }
-            frame = read_frame_within(&mut stream, local.frame_timeout) => frame?,
+            frame = read_frame_within(&mut r, local.frame_timeout) => frame?,
         };
         let Some((header, payload)) = frame else {
             return Ok(());
@@ -296,16 +299,16 @@ async fn serve_control(mut stream: TcpStream, local: &LocalSegment, sender: u64)
                 // off the I/O threads' async path.
                 let (reply, body) =
                     tokio::task::block_in_place(|| local.transport_control(&header, &payload));
-                write_frame(&mut stream, &reply, &body).await?;
+                append_frame(&mut answers, &reply, &body);
             }
             Op::Ping => {
                 let mut pong = Header::new(Op::Pong);
                 pong.request_id = header.request_id;
-                write_frame(&mut stream, &pong, &[]).await?;
+                append_frame(&mut answers, &pong, &[]);
             }
             Op::NotifyOpen | Op::Notify => {
                 let (reply, body) = notes.frame(&header, payload)?;
-                write_frame(&mut stream, &reply, &body).await?;
+                append_frame(&mut answers, &reply, &body);
             }
             Op::GetDescriptor => {
                 let body = serde_json::to_vec(&local.descriptor())
@@ -313,7 +316,7 @@ async fn serve_control(mut stream: TcpStream, local: &LocalSegment, sender: u64)
                 let mut reply = Header::new(Op::Descriptor);
                 reply.request_id = header.request_id;
                 reply.length = body.len() as u64;
-                write_frame(&mut stream, &reply, &body).await?;
+                append_frame(&mut answers, &reply, &body);
             }
             other => {
                 return Err(Error::Protocol(format!(
@@ -321,7 +324,19 @@ async fn serve_control(mut stream: TcpStream, local: &LocalSegment, sender: u64)
                 )))
             }
         }
+        if r.buffer().len() < HEADER_LEN {
+            r.get_mut()
+                .write_all(&answers)
+                .await
+                .map_err(|e| Error::io("write a control answer", &e))?;
+            answers.clear();
+        }
     }
+}
+
+fn append_frame(out: &mut Vec<u8>, header: &Header, body: &[u8]) {
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(body);
 }
 
 /// Checks a data request against the local segment; returns the region to touch.

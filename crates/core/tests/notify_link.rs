@@ -165,3 +165,61 @@ fn a_notification_on_the_link_never_reaches_the_peers_next_incarnation() {
         second.close();
     });
 }
+
+/// Notifications per second, 8 threads each sending in turn to one target over tcp;
+/// prints the rate. Run with `cargo test -p ferry-core --release --test notify_link --
+/// --ignored --nocapture` (compare builds interleaved: the machine's load moves it).
+#[test]
+#[ignore = "prints a rate"]
+fn notification_rate() {
+    const THREADS: usize = 8;
+    const EACH: usize = 2000;
+    let target = Engine::new(tcp()).expect("target");
+    let sender = Arc::new(Engine::new(tcp()).expect("sender"));
+    let seg = sender
+        .open_segment_blocking(target.segment_name())
+        .expect("open")
+        .handle;
+    assert_eq!(
+        sender.notify_blocking(seg, b"warm"),
+        Ok(NotifyOutcome::Queued)
+    );
+    let drain = {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (t, s) = (Engine::clone(&target), stop.clone());
+        (
+            stop,
+            std::thread::spawn(move || {
+                while !s.load(Ordering::SeqCst) {
+                    let _ = t.take_notifications(4096);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }),
+        )
+    };
+    let start = std::time::Instant::now();
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let sender = sender.clone();
+            std::thread::spawn(move || {
+                for _ in 0..EACH {
+                    let got = sender.notify_blocking(seg, b"0123456789abcdef");
+                    assert!(got.is_ok(), "{got:?}");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("sender thread");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    drain.0.store(true, Ordering::SeqCst);
+    drain.1.join().expect("drain");
+    eprintln!(
+        "notification rate: {:.0}/s ({} in {secs:.2} s)",
+        (THREADS * EACH) as f64 / secs,
+        THREADS * EACH
+    );
+    sender.close();
+    target.close();
+}
