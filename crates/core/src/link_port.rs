@@ -5,12 +5,13 @@
 //! While a link connection is up, the link publishes it here as a `LinkEnd`: the engine id
 //! its handshake reached and whether that engine serves notifications on control
 //! connections (`HelloAck`'s `ACK_LINK_NOTIFY`; a build without it gets a notification
-//! connection of its own, as before). Frames are written by one writer task in the order
-//! handed over, whole (a ping and a notification never interleave); the link's reader
-//! routes the notification answers (`NotifyAck`, `Error`) to whoever attached, and closes
-//! that attachment when the connection ends, so the outbox sees the break as it would on
-//! its own connection and resends on the next one. An attachment that does not keep up
-//! with its answers is closed rather than ever stalling the link's reader.
+//! connection of its own, as before). Frames are written by one writer task, whole (a ping
+//! and a notification never interleave), pings first, notifications in the order handed
+//! over; the link's reader routes the notification answers (`NotifyAck`, `Error`) to
+//! whoever attached, and closes that attachment when the connection ends, so the outbox
+//! sees the break as it would on its own connection and resends on the next one. An
+//! attachment that does not keep up with its answers is closed rather than ever stalling
+//! the link's reader.
 
 use std::sync::{Arc, Mutex};
 
@@ -28,8 +29,13 @@ pub(crate) type Frame = (Header, Vec<u8>);
 /// What an attachment reads: a frame, or why its connection ended.
 pub(crate) type Read = Result<Option<Frame>>;
 
-/// Frames waiting for the writer: a few pings and a window's burst of notifications.
+/// Notification frames waiting for the writer.
 const QUEUED_FRAMES: usize = 64;
+
+/// Pings waiting for the writer, which takes them before any notification: a burst of
+/// notifications never holds a ping back (the answer to one may be what releases failures
+/// held until the peer's fate is known).
+const QUEUED_PINGS: usize = 4;
 
 /// Answers an attachment may leave unread: every notification of a full window, and then
 /// some (its `Error`s and the open's answer).
@@ -68,9 +74,18 @@ impl LinkPort {
         carries_notify: bool,
     ) -> Carrier {
         let (frames, mut queued) = mpsc::channel::<Frame>(QUEUED_FRAMES);
+        let (pings, mut ping_queue) = mpsc::channel::<Header>(QUEUED_PINGS);
         let writer = tokio::spawn(async move {
             let mut wr = wr;
-            while let Some((h, body)) = queued.recv().await {
+            loop {
+                let (h, body) = tokio::select! {
+                    biased;
+                    Some(ping) = ping_queue.recv() => (ping, Vec::new()),
+                    frame = queued.recv() => match frame {
+                        Some(frame) => frame,
+                        None => return,
+                    },
+                };
                 if let Err(e) = write_frame(&mut wr, &h, &body).await {
                     tracing::debug!(error = %e, "link write failed");
                     return;
@@ -87,6 +102,7 @@ impl LinkPort {
         Carrier {
             port: self.clone(),
             end,
+            pings,
             writer,
         }
     }
@@ -139,13 +155,14 @@ pub(crate) enum Queued {
 pub(crate) struct Carrier {
     port: Arc<LinkPort>,
     end: LinkEnd,
+    pings: mpsc::Sender<Header>,
     writer: tokio::task::JoinHandle<()>,
 }
 
 impl Carrier {
     /// Queues a ping (never waits: the link's clock decides what a slow peer means).
     pub(crate) fn ping(&self, ping: Header) -> Queued {
-        match self.end.frames.try_send((ping, Vec::new())) {
+        match self.pings.try_send(ping) {
             Ok(()) => Queued::Sent,
             Err(mpsc::error::TrySendError::Full(_)) => Queued::Full,
             Err(mpsc::error::TrySendError::Closed(_)) => Queued::Broken,
