@@ -1,5 +1,5 @@
-//! The sender's side: one outbox per peer, an actor that owns that peer's notification
-//! connection. Notifications leave in the order they were handed over and are kept until
+//! The sender's side: one outbox per peer, an actor that sends on that peer's link (or on
+//! a notification connection of its own: `path`). Notifications leave in the order they were handed over and are kept until
 //! the target acknowledges them; a connection that breaks is replaced and whatever was not
 //! acknowledged is sent again with its sequence number, which the target's inbox uses to
 //! take each once. Every notification ends: acknowledged, refused, the peer lost or
