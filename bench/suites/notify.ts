@@ -3,7 +3,7 @@
  * engine in a child process (bench/target.ts, which takes every notification as it comes).
  *
  *   notify-rate             engine.notify, `--window` outstanding, notifications/s (acknowledged by the
- *                           target; one path for every transport: the notification connection)
+ *                           target; one path for every transport: the sender's link to the target)
  * and per transport T (shm, tcp):
  *   write-4KiB-notify-p50-T one 4 KiB WRITE with a notification at a time, p50 in µs   vs the same WRITE without (same run)
  *   write-4KiB-notify-p99-T the same, p99                                            vs the same WRITE without (same run)

@@ -17,11 +17,12 @@ use crate::gate::StopSignal;
 
 /// Notifications an engine's notifying workers let be in flight before they wait for room
 /// (see the module doc). Without a bound, workers submit far faster than the one
-/// notification connection per target delivers and acknowledges (200 000 or more against
-/// about 100 000 a second on an idle 2-core machine, much less when it is loaded): a case
-/// ends with hundreds of thousands queued, whose tail outlives both the per-notification
-/// deadline (peer timeout + connect timeout, counted from when it was queued) and the
-/// initiator's bounded drain before it closes, and fails instead of arriving. 4096 keeps
+/// connection per target that carries notifications (the link) delivers and acknowledges
+/// (200 000 or more against about 100 000 a second on an idle 2-core machine, much less
+/// when it is loaded): a case ends with hundreds of thousands queued, whose tail outlives
+/// both the per-notification deadline (peer timeout + connect timeout, counted from when it
+/// was queued) and the initiator's bounded drain before it closes, and fails instead of
+/// arriving. 4096 keeps
 /// the connection's pipeline full (a burst of acks leaves in one write) while the backlog
 /// left at a case's end drains in milliseconds, or well under a second on a loaded machine.
 pub const NOTIFY_WINDOW: u64 = 4096;

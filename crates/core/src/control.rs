@@ -13,8 +13,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
+use crate::link_port::{Answers, Queued};
 use crate::liveness::{Action, Link, LinkState, LossReason};
-use crate::net::{connect, read_frame, write_frame};
+use crate::net::{connect, connect_reaching, read_frame, write_frame, Reached};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::wire::{ConnKind, Header, Op};
 
@@ -50,7 +51,7 @@ pub(crate) async fn fetch_descriptor(
     local_engine_id: u64,
     timeout: Duration,
 ) -> Result<SegmentDescriptor> {
-    let (desc, mut stream) = open_control(addr, local_engine_id, timeout).await?;
+    let (desc, (mut stream, _)) = open_control(addr, local_engine_id, timeout).await?;
     let _ = stream.shutdown().await;
     Ok(desc)
 }
@@ -62,9 +63,10 @@ pub(crate) async fn open_control(
     addr: &str,
     local_engine_id: u64,
     timeout: Duration,
-) -> Result<(SegmentDescriptor, TcpStream)> {
-    let (mut stream, remote_id) =
-        connect(addr, ConnKind::Control, local_engine_id, timeout).await?;
+) -> Result<(SegmentDescriptor, (TcpStream, Reached))> {
+    let (mut stream, reached) =
+        connect_reaching(addr, ConnKind::Control, local_engine_id, timeout).await?;
+    let remote_id = reached.engine_id;
     let desc = tokio::time::timeout(timeout, request_descriptor(&mut stream))
         .await
         .map_err(|_| Error::Connect {
@@ -77,7 +79,7 @@ pub(crate) async fn open_control(
             desc.engine_id
         )));
     }
-    Ok((desc, stream))
+    Ok((desc, (stream, reached)))
 }
 
 /// Sends one transport control request (`TransportReq`, e.g. an RDMA endpoint handshake) to
@@ -151,13 +153,13 @@ pub(crate) struct LinkConfig {
 
 /// Keeps the control link to `peer` alive until `peer.link_cancel` fires: drives its
 /// [`Link`] state machine with the socket's frames and the clock. `first` is a control
-/// connection already made (the one the descriptor came on) and the engine id its
-/// handshake answered, taken before any connect.
+/// connection already made (the one the descriptor came on) and who its handshake reached,
+/// taken before any connect.
 pub(crate) async fn run_link(
     peer: Arc<Peer>,
     cfg: LinkConfig,
     events: Arc<dyn LinkEvents>,
-    mut first: Option<(TcpStream, u64)>,
+    mut first: Option<(TcpStream, Reached)>,
 ) {
     let cancel = peer.link_cancel.clone();
     let seed = cfg.local_engine_id ^ peer.handle().rotate_left(17);
@@ -166,6 +168,8 @@ pub(crate) async fn run_link(
         if let Some(Action::Lost(reason)) = action {
             tracing::warn!(peer = peer.name(), %reason, "peer lost");
             events.peer_lost(&peer, reason);
+            // Notifications waiting for the link learn of the loss.
+            peer.link_port.wake();
         }
     };
     // Whatever ends the link, failures it held end with their own errors.
@@ -181,7 +185,7 @@ pub(crate) async fn run_link(
                         r = connect_fresh(&peer, cfg, &*events) => r,
                     },
                 };
-                let (stream, remote_id) = match connected {
+                let (stream, reached) = match connected {
                     Ok(connected) => connected,
                     Err(reason) => {
                         report(link.broken(reason, Instant::now(), peer.is_lost()));
@@ -195,7 +199,7 @@ pub(crate) async fn run_link(
                 let ended = tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return,
-                    r = heartbeat(stream, remote_id, &mut link, &peer) => r,
+                    r = heartbeat(stream, reached, &mut link, &peer) => r,
                 };
                 report(ended);
             }
@@ -223,10 +227,10 @@ async fn connect_fresh(
     peer: &Arc<Peer>,
     cfg: LinkConfig,
     events: &dyn LinkEvents,
-) -> std::result::Result<(TcpStream, u64), LossReason> {
+) -> std::result::Result<(TcpStream, Reached), LossReason> {
     let addr = peer.addr();
     let unreachable = |e: Error| LossReason::Unreachable(e.to_string());
-    let (mut stream, remote_id) = connect(
+    let (mut stream, reached) = connect_reaching(
         &addr,
         ConnKind::Control,
         cfg.local_engine_id,
@@ -234,6 +238,7 @@ async fn connect_fresh(
     )
     .await
     .map_err(unreachable)?;
+    let remote_id = reached.engine_id;
     if remote_id != peer.engine_id() {
         let desc = tokio::time::timeout(cfg.peer_timeout, request_descriptor(&mut stream))
             .await
@@ -248,20 +253,27 @@ async fn connect_fresh(
         tracing::info!(peer = peer.name(), "peer restarted: descriptor refreshed");
         events.descriptor_seen(peer, desc);
     }
-    Ok((stream, remote_id))
+    Ok((stream, reached))
 }
 
-/// Runs an up link to incarnation `remote_id` of the peer: pings when due, notes every
-/// frame heard, and returns the action that ended it (a loss to report, or `None` when the
+/// Runs an up link to the incarnation `reached` of the peer: pings when due, notes every
+/// frame heard, carries the peer's notifications (`link_port`), and returns the action that ended it (a loss to report, or `None` when the
 /// peer was already declared lost, or when the peer's incarnation is no longer the one this
 /// connection reached).
 async fn heartbeat(
     stream: TcpStream,
-    remote_id: u64,
+    reached: Reached,
     link: &mut Link,
     peer: &Peer,
 ) -> Option<Action> {
-    let (mut rd, mut wr) = stream.into_split();
+    let remote_id = reached.engine_id;
+    let (rd, wr) = stream.into_split();
+    // Buffered: a burst of notification answers is read in a few calls, not two a frame.
+    let mut rd = tokio::io::BufReader::new(rd);
+    let carrier = peer
+        .link_port
+        .carry(wr, remote_id, reached.carries_notify());
+    let answers = carrier.answers();
     // Frames are read by their own task, so that a ping or a deadline never interrupts a
     // half-read frame; it ends with the connection, or when this function returns.
     // Each frame heard is reported with the ping it answers (0 for other frames).
@@ -271,6 +283,10 @@ async fn heartbeat(
             let got = match read_frame(&mut rd).await {
                 Ok(Some((h, _))) if h.op == Op::Pong => Ok(h.request_id),
                 Ok(Some((h, _))) if h.op == Op::Goodbye => Err(LossReason::Closed),
+                Ok(Some(frame)) if Answers::routes(frame.0.op) => {
+                    answers.deliver(frame);
+                    Ok(0)
+                }
                 Ok(Some(_)) => Ok(0),
                 Ok(None) => Err(LossReason::Broken(
                     "control connection closed without a goodbye".into(),
@@ -304,16 +320,11 @@ async fn heartbeat(
                 seq += 1;
                 let mut ping = Header::new(Op::Ping);
                 ping.request_id = seq;
-                // A peer that stops reading must not stall the link past its deadline.
-                let limit = link.next_deadline().unwrap_or(now);
-                let sent = tokio::time::timeout_at(limit.into(), write_frame(&mut wr, &ping, &[]));
-                match sent.await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        let reason = LossReason::Broken(format!("heartbeat write failed: {e}"));
-                        return link.broken(reason, Instant::now(), peer.is_lost());
-                    }
-                    Err(_) => continue, // the deadline passed: `poll` says what follows
+                // Queued, never waited for: a peer that stops reading falls silent, and the
+                // link's deadlines say what follows.
+                if carrier.ping(ping) == Queued::Broken {
+                    let reason = LossReason::Broken("heartbeat write failed".into());
+                    return link.broken(reason, Instant::now(), peer.is_lost());
                 }
                 continue;
             }

@@ -54,6 +54,7 @@ mod kind;
 mod lanes;
 mod lazy_now;
 mod life_word;
+mod link_port;
 pub mod linux;
 mod liveness;
 pub mod memory;

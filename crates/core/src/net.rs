@@ -196,6 +196,36 @@ pub(crate) async fn connect(
     local_engine_id: u64,
     timeout: Duration,
 ) -> Result<(TcpStream, u64)> {
+    let (stream, reached) = connect_reaching(addr, kind, local_engine_id, timeout).await?;
+    Ok((stream, reached.engine_id))
+}
+
+/// Who a handshake reached: its engine id, and what its `HelloAck` says it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reached {
+    pub(crate) engine_id: u64,
+    /// `HelloAck.flags`: `ACK_*` bits; 0 from a build that knows none.
+    pub(crate) features: u16,
+}
+
+impl Reached {
+    /// Whether a control connection to it carries notifications (`ACK_LINK_NOTIFY`).
+    pub(crate) fn carries_notify(&self) -> bool {
+        self.features & ACK_LINK_NOTIFY != 0
+    }
+}
+
+/// `HelloAck.flags` bit: this engine serves notifications on control connections, so a
+/// peer's link carries them instead of a connection of their own.
+pub(crate) const ACK_LINK_NOTIFY: u16 = 1;
+
+/// `connect`, also telling what the peer's `HelloAck` said it serves.
+pub(crate) async fn connect_reaching(
+    addr: &str,
+    kind: ConnKind,
+    local_engine_id: u64,
+    timeout: Duration,
+) -> Result<(TcpStream, Reached)> {
     let fail = |reason: String| Error::Connect {
         peer: addr.to_string(),
         reason,
@@ -212,8 +242,8 @@ pub(crate) async fn connect(
                 }
             })?;
             tune(&stream, kind);
-            match client_handshake(&mut stream, kind, local_engine_id).await {
-                Ok(id) => return Ok((stream, id)),
+            match client_handshake_reaching(&mut stream, kind, local_engine_id).await {
+                Ok(reached) => return Ok((stream, reached)),
                 // Cut before any verdict: a target whose handshake budget is full pushes
                 // out its oldest handshake (`handshakes`). A new connection is the newest
                 // there, so a flood must push it out again: a few more tries, in the time
@@ -282,6 +312,16 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     kind: ConnKind,
     local_engine_id: u64,
 ) -> std::result::Result<u64, HandshakeFailure> {
+    let reached = client_handshake_reaching(stream, kind, local_engine_id).await?;
+    Ok(reached.engine_id)
+}
+
+/// `client_handshake`, also returning what the `HelloAck` said the peer serves.
+async fn client_handshake_reaching<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    kind: ConnKind,
+    local_engine_id: u64,
+) -> std::result::Result<Reached, HandshakeFailure> {
     let secret = auth::dialing_secret(local_engine_id);
     let nonce = auth::nonce().map_err(|e| e.to_string())?;
     let hs = ClientHandshake::new(secret, kind as u64, local_engine_id, nonce);
@@ -313,7 +353,10 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     if h.op != Op::HelloAck {
         return Err(format!("expected HelloAck, got {:?}", h.op).into());
     }
-    Ok(h.request_id)
+    Ok(Reached {
+        engine_id: h.request_id,
+        features: h.flags,
+    })
 }
 
 /// How a handshake the server closed without a verdict begins its error.
@@ -399,8 +442,18 @@ pub(crate) async fn acknowledge<S: AsyncWrite + Unpin>(
     stream: &mut S,
     engine_id: u64,
 ) -> Result<()> {
+    acknowledge_serving(stream, engine_id, 0).await
+}
+
+/// `acknowledge`, saying what this engine serves on the connection (`ACK_*` bits).
+pub(crate) async fn acknowledge_serving<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    engine_id: u64,
+    features: u16,
+) -> Result<()> {
     let mut ack = Header::new(Op::HelloAck);
     ack.request_id = engine_id;
+    ack.flags = features;
     stream
         .write_all(&ack.encode())
         .await

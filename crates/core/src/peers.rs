@@ -31,7 +31,7 @@ impl Inner {
         };
         let timeout = self.config.tcp.connect_timeout;
         // The connection the descriptor comes on is the new link's first.
-        let (desc, stream) = open_control(&addr, self.engine_id, timeout).await?;
+        let (desc, first) = open_control(&addr, self.engine_id, timeout).await?;
         self.check_open()?;
         let (peer, fresh) = self.segments.insert_with(name, |handle| {
             let peer = Peer::new(
@@ -53,12 +53,8 @@ impl Inner {
                 let _guard = self.handle.enter();
                 m.watch(peer.clone(), events.clone(), rev, self.engine_id);
             }
-            self.handle.spawn(run_link(
-                peer.clone(),
-                cfg,
-                events,
-                Some((stream, desc.engine_id)),
-            ));
+            self.handle
+                .spawn(run_link(peer.clone(), cfg, events, Some(first)));
         } else {
             // Open again: the name may now answer with a new incarnation.
             self.descriptor_seen(&peer, desc);

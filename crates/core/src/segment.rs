@@ -122,6 +122,8 @@ pub struct Peer {
     /// it as a sign of life (`liveness::Link::signs_of_life`). Read on every reply, written
     /// once per sample: a busy peer's pongs may lag behind its data replies.
     heard_elsewhere: AtomicBool,
+    /// The link's connection as notifications use it (`link_port`).
+    pub(crate) link_port: Arc<crate::link_port::LinkPort>,
 }
 
 /// What a held failure learns: `Some(loss)` once the loss is announced, `None` when the
@@ -168,6 +170,7 @@ impl Peer {
             relink: tokio::sync::Notify::new(),
             fetching_new: AtomicBool::new(false),
             heard_elsewhere: AtomicBool::new(false),
+            link_port: Arc::default(),
         }
     }
 

@@ -20,10 +20,10 @@ use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::memory::{check_range, Access, Region, RegionTable, Window};
 use crate::net::{
-    acknowledge, read_frame_within, read_header_within, refuse, server_handshake, tune_accepted,
-    write_all_pair, write_frame, Refused,
+    acknowledge_serving, read_frame_within, read_header_within, refuse, server_handshake,
+    tune_accepted, write_all_pair, Refused, ACK_LINK_NOTIFY,
 };
-use crate::notify::serve::{serve_notify, Receiving};
+use crate::notify::serve::{serve_notify, OnLink, Receiving};
 use crate::resource::Overflow;
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
@@ -60,6 +60,15 @@ pub(crate) struct LocalSegment {
 }
 
 impl LocalSegment {
+    /// Where notifications received here go, and their limits.
+    fn receiving(&self) -> Receiving<'_> {
+        Receiving {
+            inbox: &self.notify_inbox,
+            max_bytes: self.notify_max_bytes,
+            frame_timeout: self.frame_timeout,
+        }
+    }
+
     /// The descriptor peers fetch.
     pub(crate) fn descriptor(&self) -> SegmentDescriptor {
         SegmentDescriptor {
@@ -213,7 +222,13 @@ async fn let_in(
             return Err(Error::Protocol(format!("refused: {}", refusal.reason())));
         }
     };
-    tokio::time::timeout(local.frame_timeout, acknowledge(stream, local.engine_id))
+    // Control connections carry the peer's notifications (`ACK_LINK_NOTIFY`).
+    let features = match ConnKind::from_raw(hello.buffer_id) {
+        Some(ConnKind::Control) => ACK_LINK_NOTIFY,
+        _ => 0,
+    };
+    let acked = acknowledge_serving(stream, local.engine_id, features);
+    tokio::time::timeout(local.frame_timeout, acked)
         .await
         .map_err(|_| Error::Protocol("HelloAck not sent within frameTimeoutMs".into()))??;
     Ok((hello, slot))
@@ -240,17 +255,10 @@ async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegmen
         ConnKind::Control => {
             let _counted = local.control_peers.enter(hello.request_id);
             let _owed = local.farewell.owe();
-            serve_control(stream, &local).await
+            serve_control(stream, &local, hello.request_id).await
         }
         ConnKind::Data => serve_data(stream, &local).await,
-        ConnKind::Notify => {
-            let receiving = Receiving {
-                inbox: &local.notify_inbox,
-                max_bytes: local.notify_max_bytes,
-                frame_timeout: local.frame_timeout,
-            };
-            serve_notify(stream, receiving, hello.request_id).await
-        }
+        ConnKind::Notify => serve_notify(stream, local.receiving(), hello.request_id).await,
         ConnKind::Shm => Err(Error::Protocol(
             "shm connections go to the shm socket".into(),
         )),
@@ -264,18 +272,23 @@ async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegmen
 }
 
 /// Answers a peer's control frames until it leaves, or says goodbye as this engine closes.
-async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()> {
+/// The link of engine `sender` also carries its notifications (`notify::serve::OnLink`).
+/// The answers to a burst of frames leave in one write.
+async fn serve_control(stream: TcpStream, local: &LocalSegment, sender: u64) -> Result<()> {
+    let mut notes = OnLink::new(local.receiving(), sender);
+    let mut r = BufReader::new(stream);
+    let mut answers: Vec<u8> = Vec::new();
     loop {
         // A frame half read when the goodbye begins is dropped with the connection.
         let frame = tokio::select! {
             biased;
             _ = local.farewell.begun() => {
-                let goodbye = Header::new(Op::Goodbye);
-                let bye = write_frame(&mut stream, &goodbye, &[]);
+                append_frame(&mut answers, &Header::new(Op::Goodbye), &[]);
+                let bye = r.get_mut().write_all(&answers);
                 let _ = tokio::time::timeout(local.frame_timeout, bye).await;
                 return Ok(());
             }
-            frame = read_frame_within(&mut stream, local.frame_timeout) => frame?,
+            frame = read_frame_within(&mut r, local.frame_timeout) => frame?,
         };
         let Some((header, payload)) = frame else {
             return Ok(());
@@ -286,12 +299,16 @@ async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()
                 // off the I/O threads' async path.
                 let (reply, body) =
                     tokio::task::block_in_place(|| local.transport_control(&header, &payload));
-                write_frame(&mut stream, &reply, &body).await?;
+                append_frame(&mut answers, &reply, &body);
             }
             Op::Ping => {
                 let mut pong = Header::new(Op::Pong);
                 pong.request_id = header.request_id;
-                write_frame(&mut stream, &pong, &[]).await?;
+                append_frame(&mut answers, &pong, &[]);
+            }
+            Op::NotifyOpen | Op::Notify => {
+                let (reply, body) = notes.frame(&header, payload)?;
+                append_frame(&mut answers, &reply, &body);
             }
             Op::GetDescriptor => {
                 let body = serde_json::to_vec(&local.descriptor())
@@ -299,7 +316,7 @@ async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()
                 let mut reply = Header::new(Op::Descriptor);
                 reply.request_id = header.request_id;
                 reply.length = body.len() as u64;
-                write_frame(&mut stream, &reply, &body).await?;
+                append_frame(&mut answers, &reply, &body);
             }
             other => {
                 return Err(Error::Protocol(format!(
@@ -307,7 +324,19 @@ async fn serve_control(mut stream: TcpStream, local: &LocalSegment) -> Result<()
                 )))
             }
         }
+        if r.buffer().len() < HEADER_LEN {
+            r.get_mut()
+                .write_all(&answers)
+                .await
+                .map_err(|e| Error::io("write a control answer", &e))?;
+            answers.clear();
+        }
     }
+}
+
+fn append_frame(out: &mut Vec<u8>, header: &Header, body: &[u8]) {
+    out.extend_from_slice(&header.encode());
+    out.extend_from_slice(body);
 }
 
 /// Checks a data request against the local segment; returns the region to touch.

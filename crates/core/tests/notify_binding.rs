@@ -25,11 +25,13 @@ fn tcp(secret: Option<&[u8]>) -> EngineConfig {
     }
 }
 
-/// A raw notification connection to `addr` that claims to be engine `claimed`: the
-/// handshake (proving `secret` if given), a `NotifyOpen` for receiver `receiver`, then
-/// `Notify` frames with the given sequence numbers. Returns every frame the target sent
-/// back until it closed, or `None` if the handshake was refused.
+/// A raw connection of `kind` (a notification connection, or a link, which carries them
+/// too) to `addr` that claims to be engine `claimed`: the handshake (proving `secret` if
+/// given), a `NotifyOpen` for receiver `receiver`, then `Notify` frames with the given
+/// sequence numbers. Returns every frame the target sent back until it closed, or `None`
+/// if the handshake was refused.
 fn raw_notify(
+    kind: ConnKind,
     addr: &str,
     claimed: u64,
     secret: Option<&[u8]>,
@@ -37,12 +39,7 @@ fn raw_notify(
     seqs: &[u64],
 ) -> Option<Vec<Header>> {
     let secret = secret.map(|s| Secret::new(s.to_vec()).expect("secret"));
-    let hs = ClientHandshake::new(
-        secret,
-        ConnKind::Notify as u64,
-        claimed,
-        nonce().expect("nonce"),
-    );
+    let hs = ClientHandshake::new(secret, kind as u64, claimed, nonce().expect("nonce"));
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .expect("timeout");
@@ -97,7 +94,10 @@ fn refused_total(e: &Engine) -> bool {
 #[test]
 fn a_forged_sender_id_with_the_highest_number_silences_no_one() {
     within(LIMIT, "forged sequence numbers", || {
-        for secret in [None, Some(SECRET)] {
+        let cases = [None, Some(SECRET)]
+            .into_iter()
+            .flat_map(|s| [(s, ConnKind::Notify), (s, ConnKind::Control)]);
+        for (secret, kind) in cases {
             let target = Engine::new(tcp(secret)).expect("target");
             let sender = Engine::new(tcp(secret)).expect("sender");
             let seg = sender
@@ -107,6 +107,7 @@ fn a_forged_sender_id_with_the_highest_number_silences_no_one() {
             // The real sender is connected when the forger comes.
             assert_eq!(sender.notify_blocking(seg, b"1"), Ok(NotifyOutcome::Queued));
             let answers = raw_notify(
+                kind,
                 target.segment_name(),
                 sender.engine_id(),
                 secret,
@@ -117,7 +118,7 @@ fn a_forged_sender_id_with_the_highest_number_silences_no_one() {
                 assert_eq!(
                     sender.notify_blocking(seg, &[b'0' + n]),
                     Ok(NotifyOutcome::Queued),
-                    "secret {}: the real sender's notification {n} is queued",
+                    "secret {} {kind:?}: the real sender's notification {n} is queued",
                     secret.is_some()
                 );
             }
@@ -130,7 +131,7 @@ fn a_forged_sender_id_with_the_highest_number_silences_no_one() {
             assert_eq!(
                 got,
                 [b"1", b"2", b"3", b"4"],
-                "nothing forged, nothing lost"
+                "{kind:?}: nothing forged, nothing lost"
             );
             if answers.is_some() {
                 assert!(refused_total(&target), "the forged number was counted");
@@ -144,23 +145,29 @@ fn a_forged_sender_id_with_the_highest_number_silences_no_one() {
 #[test]
 fn a_session_planned_for_another_incarnation_is_refused_by_the_target() {
     within(LIMIT, "another incarnation", || {
-        let target = Engine::new(tcp(Some(SECRET))).expect("target");
-        let earlier = target.engine_id().wrapping_add(1);
-        let answers = raw_notify(target.segment_name(), 77, Some(SECRET), earlier, &[1, 2]);
-        assert!(answers.is_some(), "the handshake itself is fine");
-        assert_eq!(
-            target.notifications_queued(),
-            0,
-            "nothing for the old instance"
-        );
-        assert!(refused_total(&target));
-        target.close();
+        for kind in [ConnKind::Notify, ConnKind::Control] {
+            let target = Engine::new(tcp(Some(SECRET))).expect("target");
+            let earlier = target.engine_id().wrapping_add(1);
+            let addr = target.segment_name();
+            let answers = raw_notify(kind, addr, 77, Some(SECRET), earlier, &[1, 2]);
+            assert!(answers.is_some(), "{kind:?}: the handshake itself is fine");
+            assert_eq!(
+                target.notifications_queued(),
+                0,
+                "{kind:?}: nothing for the old instance"
+            );
+            assert!(refused_total(&target), "{kind:?}");
+            target.close();
+        }
     });
 }
 
 /// A tcp proxy in front of a target that hands notification connections to another engine
 /// once told to: the target's address "restarts" for notifications while its control link
-/// stays up, so the sender's descriptor still names the first incarnation.
+/// stays up, so the sender's descriptor still names the first incarnation. It plays a
+/// target that does not serve notifications on its control connections (it clears
+/// `ACK_LINK_NOTIFY` from their `HelloAck`), so the sender opens notification connections
+/// of their own, as it does with a build that predates notifications on the link.
 struct Proxy {
     addr: String,
     notify_to: Arc<Mutex<String>>,
@@ -199,7 +206,11 @@ impl Proxy {
                         pipes.lock().expect("pipes").push(c);
                     }
                 }
-                pipe(client, server);
+                if kind == ConnKind::Control as u64 {
+                    pipe_without_link_notify(client, server);
+                } else {
+                    pipe(client, server);
+                }
             }
         });
         Self {
@@ -216,6 +227,51 @@ impl Proxy {
             let _ = s.shutdown(Shutdown::Both);
         }
     }
+}
+
+/// `pipe` of a control connection, whose `HelloAck` (after the challenge, if any) is passed
+/// on without its feature flags.
+fn pipe_without_link_notify(client: TcpStream, mut server: TcpStream) {
+    let (mut to_server, mut from_client) = (
+        server.try_clone().expect("clone"),
+        client.try_clone().expect("clone"),
+    );
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut from_client, &mut to_server);
+        let _ = to_server.shutdown(Shutdown::Both);
+        let _ = from_client.shutdown(Shutdown::Both);
+    });
+    std::thread::spawn(move || {
+        let mut to_client = client;
+        let mut head = [0u8; HEADER_LEN];
+        loop {
+            if server.read_exact(&mut head).is_err() {
+                break;
+            }
+            let Ok(mut h) = Header::decode(&head) else {
+                break;
+            };
+            if h.op == Op::AuthChallenge {
+                let mut mac = [0u8; MAC_LEN];
+                if server.read_exact(&mut mac).is_err()
+                    || to_client.write_all(&head).is_err()
+                    || to_client.write_all(&mac).is_err()
+                {
+                    break;
+                }
+                continue;
+            }
+            if h.op == Op::HelloAck {
+                h.flags = 0;
+            }
+            if to_client.write_all(&h.encode()).is_ok() {
+                let _ = std::io::copy(&mut server, &mut to_client);
+            }
+            break;
+        }
+        let _ = to_client.shutdown(Shutdown::Both);
+        let _ = server.shutdown(Shutdown::Both);
+    });
 }
 
 /// Copies bytes both ways until either side closes.

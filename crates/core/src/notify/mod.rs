@@ -4,10 +4,11 @@
 //! The sender attaches the payload to the call, not to a transport: it is sent once, when
 //! the call's tasks have all completed — every byte acknowledged by whichever transport
 //! served it, after any failover — and never for a call that did not complete. It travels
-//! on the sender's notification connection to that peer (an authenticated connection of
-//! kind `Notify` to the peer's listener, opened on first use), one per (sender, target),
-//! so notifications from one sender arrive in the order their calls completed, whatever
-//! transports carried the data. The target queues it in a bounded inbox (`inbox`) and
+//! on the sender's link to that peer (the authenticated control connection `openSegment`
+//! made, which also carries the heartbeats: `link_port`), or, to a target that does not
+//! serve notifications there, on a connection of kind `Notify` of its own (`path`); one
+//! per (sender, target), so notifications from one sender arrive in the order their calls
+//! completed, whatever transports carried the data. The target queues it in a bounded inbox (`inbox`) and
 //! acknowledges it; a resend after a broken connection is recognised by its sequence number
 //! and taken once.
 //!
@@ -23,12 +24,13 @@
 //!
 //! Modules: `inbox` (the receive queue, pure), `sessions` and `window` (the senders'
 //! sessions and their sequence numbers, pure), `outcome` (what the target did with one),
-//! `protocol` (the connection's messages),
+//! `protocol` (the connection's messages), `path` (the link or a connection of its own),
 //! `outbox` (the sender's per-peer actor), `serve` (the target's side of the connection).
 
 pub(crate) mod inbox;
 pub(crate) mod outbox;
 pub(crate) mod outcome;
+mod path;
 pub(crate) mod protocol;
 pub(crate) mod serve;
 pub(crate) mod sessions;

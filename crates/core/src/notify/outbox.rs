@@ -1,5 +1,5 @@
-//! The sender's side: one outbox per peer, an actor that owns that peer's notification
-//! connection. Notifications leave in the order they were handed over and are kept until
+//! The sender's side: one outbox per peer, an actor that sends on that peer's link (or on
+//! a notification connection of its own: `path`). Notifications leave in the order they were handed over and are kept until
 //! the target acknowledges them; a connection that breaks is replaced and whatever was not
 //! acknowledged is sent again with its sequence number, which the target's inbox uses to
 //! take each once. Every notification ends: acknowledged, refused, the peer lost or
@@ -19,21 +19,21 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::outcome::NotifyOutcome;
+use super::path::{reach, sleep_until_opt, Path, Wire};
 use super::protocol::{restarted, Answer, Open};
 use super::sessions::SessionToken;
 use super::window::WINDOW;
 use crate::error::{Error, Result};
+use crate::link_port::Read;
 use crate::metrics::NotifyCounters;
-use crate::net::{connect, read_frame, write_frame};
 use crate::segment::Peer;
-use crate::wire::{ConnKind, Header, Op, RejectCode};
+use crate::wire::{Header, Op, RejectCode};
 
 /// First and largest pause between failed connects.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
@@ -73,9 +73,6 @@ pub(crate) struct OutboxConfig {
     /// How long a notification may wait for its ack, reconnects included.
     pub(crate) deadline: Duration,
 }
-
-/// What the ack reader hands over: a frame, the end of the stream, or why it broke.
-type Read = Result<Option<(Header, Vec<u8>)>>;
 
 /// A notification on its way, and who waits for its outcome.
 struct Outgoing {
@@ -261,15 +258,20 @@ impl Outbox {
     /// unacknowledged, then sends and acknowledges until the connection breaks (the
     /// error), the outbox is cancelled, or the next notification is bound elsewhere.
     async fn connected(&mut self) -> Result<Stop> {
-        let addr = self.peer.addr();
-        let (stream, receiver) = tokio::select! {
+        let until = self.oldest_deadline();
+        let path = tokio::select! {
             _ = self.peer.link_cancel.cancelled() => return Ok(Stop::Cancelled),
             _ = self.shutdown.cancelled() => return Ok(Stop::Cancelled),
-            s = connect(&addr, ConnKind::Notify, self.cfg.engine_id, self.cfg.connect_timeout) => s?,
+            p = reach(&self.peer, self.cfg.engine_id, self.cfg.connect_timeout, until) => p?,
         };
+        let Path {
+            receiver,
+            wire: mut wr,
+            mut answers,
+            ..
+        } = path;
         self.refuse_other_than(receiver);
-        let (mut rd, mut wr) = stream.into_split();
-        if !self.open(&mut rd, &mut wr, receiver).await? {
+        if !self.open(&mut answers, &mut wr, receiver).await? {
             // The target says it is not the incarnation its handshake named: nothing bound
             // to that one may go.
             let why = Error::NotifyRefused(format!(
@@ -288,18 +290,6 @@ impl Outbox {
             return Ok(Stop::Rebind);
         }
         self.backoff.succeeded();
-        // Acks are read by their own task, so that a send never interrupts a half-read frame.
-        let (tx, mut acks) = mpsc::channel::<Read>(64);
-        let reader = tokio::spawn(async move {
-            loop {
-                let got = read_frame(&mut rd).await;
-                let end = !matches!(got, Ok(Some(_)));
-                if tx.send(got).await.is_err() || end {
-                    return;
-                }
-            }
-        });
-        let _abort = AbortOnDrop(reader);
         for o in self.unacked.iter() {
             send_one(&mut wr, o).await?;
         }
@@ -316,7 +306,7 @@ impl Outbox {
                     Some(o) => self.waiting.push_back(o),
                     None => return Ok(Stop::Cancelled),
                 },
-                got = acks.recv() => self.acknowledge(got)?,
+                got = answers.recv() => self.acknowledge(got)?,
                 _ = sleep_until_opt(oldest) => {
                     return Err(Error::Timeout);
                 }
@@ -347,8 +337,8 @@ impl Outbox {
     /// target refused it as another incarnation.
     async fn open(
         &mut self,
-        rd: &mut OwnedReadHalf,
-        wr: &mut OwnedWriteHalf,
+        answers: &mut mpsc::Receiver<Read>,
+        wr: &mut Wire,
         receiver: u64,
     ) -> Result<bool> {
         if self.session.is_none() {
@@ -368,11 +358,12 @@ impl Outbox {
             name: self.cfg.name.clone(),
         };
         let (head, body) = open.encode();
+        let limit = Instant::now() + self.cfg.connect_timeout;
         let exchange = async {
-            write_frame(wr, &head, &body).await?;
-            read_frame(rd).await
+            wr.send(&head, &body, limit).await?;
+            answers.recv().await.unwrap_or(Ok(None))
         };
-        let answer = tokio::time::timeout(self.cfg.connect_timeout, exchange)
+        let answer = tokio::time::timeout_at(limit, exchange)
             .await
             .map_err(|_| Error::Timeout)??;
         let Some((h, _)) = answer else {
@@ -388,7 +379,7 @@ impl Outbox {
     }
 
     /// Sends the waiting notifications bound to `receiver`, as far as the window allows.
-    async fn send_waiting(&mut self, wr: &mut OwnedWriteHalf, receiver: u64) -> Result<()> {
+    async fn send_waiting(&mut self, wr: &mut Wire, receiver: u64) -> Result<()> {
         let Some(session) = self.session.as_mut() else {
             return Ok(());
         };
@@ -493,31 +484,12 @@ impl Outbox {
     }
 }
 
-async fn send_one(wr: &mut OwnedWriteHalf, o: &Outgoing) -> Result<()> {
+async fn send_one(wr: &mut Wire, o: &Outgoing) -> Result<()> {
     let mut h = Header::new(Op::Notify);
     h.request_id = o.seq;
     h.offset = o.bytes;
     h.length = o.data.len() as u64;
-    // A target that stops reading must not hold the outbox past the deadline.
-    tokio::time::timeout_at(o.deadline, write_frame(wr, &h, &o.data))
-        .await
-        .map_err(|_| Error::Timeout)?
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
+    wr.send(&h, &o.data, o.deadline).await
 }
 
 #[cfg(test)]

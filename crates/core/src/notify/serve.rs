@@ -3,7 +3,8 @@
 //! opens the sender's session (`protocol::Open`), refused when the sender planned for
 //! another incarnation of this engine. Every notification on it is from that name and
 //! engine id, offered to the inbox under the session and answered with what became of it,
-//! in the order it came: the sender's order.
+//! in the order it came: the sender's order. A peer's link (its control connection) carries
+//! the same frames, served one at a time by `OnLink`.
 
 use std::time::Duration;
 
@@ -94,7 +95,6 @@ where
     R: tokio::io::AsyncRead + Unpin,
     W: AsyncWriteExt + Unpin,
 {
-    let here = held.inbox.engine_id();
     while let Some((h, data)) = read_frame_within(r, local.frame_timeout).await? {
         if h.op != Op::Notify {
             return Err(Error::Protocol(format!(
@@ -102,44 +102,15 @@ where
                 h.op
             )));
         }
-        let mut text = Vec::new();
-        let reply = if data.len() > local.max_bytes {
-            // The sender checks its own cap; this one is the target's, which may be lower.
-            // Its number is used all the same: the sender goes on with the next one.
-            held.inbox.skip(&held.binding, h.request_id);
-            let mut reply = Header::new(Op::Error);
-            reply.request_id = h.request_id;
-            reply.flags = RejectCode::BadRequest as u16;
-            text = format!(
-                "a notification of {} bytes is larger than this engine's notifyMaxBytes ({})",
-                data.len(),
-                local.max_bytes
-            )
-            .into_bytes();
-            reply.length = text.len() as u64;
-            reply
-        } else {
-            let note = Notification {
-                from: from.clone(),
-                engine_id: held.binding.sender(),
-                data,
-                bytes: h.offset,
-            };
-            let answered = held.inbox.offer(&held.binding, h.request_id, note);
-            if answered.is_refusal() {
-                tracing::debug!(?answered, seq = h.request_id, "notification refused");
-            }
-            if answered == Answer::Superseded {
-                // The sender reconnected: this connection is stale.
-                answer(w, answered.frame(h.request_id, here), &[]).await?;
-                return w
-                    .flush()
-                    .await
-                    .map_err(|e| Error::io("flush notification ack", &e));
-            }
-            answered.frame(h.request_id, here)
-        };
+        let (reply, text) = take(local, held, &h, data, &from);
         answer(w, reply, &text).await?;
+        if Answer::from_raw(reply.flags) == Some(Answer::Superseded) && reply.op == Op::NotifyAck {
+            // The sender reconnected: this connection is stale.
+            return w
+                .flush()
+                .await
+                .map_err(|e| Error::io("flush notification ack", &e));
+        }
         // Acks of a burst leave in one write.
         if r.buffer().len() < HEADER_LEN {
             w.flush()
@@ -148,4 +119,93 @@ where
         }
     }
     Ok(())
+}
+
+/// Offers notification `h` (its payload `data`, from segment `from`) to the session `held`
+/// holds; the answer to send, and its text.
+fn take(
+    local: &Receiving<'_>,
+    held: &Held<'_>,
+    h: &Header,
+    data: Vec<u8>,
+    from: &str,
+) -> (Header, Vec<u8>) {
+    let here = held.inbox.engine_id();
+    if data.len() > local.max_bytes {
+        // The sender checks its own cap; this one is the target's, which may be lower.
+        // Its number is used all the same: the sender goes on with the next one.
+        held.inbox.skip(&held.binding, h.request_id);
+        let mut reply = Header::new(Op::Error);
+        reply.request_id = h.request_id;
+        reply.flags = RejectCode::BadRequest as u16;
+        let text = format!(
+            "a notification of {} bytes is larger than this engine's notifyMaxBytes ({})",
+            data.len(),
+            local.max_bytes
+        )
+        .into_bytes();
+        reply.length = text.len() as u64;
+        return (reply, text);
+    }
+    let note = Notification {
+        from: from.to_string(),
+        engine_id: held.binding.sender(),
+        data,
+        bytes: h.offset,
+    };
+    let answered = held.inbox.offer(&held.binding, h.request_id, note);
+    if answered.is_refusal() {
+        tracing::debug!(?answered, seq = h.request_id, "notification refused");
+    }
+    (answered.frame(h.request_id, here), Vec::new())
+}
+
+/// The notifications of one sender on its link (a control connection): the same session
+/// rules as on a notification connection, frame by frame as the control loop reads them.
+/// `NotifyOpen` opens (or reopens) the session this connection holds; each `Notify` is
+/// answered as `serve_session` answers it. A session superseded by another connection is
+/// let go, the link itself goes on.
+pub(crate) struct OnLink<'a> {
+    local: Receiving<'a>,
+    /// The engine id the connection's handshake proved.
+    sender: u64,
+    session: Option<(Held<'a>, String)>,
+}
+
+impl<'a> OnLink<'a> {
+    pub(crate) fn new(local: Receiving<'a>, sender: u64) -> Self {
+        Self {
+            local,
+            sender,
+            session: None,
+        }
+    }
+
+    /// Answers one `NotifyOpen` or `Notify` frame; an error ends the connection.
+    pub(crate) fn frame(&mut self, h: &Header, data: Vec<u8>) -> Result<(Header, Vec<u8>)> {
+        let inbox = self.local.inbox;
+        let here = inbox.engine_id();
+        if h.op == Op::NotifyOpen {
+            let open = Open::decode(h, data)?;
+            // Released before the next is bound: one session per connection.
+            self.session = None;
+            return Ok(match inbox.open(self.sender, &open) {
+                Ok(binding) => {
+                    self.session = Some((Held { inbox, binding }, open.name));
+                    (Answer::Taken.frame(0, here), Vec::new())
+                }
+                Err(refused) => (refused.frame(0, here), Vec::new()),
+            });
+        }
+        let Some((held, from)) = self.session.as_ref() else {
+            return Err(Error::Protocol(
+                "a notification on a link with no session open".into(),
+            ));
+        };
+        let (reply, text) = take(&self.local, held, h, data, from);
+        if reply.op == Op::NotifyAck && Answer::from_raw(reply.flags) == Some(Answer::Superseded) {
+            self.session = None;
+        }
+        Ok((reply, text))
+    }
 }

@@ -1,6 +1,6 @@
 //! The receiving side's notification sessions. A sender opens one session per receiver
 //! incarnation: a random 128-bit token it draws and sends only on its own authenticated
-//! notification connections. Sequence numbers and their window (`window`) belong to the
+//! connections (its link, or its notification connections). Sequence numbers and their window (`window`) belong to the
 //! session, keyed by (sender engine id, token), so a connection that merely claims another
 //! engine's id — with or without the cluster secret — gets a session of its own and can
 //! touch no one else's numbers. One connection holds a session at a time; the sender
