@@ -414,7 +414,7 @@ export interface EngineOptions {
    * on 0.0.0.0, e.g. in cluster mode) [the bound address].
    */
   advertise?: string
-  /** TCP lanes (data connections) per peer, or "auto": two per core, 4..=32 ["auto"; 1..=64]. */
+  /** TCP lanes (data connections) per peer, or "auto": one per core, 2..=32 ["auto"; 1..=64]. */
   connectionsPerPeer?: number | 'auto'
   /** TCP slice size in bytes [524288; 4096..=1073741824]. */
   sliceSize?: number

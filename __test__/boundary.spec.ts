@@ -360,8 +360,8 @@ test('ioThreads and connectionsPerPeer take a number or auto; spread() reports w
   const byDefault = await Engine.create({ transports: ['tcp'] })
   try {
     const cores = os.availableParallelism()
-    // Documented: one I/O thread per core within 2..32, two lanes per core within 4..32.
-    const want = { ioThreads: Math.min(32, Math.max(2, cores)), tcpLanes: Math.min(32, Math.max(4, 2 * cores)), shmCopyThreads: null }
+    // Documented: one I/O thread per core within 2..32, one lane per core within 2..32.
+    const want = { ioThreads: Math.min(32, Math.max(2, cores)), tcpLanes: Math.min(32, Math.max(2, cores)), shmCopyThreads: null }
     t.deepEqual(auto.spread(), want)
     t.deepEqual(byDefault.spread(), want)
   } finally {

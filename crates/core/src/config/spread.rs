@@ -7,11 +7,13 @@
 //!   receives) and the writes a submitting thread leaves to them; N threads moving data
 //!   want N cores copying on each side. Idle ones sleep; past 32, threads contending for
 //!   the runtime's queues cost more than another core brings.
-//! - Lanes (tcp data connections per peer): two per core, at least 4 and at most 32. A
-//!   large request is striped over several lanes and each submitting thread writes its
-//!   own share, so N threads striping over 2 lanes each want 2N lanes to write without
-//!   waiting for one another. A peer's pool opens lanes only as requests wait for them,
-//!   so unused lanes cost no descriptor.
+//! - Lanes (tcp data connections per peer): one per core, at least 2 and at most 32. A
+//!   large request is striped over a few lanes (at most `STRIPE_WAYS` of the tcp
+//!   transport), each submitting thread over a group of its own, so that threads side by
+//!   side write to different sockets and the target reads them on different cores; one
+//!   lane per core gives every core a socket to read. A peer's pool opens lanes only as
+//!   requests wait for them, so unused lanes cost no descriptor. Two cores keep 2: more
+//!   connections than cores there only add sockets for the same two cores to serve.
 
 /// What an engine uses (`Engine::spread`): its I/O threads, and per enabled transport how
 /// it spreads (`None` for a transport that is not enabled).
@@ -32,7 +34,7 @@ pub fn auto_io_threads(cores: usize) -> usize {
 
 /// Tcp lanes (data connections) per peer for a machine of `cores` cores.
 pub fn auto_lanes(cores: usize) -> usize {
-    cores.saturating_mul(2).clamp(4, 32)
+    cores.clamp(2, 32)
 }
 
 /// The cores this process may run on (1 when the OS does not say).
@@ -56,11 +58,11 @@ mod tests {
     }
 
     #[test]
-    fn lanes_are_two_per_core_within_bounds() {
-        assert_eq!(auto_lanes(0), 4);
-        assert_eq!(auto_lanes(1), 4);
-        assert_eq!(auto_lanes(2), 4);
-        assert_eq!(auto_lanes(16), 32);
+    fn lanes_are_one_per_core_within_bounds() {
+        assert_eq!(auto_lanes(0), 2);
+        assert_eq!(auto_lanes(1), 2);
+        assert_eq!(auto_lanes(2), 2);
+        assert_eq!(auto_lanes(16), 16);
         assert_eq!(auto_lanes(64), 32);
         assert_eq!(auto_lanes(usize::MAX), 32);
     }

@@ -37,7 +37,7 @@ pub struct EngineOptions {
     /// The address peers reach this engine at, `host` or `host:port` (needed when listening
     /// on 0.0.0.0, e.g. in cluster mode) [the bound address].
     pub advertise: Option<String>,
-    /// TCP lanes (data connections) per peer, or "auto": two per core, 4..=32 ["auto"; 1..=64].
+    /// TCP lanes (data connections) per peer, or "auto": one per core, 2..=32 ["auto"; 1..=64].
     #[napi(ts_type = "number | 'auto'")]
     pub connections_per_peer: Option<Either<f64, String>>,
     /// TCP slice size in bytes [524288; 4096..=1073741824].

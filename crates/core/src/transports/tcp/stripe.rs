@@ -2,11 +2,18 @@
 //! pool's state and the submitting thread passed in.
 //!
 //! A request of several slices is striped: its slices are dealt round robin into `ways`
-//! shares, one per lane, each share written as one list. Each submitting thread has a
-//! group of `ways` lanes of its own (its `lanes::current` index picks the group), so that
-//! threads striping side by side write to different sockets instead of queueing behind
-//! one another on the same ones; the pool opens a group's lanes when a thread that wants
-//! them first submits. A request with more slices than lanes uses every lane.
+//! shares, one per lane, each share written as one list: as many shares as slices, at
+//! most [`STRIPE_WAYS`] and at most the lanes. Each submitting thread has a group of
+//! `ways` lanes of its own (its `lanes::current` index picks the group), so that threads
+//! striping side by side write to different sockets instead of queueing behind one
+//! another on the same ones; the pool opens a group's lanes when a thread that wants them
+//! first submits.
+
+/// The most lanes one request is striped over. A request completes when its slowest share
+/// does, and each lane it waits on is one more queue it may wait behind: a few lanes give
+/// one large request several cores to be read on, and leave the rest of a many-lane pool
+/// to other threads.
+pub(super) const STRIPE_WAYS: usize = 4;
 
 /// Where one request's shares go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +37,7 @@ impl Stripe {
 /// on a pool of `lanes` lanes of which the first `active` are in use.
 pub(super) fn stripe(slices: usize, lanes: usize, active: usize, thread: usize) -> Stripe {
     let lanes = lanes.max(1);
-    let ways = slices.clamp(1, lanes);
+    let ways = slices.clamp(1, lanes.min(STRIPE_WAYS));
     let groups = lanes / ways;
     let first = (thread % groups) * ways;
     Stripe {
@@ -60,7 +67,7 @@ mod tests {
 
     #[test]
     fn threads_striping_side_by_side_use_lanes_of_their_own() {
-        // 1 MiB in 512 KiB slices on the 2-core default of 4 lanes.
+        // 1 MiB in 512 KiB slices on a 4-core default of 4 lanes.
         let a = stripe(2, 4, 1, 0);
         let b = stripe(2, 4, a.span, 1);
         assert_eq!(lanes_of(a), vec![0, 1]);
@@ -72,6 +79,7 @@ mod tests {
 
     #[test]
     fn sixteen_threads_on_thirty_two_lanes_never_share_one() {
+        // 64 cores: 32 lanes; 1 MiB requests in two slices each.
         let mut active = 1;
         let mut seen = Vec::new();
         for thread in 0..16 {
@@ -89,6 +97,18 @@ mod tests {
         let s = stripe(32, 4, 1, 3);
         assert_eq!(lanes_of(s), vec![0, 1, 2, 3]);
         assert_eq!(s.span, 4);
+        // The 2-core default: every large request on both lanes.
+        assert_eq!(lanes_of(stripe(2, 2, 1, 1)), vec![0, 1]);
+        assert_eq!(lanes_of(stripe(32, 2, 2, 0)), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_large_request_on_a_large_pool_takes_a_group_of_stripe_ways() {
+        // 16 cores: 16 lanes; a 16 MiB request (32 slices) from each of 4 threads.
+        let groups: Vec<Vec<usize>> = (0..4).map(|t| lanes_of(stripe(32, 16, 16, t))).collect();
+        assert_eq!(groups[0], vec![0, 1, 2, 3]);
+        assert_eq!(groups[3], vec![12, 13, 14, 15]);
+        assert_eq!(lanes_of(stripe(32, 16, 16, 4)), vec![0, 1, 2, 3]);
     }
 
     #[test]
@@ -98,7 +118,7 @@ mod tests {
                 for active in 1..=lanes {
                     for thread in 0..20 {
                         let s = stripe(slices, lanes, active, thread);
-                        assert_eq!(s.ways, slices.min(lanes));
+                        assert_eq!(s.ways, slices.min(lanes).min(STRIPE_WAYS));
                         assert!(s.span <= lanes && s.span >= active);
                         let used = lanes_of(s);
                         assert!(used.iter().all(|&l| l < s.span));
