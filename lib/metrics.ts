@@ -26,8 +26,11 @@ export function toMetrics(m: Native.EngineMetrics): EngineMetrics {
  * (data connections per peer), shm copy threads; a transport that is not enabled is null.
  */
 export interface EngineSpread {
+  /** The runtime's I/O threads (`ioThreads`). */
   ioThreads: number
+  /** Tcp lanes (data connections) per peer (`connectionsPerPeer`); null without tcp. */
   tcpLanes: number | null
+  /** Threads that share large shm copies with the submitting ones; null without shm. */
   shmCopyThreads: number | null
 }
 
