@@ -80,8 +80,12 @@ export function startLocalTarget(script: string, cfg: Config, timeoutMs = 30_000
     lines.on('line', (line) => {
       // --notifi: the target's count, printed at its end, is part of this run's output; so
       // is its run header (what its engine spreads over).
-      const forwarded = ['tebench: notifications:', 'tebench: target engine:'].some((p) => line.startsWith(p))
-      if (forwarded || line.includes('"record":"notifications"') || line.includes('"record":"engine"')) {
+      if (line.startsWith('tebench: target engine:')) {
+        // Mooncake's layout keeps its stdout to its table: the header goes to stderr there.
+        ;(cfg.format === 'mooncake' ? process.stderr : process.stdout).write(line + '\n')
+        return
+      }
+      if (line.startsWith('tebench: notifications:') || line.includes('"record":"notifications"') || line.includes('"record":"engine"')) {
         process.stdout.write(line + '\n')
         return
       }
