@@ -3,7 +3,7 @@
  *
  *   npm run perf -- --suite tcp [--repeat 3] [--duration 5] [--warmup 1] [--lat-ops 20000] ...
  *   npm run perf -- --suite shm,failover --repeat 3 --duration 3
- *   npm run perf -- --suite scale --threads 1,2,4,8,16 [--sizes 4K,64K,1M,16M] [--ops write,read]
+ *   npm run perf -- --suite scale --threads 1,2,4,8,16 [--sizes 4K,64K,1M,16M] [--ops write,read] [--lanes N]
  *   npm run perf -- --suite storm --engines 128 --procs 8
  *
  * Suites: `tcp` (tcp transport over loopback vs iperf3 and a pure-Node round trip), `shm`

@@ -12,8 +12,9 @@
 //!   transport), each submitting thread over a group of its own, so that threads side by
 //!   side write to different sockets and the target reads them on different cores; one
 //!   lane per core gives every core a socket to read. A peer's pool opens lanes only as
-//!   requests wait for them, so unused lanes cost no descriptor. Two cores keep 2: more
-//!   connections than cores there only add sockets for the same two cores to serve.
+//!   requests wait for them or another thread stripes beside the first, so unused lanes
+//!   cost no descriptor. Two cores keep 2: more connections than cores there only add
+//!   sockets for the same two cores to serve.
 
 /// What an engine uses (`Engine::spread`): its I/O threads, and per enabled transport how
 /// it spreads (`None` for a transport that is not enabled).
