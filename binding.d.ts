@@ -161,6 +161,8 @@ export declare class NativeEngine {
   setEventHandler(callback: (arg: EngineEventJs) => void): void
   /** Engine counters. */
   metrics(): EngineMetrics
+  /** What this engine spreads its work over: I/O threads, tcp lanes, shm copy threads. */
+  spread(): EngineSpreadJs
   /** Engine counters in the Prometheus text exposition format. */
   metricsText(): string
   /** Closes the engine: pending work is canceled, threads stop, memory is released. */
@@ -403,8 +405,8 @@ export interface EngineOptions {
   listen?: string
   /** A silent peer is declared lost after this many ms [3000; 10..=3600000]. */
   peerTimeoutMs?: number
-  /** I/O threads [2; 1..=64]. */
-  ioThreads?: number
+  /** I/O threads, or "auto": one per core, 2..=32 ["auto"; 1..=64]. */
+  ioThreads?: number | 'auto'
   /**
    * Enabled transports, of "tcp", "shm", "rdma" [["shm", "rdma", "tcp"]]; rdma is
    * disabled with one log line where no RDMA device (or no libibverbs) is present.
@@ -419,8 +421,8 @@ export interface EngineOptions {
    * on 0.0.0.0, e.g. in cluster mode) [the bound address].
    */
   advertise?: string
-  /** TCP data connections per peer [2; 1..=64]. */
-  connectionsPerPeer?: number
+  /** TCP lanes (data connections) per peer, or "auto": one per core, 2..=32 ["auto"; 1..=64]. */
+  connectionsPerPeer?: number | 'auto'
   /** TCP slice size in bytes [524288; 4096..=1073741824]. */
   sliceSize?: number
   /** Connect timeout in ms [3000; 1..=600000]. */
@@ -500,6 +502,16 @@ export interface EngineOptions {
   notifyQueueSize?: number
   /** Largest notification payload sent or accepted, in bytes [4096; 1..=65536]. */
   notifyMaxBytes?: number
+}
+
+/** What an engine spreads its work over (`Engine.spread()`). */
+export interface EngineSpreadJs {
+  /** The runtime's I/O threads. */
+  ioThreads: number
+  /** Tcp lanes (data connections) per peer; null when tcp is not enabled. */
+  tcpLanes?: number
+  /** Shm copy threads; null when shm is not enabled. */
+  shmCopyThreads?: number
 }
 
 /** Blocks of one request that did not complete. */

@@ -23,7 +23,7 @@ export type {
   PeerRecoveredEvent,
   TransportDisabledEvent,
 } from './lib/events'
-export type { BytesByTransport, EngineMetrics } from './lib/metrics'
+export type { BytesByTransport, EngineMetrics, EngineSpread } from './lib/metrics'
 export type { NotifyData, NotifyOptions } from './lib/notifications'
 export type { EngineOptions, FaultOptions, RdmaOptions } from './lib/options'
 export { MAX_VIEW_BYTES, Region } from './lib/region'

@@ -38,6 +38,7 @@ function options(over: Partial<SuiteOptions> = {}): SuiteOptions {
     scaleOps: ['write'],
     scaleTransports: ['tcp'],
     ioThreads: 0,
+    lanes: 0,
     stormEngines: 2,
     stormProcs: 1,
     stormTimeoutSeconds: 1,

@@ -4,6 +4,7 @@
  */
 import { constants as bufferConstants } from 'node:buffer'
 import { spawnSync } from 'node:child_process'
+import * as os from 'node:os'
 import * as path from 'node:path'
 import test from 'ava'
 import { Engine, FerryError, MAX_VIEW_BYTES, type Region, type Segment } from '../index'
@@ -330,6 +331,10 @@ test('numbers are checked, never truncated; options are checked by name', async 
     [{ transports: 'tcp' }, /transports must be an array/],
     [{ transports: ['tcp', 'smoke'] }, /transports/],
     [{ ioThreads: 0 }, /ioThreads/],
+    [{ ioThreads: 'many' }, /ioThreads must be a whole number or 'auto', got "many"/],
+    [{ connectionsPerPeer: 'Auto' }, /connectionsPerPeer must be a whole number or 'auto'/],
+    [{ connectionsPerPeer: 65 }, /connectionsPerPeer/],
+    [{ connectionsPerPeer: 2.5 }, /connectionsPerPeer/],
     [{ listen: 7 }, /listen must be a string, got a number/],
     [{ enableAutoFailoverOnPoll: 'yes' }, /enableAutoFailoverOnPoll must be a boolean/],
     [{ leaseTtlMs: 1500, metadata: 'etcd://127.0.0.1:1' }, /leaseTtlMs/],
@@ -339,6 +344,29 @@ test('numbers are checked, never truncated; options are checked by name', async 
   }
   for (const o of [null, 5, 'x', [], () => 1]) {
     await t.throwsAsync(() => Engine.create(o as never), { code: 'ERR_FERRY_INVALID_ARGUMENT' }, `options ${String(o)}`)
+  }
+})
+
+test('ioThreads and connectionsPerPeer take a number or auto; spread() reports what the engine uses', async (t) => {
+  t.timeout(60_000)
+  const fixed = await Engine.create({ ioThreads: 3, connectionsPerPeer: 5, transports: ['tcp', 'shm'] })
+  try {
+    t.deepEqual({ ...fixed.spread(), shmCopyThreads: null }, { ioThreads: 3, tcpLanes: 5, shmCopyThreads: null })
+    t.true(Number.isInteger(fixed.spread().shmCopyThreads))
+  } finally {
+    await fixed.close()
+  }
+  const auto = await Engine.create({ ioThreads: 'auto', connectionsPerPeer: 'auto', transports: ['tcp'] })
+  const byDefault = await Engine.create({ transports: ['tcp'] })
+  try {
+    const cores = os.availableParallelism()
+    // Documented: one I/O thread per core within 2..32, one lane per core within 2..32.
+    const want = { ioThreads: Math.min(32, Math.max(2, cores)), tcpLanes: Math.min(32, Math.max(2, cores)), shmCopyThreads: null }
+    t.deepEqual(auto.spread(), want)
+    t.deepEqual(byDefault.spread(), want)
+  } finally {
+    await auto.close()
+    await byDefault.close()
   }
 })
 

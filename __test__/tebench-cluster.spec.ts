@@ -257,6 +257,7 @@ test('table: the header names what served; --format=mooncake prints Mooncake\'s 
   t.regex(table.stdout, /^WRITE, 1 thread, requested transport tcp, addressing fixed$/m)
   t.regex(table.stdout, /^transport tcp \(100 %\), 0 failovers$/m)
   t.regex(table.stdout, /^ +65536 \|/m)
+  t.regex(table.stdout, /^tebench: initiator engine: \d+ I\/O threads?, tcp \d+ lanes? per peer$/m)
 
   const mc = await run(TEBENCH, ['--local', '--op_type=write', '--format=mooncake', ...QUICK])
   t.is(mc.code, 0, mc.stderr)
@@ -270,6 +271,8 @@ test('table: the header names what served; --format=mooncake prints Mooncake\'s 
   t.is(lines[2].length, header.length)
   t.is(lines.length, 4, 'header, rule, one row, final newline')
   t.regex(mc.stderr, /transport shm \(100 %\), 0 failovers/)
+  t.regex(mc.stderr, /^tebench: initiator engine: \d+ I\/O threads?, tcp \d+ lanes? per peer, shm \d+ copy threads?$/m)
+  t.regex(mc.stderr, /^tebench: target engine: /m)
 })
 
 test('Ctrl-C before anything was measured: exit 130 and no row of zeros', async (t) => {

@@ -123,6 +123,37 @@ test('--local --json: one JSON object per case with the columns, exit 0', async 
   }
 })
 
+test('the run header names the lanes and copy threads the engines use, as they report them', async (t) => {
+  t.timeout(180_000)
+  const args = ['--local', '--duration=0.2', '--start_block_size=4096', '--max_block_size=4096', '--total_buffer_size=16M', '--op_type=write']
+  // JSON: one engine record per side; --tcp_lanes reaches both engines.
+  const json = await runTebench([...args, '--tcp_lanes=3', '--json']).done
+  t.is(json.code, 0, json.stderr)
+  const engines = json.stdout
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+    .filter((x) => x.record === 'engine')
+  t.deepEqual(engines.map((e) => e.role).sort(), ['initiator', 'target'], json.stdout)
+  for (const e of engines) {
+    t.is(e.tcpLanes, 3, JSON.stringify(e))
+    t.true(Number.isInteger(e.ioThreads) && (e.ioThreads as number) >= 1, JSON.stringify(e))
+    t.true(Number.isInteger(e.shmCopyThreads) && (e.shmCopyThreads as number) >= 0, JSON.stringify(e))
+  }
+  // The table: a header line per engine, before the first case; auto is what the engine picked.
+  const table = await runTebench(args).done
+  t.is(table.code, 0, table.stderr)
+  const header = /^tebench: initiator engine: (\d+) I\/O threads?, tcp (\d+) lanes? per peer, shm (\d+) copy threads?$/m.exec(table.stdout)
+  t.truthy(header, table.stdout)
+  t.true(table.stdout.indexOf('initiator engine:') < table.stdout.search(/^WRITE, /m), table.stdout)
+  t.regex(table.stdout, /^tebench: target engine: \d+ I\/O threads?, tcp \d+ lanes? per peer, shm \d+ copy threads?$/m)
+  t.true(Number(header![2]) >= 1)
+  // A bad value is a usage error.
+  const bad = await runTebench(['--local', '--tcp_lanes=0']).done
+  t.is(bad.code, 2, bad.stderr)
+  t.regex(bad.stderr, /--tcp_lanes/)
+})
+
 test('--local --xport_type=rdma on the emulated verbs device: every case over rdma, data checked, exit 0', async (t) => {
   t.timeout(180_000)
   const r = await watch(

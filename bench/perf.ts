@@ -3,7 +3,7 @@
  *
  *   npm run perf -- --suite tcp [--repeat 3] [--duration 5] [--warmup 1] [--lat-ops 20000] ...
  *   npm run perf -- --suite shm,failover --repeat 3 --duration 3
- *   npm run perf -- --suite scale --threads 1,2,4,8,16 [--sizes 4K,64K,1M,16M] [--ops write,read]
+ *   npm run perf -- --suite scale --threads 1,2,4,8,16 [--sizes 4K,64K,1M,16M] [--ops write,read] [--lanes N]
  *   npm run perf -- --suite storm --engines 128 --procs 8
  *
  * Suites: `tcp` (tcp transport over loopback vs iperf3 and a pure-Node round trip), `shm`
@@ -130,6 +130,7 @@ const OPTIONS = {
   ops: { type: 'string', default: 'write', metavar: 'OP[,OP]', help: 'scale: write, read or both (write,read)' },
   transports: { type: 'string', default: SCALE_TRANSPORTS.join(','), metavar: 'T[,T]', help: 'scale: tcp, shm or both' },
   'io-threads': { type: 'integer', default: 0, min: 0, max: 64, help: "scale: both engines' ioThreads, storm: every engine's; 0 = the engine's default" },
+  lanes: { type: 'integer', default: 0, min: 0, max: 64, help: "scale: both engines' tcp lanes (connectionsPerPeer); 0 = the engine's default" },
   engines: { type: 'integer', default: 32, min: 2, max: 1024, help: 'storm: engines in the storm, all opening each other' },
   procs: { type: 'integer', default: 4, min: 1, max: 64, help: 'storm: processes the engines are spread over' },
   'storm-timeout': { type: 'number', default: 120, min: 1, max: 3600, help: 'storm: seconds each phase may take before the storm counts as hung' },
@@ -243,6 +244,7 @@ function parseArgs(argv: string[]): Cli {
     scaleOps: oneOf('ops', commaList(v.ops), ['write', 'read'] as const),
     scaleTransports: oneOf('transports', commaList(v.transports), SCALE_TRANSPORTS),
     ioThreads: v['io-threads'],
+    lanes: v.lanes,
     stormEngines: v.engines,
     stormProcs: v.procs,
     stormTimeoutSeconds: v['storm-timeout'],

@@ -19,6 +19,7 @@ async function main(): Promise<void> {
     listen: process.env.FERRY_BENCH_LISTEN ?? '127.0.0.1:0',
     machineId: process.env.FERRY_BENCH_MACHINE_ID || undefined,
     ioThreads: process.env.FERRY_BENCH_IO_THREADS ? Number(process.env.FERRY_BENCH_IO_THREADS) : undefined,
+    connectionsPerPeer: process.env.FERRY_BENCH_LANES ? Number(process.env.FERRY_BENCH_LANES) : undefined,
     // No secret at all, not even the per-user one (the auth suite's "off" side).
     allowUnauthenticated: process.env.FERRY_BENCH_UNAUTHENTICATED === '1' || undefined,
   })

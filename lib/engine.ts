@@ -6,7 +6,7 @@ import { blockOpcode, blocksOutcome, toNativeBlocks, toSubmission, type BatchBlo
 import { checkBytes, checkNumber, checkOptions, checkSignal, describe, invalid } from './checks'
 import { abortError, call, failureError, FerryError } from './errors'
 import { EventRelay, type Emit, type EngineEvents, type Notification } from './events'
-import { toMetrics, type EngineMetrics } from './metrics'
+import { toMetrics, toSpread, type EngineMetrics, type EngineSpread } from './metrics'
 import { native } from './native'
 import { notifyBytes, NotificationRelay, type NotifyData, type NotifyOptions } from './notifications'
 import { notifyQueueSize, toNativeOptions, type EngineOptions } from './options'
@@ -367,6 +367,11 @@ export class Engine extends EventEmitter {
   /** Engine counters (see README, "Metrics"). */
   metrics(): EngineMetrics {
     return toMetrics(this.native((n) => n.metrics()))
+  }
+
+  /** What this engine spreads its work over: I/O threads, tcp lanes per peer, shm copy threads. */
+  spread(): EngineSpread {
+    return toSpread(this.native((n) => n.spread()))
   }
 
   /** Engine counters in the Prometheus text exposition format (for a `/metrics` endpoint). */

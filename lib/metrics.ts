@@ -1,4 +1,4 @@
-/** Engine counters as JS sees them. */
+/** Engine counters as JS sees them, and what the engine spreads its work over. */
 import type * as Native from './native'
 
 /** Bytes of completed transfers over one transport for one operation. */
@@ -19,4 +19,22 @@ export function toMetrics(m: Native.EngineMetrics): EngineMetrics {
     bytes: m.bytes.map((b) => ({ transport: b.transport, op: b.op, bytes: b.bytes })),
     transfers: { completed: 0, failed: 0, timeout: 0, canceled: 0, invalid: 0, ...m.transfers },
   }
+}
+
+/**
+ * What an engine spreads its work over, as its transports use it: I/O threads, tcp lanes
+ * (data connections per peer), shm copy threads; a transport that is not enabled is null.
+ */
+export interface EngineSpread {
+  /** The runtime's I/O threads (`ioThreads`). */
+  ioThreads: number
+  /** Tcp lanes (data connections) per peer (`connectionsPerPeer`); null without tcp. */
+  tcpLanes: number | null
+  /** Threads that share large shm copies with the submitting ones; null without shm. */
+  shmCopyThreads: number | null
+}
+
+/** The binding's spread with every field present. */
+export function toSpread(s: Native.EngineSpreadJs): EngineSpread {
+  return { ioThreads: s.ioThreads, tcpLanes: s.tcpLanes ?? null, shmCopyThreads: s.shmCopyThreads ?? null }
 }

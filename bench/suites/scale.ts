@@ -25,7 +25,7 @@
  * first), the warm-up in round 1 only; the record reports medians, `ratio` = engine /
  * baseline (median of the per-round ratios), and each figure's speed-up over the same series
  * at its fewest threads. A readable table of every point follows on stderr. `--io-threads`
- * sets both engines' I/O threads (default: the engine's default). An engine failure is the
+ * sets both engines' I/O threads and `--lanes` their tcp lanes (default: the engine's defaults). An engine failure is the
  * record's `error` (perf exits 1); a baseline without a figure (no iperf3, no compiler) is
  * its `baseline_error`, with a null ratio.
  */
@@ -230,6 +230,7 @@ function record(p: Point, rounds: PointRound[], baselineLabel: string, options: 
     threads: p.threads,
     cores: os.availableParallelism(),
     io_threads: options.ioThreads > 0 ? options.ioThreads : 'engine default',
+    lanes: options.lanes > 0 ? options.lanes : 'engine default',
     avg_tx_us: round(median(rounds.map((r) => r.avgTxUs)), 3),
     p99_tx_us: round(median(rounds.map((r) => r.p99TxUs)), 3),
     method: `native tebench loop (ferry-bench workers), ${p.threads} thread(s), batch 1, addressing fixed (each thread re-uses one block of a stripe of its own), transport ${p.transport} pinned`,
@@ -262,7 +263,12 @@ async function transportPoints(transport: ScaleTransport, threads: number[], tar
   const records: ScaleRecord[] = []
   const sizes = options.scaleSizes
   const regionBytes = Math.max(...threads) * Math.max(...sizes)
-  const engine = await Engine.create({ listen: '127.0.0.1:0', transports: [transport], ioThreads: options.ioThreads || undefined })
+  const engine = await Engine.create({
+    listen: '127.0.0.1:0',
+    transports: [transport],
+    ioThreads: options.ioThreads || undefined,
+    connectionsPerPeer: options.lanes || undefined,
+  })
   const tcp = transport === 'tcp' ? tcpBaselines() : undefined
   let rig: Rig | undefined
   try {
@@ -299,7 +305,9 @@ export async function scaleSuite(options: SuiteOptions): Promise<CaseRecord[]> {
   log(
     `${SUITE}: ${options.scaleTransports.join(', ')} × ${options.scaleSizes.map(sizeLabel).join(', ')} × ${options.scaleOps.join(', ')} × threads ${threads.join(', ')}; ${options.repeat} round(s) of ${options.durationSeconds} s each side; ${regionBytes / MiB} MiB per side`,
   )
-  const env: Record<string, string> = options.ioThreads > 0 ? { FERRY_BENCH_IO_THREADS: String(options.ioThreads) } : {}
+  const env: Record<string, string> = {}
+  if (options.ioThreads > 0) env.FERRY_BENCH_IO_THREADS = String(options.ioThreads)
+  if (options.lanes > 0) env.FERRY_BENCH_LANES = String(options.lanes)
   const target = await startTarget(regionBytes, { env })
   const records: ScaleRecord[] = []
   try {

@@ -71,6 +71,8 @@ export interface SuiteOptions {
   scaleTransports: Array<'tcp' | 'shm'>
   /** `scale` suite: I/O threads of both engines (`--io-threads`); 0: the engine's default. */
   ioThreads: number
+  /** scale: both engines' tcp lanes (`connectionsPerPeer`); 0 = the engine's default. */
+  lanes: number
   /** `storm` suite: engines in the storm (`--engines`). */
   stormEngines: number
   /** `storm` suite: processes they are spread over (`--procs`). */

@@ -40,6 +40,8 @@ export interface Config {
   rpcServerPort: number
   xportType?: TransportName
   peerTimeoutMs: number
+  /** `--tcp_lanes`: the engine's `connectionsPerPeer`. */
+  tcpLanes: number | 'auto'
   local: boolean
   inject?: Injection
   format: OutputFormat
@@ -132,6 +134,7 @@ export function parseConfig(argv: string[]): Config {
     rpcServerPort: v.rpc_server_port,
     xportType: v.xport_type === '' ? undefined : (v.xport_type as TransportName),
     peerTimeoutMs: v.peer_timeout_ms,
+    tcpLanes: parseLanes(v.tcp_lanes),
     local: v.local,
     inject: parseInjection(v.inject, v.duration),
     format: v.json ? 'json' : (v.format as OutputFormat),
@@ -156,4 +159,12 @@ export function wantsJson(argv: string[]): boolean {
     (a, i) =>
       /^--?json(=(true|1|yes|t|y))?$/i.test(a) || a === '--format=json' || (a === '--format' && argv[i + 1] === 'json'),
   )
+}
+
+/** `--tcp_lanes`: a whole number of 1..64 or `auto`. */
+export function parseLanes(text: string): number | 'auto' {
+  const t = text.trim()
+  if (t === 'auto') return 'auto'
+  if (!/^\d+$/.test(t) || Number(t) < 1 || Number(t) > 64) throw new UsageError(`--tcp_lanes: expected 1..64 or auto, got "${text}"`)
+  return Number(t)
 }

@@ -30,12 +30,22 @@ export function authOptions(cfg: Config): { authSecret?: Buffer } {
   return { authSecret: secret }
 }
 
+/** Engine options of the Ferry tuning flags (`--tcp_lanes`). */
+export function tuningOptions(cfg: Config): EngineOptions {
+  return { connectionsPerPeer: cfg.tcpLanes }
+}
+
 /**
  * Engine transports for `--xport_type`: only that transport (no fallback), else the
  * engine's default set.
  */
 export function engineTransports(xport: TransportName | undefined): TransportName[] | undefined {
   return xport ? [xport] : undefined
+}
+
+/** The run header: what the engine spreads its work over, as the engine reports it. */
+export function reportSpread(engine: Engine, out: Output, role: 'initiator' | 'target'): void {
+  out.spread({ record: 'engine', role, ...engine.spread() })
 }
 
 /** Reports every transport that was enabled but could not be installed, with the reason. */

@@ -97,6 +97,12 @@ export const OPTIONS = {
     help: 'Mooncake\'s backend choice: tent only',
   },
   peer_timeout_ms: { ...SHARED.peerTimeoutMs, help: `Ferry: ${SHARED.peerTimeoutMs.help}` },
+  tcp_lanes: {
+    type: 'string',
+    default: 'auto',
+    metavar: 'N|auto',
+    help: 'Ferry: tcp lanes (data connections) per peer, 1..64, on both sides with --local; auto = one per core, 2..32 (the run header names what the engine uses)',
+  },
   local: { type: 'boolean', default: false, help: 'start a target child on 127.0.0.1 and bench against it' },
   inject: {
     type: 'string',

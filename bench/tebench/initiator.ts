@@ -7,7 +7,7 @@
  */
 import { Engine, type Bench, type BenchFailure, type BenchResult, type BenchRow, type Region, type Segment } from '../../index'
 import type { Addressing, Config } from './config'
-import { authOptions, engineTransports, metadataOptions, reportDisabled } from './engine-setup'
+import { authOptions, engineTransports, metadataOptions, reportDisabled, reportSpread, tuningOptions } from './engine-setup'
 import type { FaultTarget } from './fault'
 import { interrupt } from './interrupt'
 import { progress, type CaseRecord, type FailedRecord, type NotifyRecord, type Output } from './output'
@@ -81,10 +81,12 @@ export async function runInitiator(cfg: Config, out: Output, faultTarget?: Fault
   const engine = await Engine.create({
     transports: engineTransports(cfg.xportType),
     peerTimeoutMs: cfg.peerTimeoutMs,
+    ...tuningOptions(cfg),
     ...metadataOptions(cfg),
     ...authOptions(cfg),
   })
   reportDisabled(engine, out)
+  reportSpread(engine, out, 'initiator')
   let bench: Bench | undefined
   const stopBench = () => bench?.stop()
   interrupt.onStop.add(stopBench)

@@ -24,6 +24,7 @@ export function startLocalTarget(script: string, cfg: Config, timeoutMs = 30_000
   const args = [...process.execArgv, script, '--rpc_server_port=0', `--total_buffer_size=${cfg.totalBufferSize}`]
   if (cfg.authSecretFile) args.push(`--auth_secret_file=${cfg.authSecretFile}`)
   if (cfg.notifi) args.push('--notifi')
+  args.push(`--tcp_lanes=${cfg.tcpLanes}`)
   if (cfg.format === 'json') args.push('--format=json')
   const child: ChildProcess = spawn(process.execPath, args, {
     env: { ...process.env, FERRY_TEBENCH_CHILD: '1' },
@@ -77,8 +78,14 @@ export function startLocalTarget(script: string, cfg: Config, timeoutMs = 30_000
       reject(new Error(`target child exited early (${sig ?? code}): ${stderr.trim()}`))
     })
     lines.on('line', (line) => {
-      // --notifi: the target's count, printed at its end, is part of this run's output.
-      if (line.startsWith('tebench: notifications:') || line.includes('"record":"notifications"')) {
+      // --notifi: the target's count, printed at its end, is part of this run's output; so
+      // is its run header (what its engine spreads over).
+      if (line.startsWith('tebench: target engine:')) {
+        // Mooncake's layout keeps its stdout to its table: the header goes to stderr there.
+        ;(cfg.format === 'mooncake' ? process.stderr : process.stdout).write(line + '\n')
+        return
+      }
+      if (line.startsWith('tebench: notifications:') || line.includes('"record":"notifications"') || line.includes('"record":"engine"')) {
         process.stdout.write(line + '\n')
         return
       }

@@ -3,7 +3,7 @@
  * stdout, tagged by `record`), the writer of Ferry's table, Mooncake's layout or JSON, and
  * the progress line on stderr.
  */
-import { benchMooncakeHeader, benchMooncakeLine, type BenchRow, type TransportShare } from '../../index'
+import { benchMooncakeHeader, benchMooncakeLine, type BenchRow, type EngineSpread, type TransportShare } from '../../index'
 import type { Injection } from './fault'
 
 /** How results are printed: Ferry's table, Mooncake's layout or JSON lines. */
@@ -69,7 +69,22 @@ export interface NotifyRecord {
   perSecond: number | null
 }
 
-export type AnyRecord = CaseRecord | FailedRecord | InjectRecord | DisabledRecord | UsageRecord | NotifyRecord
+/** The run header: what the engine spreads its work over, as it reports it (`Engine.spread()`). */
+export interface SpreadRecord extends EngineSpread {
+  record: 'engine'
+  role: 'initiator' | 'target'
+}
+
+export type AnyRecord = CaseRecord | FailedRecord | InjectRecord | DisabledRecord | UsageRecord | NotifyRecord | SpreadRecord
+
+/** The run header's words: `engine: 2 I/O threads, tcp 4 lanes per peer, shm 1 copy thread`. */
+export function spreadLine(r: SpreadRecord): string {
+  const n = (v: number, one: string, many = `${one}s`) => `${v} ${v === 1 ? one : many}`
+  const parts = [n(r.ioThreads, 'I/O thread')]
+  if (r.tcpLanes !== null) parts.push(`tcp ${n(r.tcpLanes, 'lane')} per peer`)
+  if (r.shmCopyThreads !== null) parts.push(`shm ${n(r.shmCopyThreads, 'copy thread')}`)
+  return `${r.role} engine: ${parts.join(', ')}`
+}
 
 const COLUMNS: Array<[string, (r: CaseRecord) => string]> = [
   ['BlkSize (B)', (r) => String(r.blockSize)],
@@ -160,6 +175,14 @@ export class Output {
         : `notifications: ${r.count} received (${r.lost} dropped)`
     process.stdout.write(`tebench: ${text}
 `)
+  }
+
+  /** The run header, once the engine started (Mooncake's layout: on stderr, its stdout kept as Mooncake prints it). */
+  spread(r: SpreadRecord): void {
+    if (this.format === 'json') return this.#json(r)
+    const line = `tebench: ${spreadLine(r)}\n`
+    if (this.format === 'mooncake') process.stderr.write(line)
+    else process.stdout.write(line)
   }
 
   disabled(r: DisabledRecord): void {

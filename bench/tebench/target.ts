@@ -6,7 +6,7 @@
  */
 import { Engine } from '../../index'
 import type { Config, EtcdAccess } from './config'
-import { authOptions, metadataOptions, reportDisabled } from './engine-setup'
+import { authOptions, metadataOptions, reportDisabled, reportSpread, tuningOptions } from './engine-setup'
 import { OPTIONS } from './flags'
 import { interrupt } from './interrupt'
 import { Output, progress } from './output'
@@ -39,9 +39,17 @@ function initiatorCommand(cfg: Config, segment: string): string {
 export async function runTarget(cfg: Config, out: Output): Promise<number> {
   // --notifi: room for bursts while JS counts them (a full queue drops, counted and printed).
   const queue = cfg.notifi ? { notifyQueueSize: 1 << 16 } : {}
-  const engine = await Engine.create({ listen: cfg.listen, advertise: cfg.advertise, ...metadataOptions(cfg), ...authOptions(cfg), ...queue })
+  const engine = await Engine.create({
+    listen: cfg.listen,
+    advertise: cfg.advertise,
+    ...tuningOptions(cfg),
+    ...metadataOptions(cfg),
+    ...authOptions(cfg),
+    ...queue,
+  })
   try {
     reportDisabled(engine, new Output(out.format === 'json' ? 'json' : 'table'))
+    reportSpread(engine, new Output(out.format === 'json' ? 'json' : 'table'), 'target')
     const region = engine.allocate(cfg.totalBufferSize)
     void region
     // Notifications are counted as they come (taken, so the queue never fills).

@@ -7,6 +7,7 @@
 pub(crate) mod etcd;
 pub(crate) mod fault;
 pub(crate) mod notify;
+pub(crate) mod spread;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,7 +32,7 @@ pub struct EngineConfig {
     pub listen: String,
     /// A peer silent for this long is declared lost and its in-flight work fails.
     pub peer_timeout: Duration,
-    /// I/O threads of the engine's runtime.
+    /// I/O threads of the engine's runtime. Default: from the cores (`spread::auto_io_threads`).
     pub io_threads: usize,
     /// Transports enabled here. Default: every one, in `kind::DEFAULT_ORDER`; one this
     /// build or machine lacks is disabled with the reason (`transportDisabled`).
@@ -82,7 +83,7 @@ impl Default for EngineConfig {
         Self {
             listen: "127.0.0.1:0".into(),
             peer_timeout: Duration::from_millis(3000),
-            io_threads: 2,
+            io_threads: spread::auto_io_threads(spread::machine_cores()),
             transports: crate::kind::DEFAULT_ORDER.to_vec(),
             tcp: TcpConfig::default(),
             failover: FailoverPolicy::default(),
@@ -105,7 +106,8 @@ impl Default for EngineConfig {
 /// Settings of the TCP transport.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpConfig {
-    /// Data connections per peer.
+    /// Data connections per peer, the lanes a peer's requests are spread and striped over.
+    /// Default: from the cores (`spread::auto_lanes`).
     pub connections_per_peer: usize,
     /// Requests larger than this are cut into slices of this size.
     pub slice_size: u64,
@@ -116,8 +118,8 @@ pub struct TcpConfig {
 impl Default for TcpConfig {
     fn default() -> Self {
         Self {
-            connections_per_peer: 2,
-            // Half a MiB: a 1 MiB request goes out on both connections at once, so both
+            connections_per_peer: spread::auto_lanes(spread::machine_cores()),
+            // Half a MiB: a 1 MiB request goes out on two connections at once, so two
             // cores copy (one op in flight moved 0.55-0.6x iperf3 with 1 MiB slices,
             // 0.75-0.96x with these, in the same runs).
             slice_size: 512 << 10,

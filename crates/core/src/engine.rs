@@ -473,6 +473,26 @@ impl Engine {
         self.live().is_ok_and(|l| l.cancel(op))
     }
 
+    /// What this engine spreads its work over: I/O threads, tcp lanes per peer, shm copy
+    /// threads, as the transports use them. Transports are `None` once it is closed.
+    pub fn spread(&self) -> crate::config::spread::EngineSpread {
+        let mut out = crate::config::spread::EngineSpread {
+            io_threads: self.config().io_threads,
+            ..Default::default()
+        };
+        if let Ok(l) = self.live() {
+            for (kind, t) in &l.transports {
+                let s = t.spread();
+                match kind {
+                    crate::kind::TransportKind::Tcp => out.tcp_lanes = s.lanes_per_peer,
+                    crate::kind::TransportKind::Shm => out.shm_copy_threads = s.copy_threads,
+                    _ => {}
+                }
+            }
+        }
+        out
+    }
+
     /// Engine counters. They stay readable after `close` (segments and regions then 0).
     pub fn metrics(&self) -> Metrics {
         let (s, c) = (&self.shell.stats, &self.shell.stats.counters);

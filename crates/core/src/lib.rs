@@ -83,6 +83,7 @@ pub mod wire;
 
 pub use admission::ConnLimits;
 pub use block_submit::BlockSubmission;
+pub use config::spread::{auto_io_threads, auto_lanes, machine_cores, EngineSpread};
 pub use config::EngineConfig;
 pub use engine::{BatchSnapshot, Engine, SegmentInfo, WeakEngine};
 pub use error::{Error, ErrorCode, Result};

@@ -38,6 +38,16 @@ pub struct Attempt {
     pub more_follow: bool,
 }
 
+/// How a transport spreads its work over the machine (`Transport::spread`); `None` where
+/// the notion does not apply to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportSpread {
+    /// Data connections per peer that requests are spread and striped over (tcp).
+    pub lanes_per_peer: Option<usize>,
+    /// Threads that share large copies with the submitting ones (shm).
+    pub copy_threads: Option<usize>,
+}
+
 /// A way of moving bytes to and from peers.
 pub trait Transport: Send + Sync {
     /// Which transport this is.
@@ -144,6 +154,12 @@ pub trait Transport: Send + Sync {
     /// Engine-wide information for the segment descriptor (e.g. device GIDs).
     fn describe(&self) -> Option<serde_json::Value> {
         None
+    }
+
+    /// How this transport spreads its work over the machine here, for operators (tebench's
+    /// run header): what it uses, not what was asked.
+    fn spread(&self) -> TransportSpread {
+        TransportSpread::default()
     }
 
     /// Per-buffer information for the segment descriptor (e.g. an rkey).

@@ -1,7 +1,7 @@
 //! Conversions between JS values and core types, one file per concern under `convert/`:
 //! engine options (`options`, and the per-transport `transport_options`), transfer
 //! requests (`requests`), statuses and descriptions (`status`), failures (`failure`),
-//! events (`events`) and counters (`metrics`). No decisions live here.
+//! events (`events`) and counters and the threads and lanes in use (`metrics`). No decisions live here.
 
 mod events;
 mod failure;
@@ -15,7 +15,7 @@ use ferry_core::{Error, ErrorCode};
 
 pub use events::EngineEventJs;
 pub use failure::FailureJs;
-pub use metrics::EngineMetrics;
+pub use metrics::{EngineMetrics, EngineSpreadJs};
 pub use options::EngineOptions;
 pub use requests::TransferRequest;
 pub(crate) use requests::{hint, requests};

@@ -34,7 +34,7 @@ use napi_derive::napi;
 use crate::buffer::{register_shared, RegionBuffer};
 use crate::convert::{
     internal, js_error, requests, BatchStatusJs, EngineEventJs, EngineMetrics, EngineOptions,
-    FailureJs, OpenResult, RegionInfo, SegmentDesc, TaskStatusJs, TransferRequest,
+    EngineSpreadJs, FailureJs, OpenResult, RegionInfo, SegmentDesc, TaskStatusJs, TransferRequest,
 };
 use crate::js::to_u64;
 use crate::settle::{Early, Settle};
@@ -471,6 +471,12 @@ impl NativeEngine {
     #[napi(catch_unwind)]
     pub fn metrics(&self) -> EngineMetrics {
         EngineMetrics::from(self.engine.metrics())
+    }
+
+    /// What this engine spreads its work over: I/O threads, tcp lanes, shm copy threads.
+    #[napi(catch_unwind)]
+    pub fn spread(&self) -> EngineSpreadJs {
+        EngineSpreadJs::from(self.engine.spread())
     }
 
     /// Engine counters in the Prometheus text exposition format.

@@ -211,6 +211,10 @@ impl Transport for FaultTransport {
         self.inner.describe()
     }
 
+    fn spread(&self) -> crate::transport::TransportSpread {
+        self.inner.spread()
+    }
+
     fn describe_buffer(&self, region: &Region) -> Option<serde_json::Value> {
         self.inner.describe_buffer(region)
     }

@@ -122,3 +122,25 @@ impl From<Metrics> for EngineMetrics {
         }
     }
 }
+
+/// What an engine spreads its work over (`Engine.spread()`).
+#[napi(object)]
+pub struct EngineSpreadJs {
+    /// The runtime's I/O threads.
+    pub io_threads: u32,
+    /// Tcp lanes (data connections) per peer; null when tcp is not enabled.
+    pub tcp_lanes: Option<u32>,
+    /// Shm copy threads; null when shm is not enabled.
+    pub shm_copy_threads: Option<u32>,
+}
+
+impl From<ferry_core::EngineSpread> for EngineSpreadJs {
+    fn from(s: ferry_core::EngineSpread) -> Self {
+        let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        Self {
+            io_threads: n(s.io_threads),
+            tcp_lanes: s.tcp_lanes.map(n),
+            shm_copy_threads: s.shm_copy_threads.map(n),
+        }
+    }
+}

@@ -8,6 +8,7 @@ use ferry_core::auth::Secret;
 use ferry_core::transports::fault::FaultSpec;
 use ferry_core::{EngineConfig, Error, EtcdAuth, EtcdConfig, EtcdTls, TransportKind};
 use ferry_verbs::{RdmaConfig, RdmaFactory};
+use napi::Either;
 use napi_derive::napi;
 
 use super::transport_options::{transport_named, FaultOptions, RdmaOptions};
@@ -22,8 +23,9 @@ pub struct EngineOptions {
     pub listen: Option<String>,
     /// A silent peer is declared lost after this many ms [3000; 10..=3600000].
     pub peer_timeout_ms: Option<f64>,
-    /// I/O threads [2; 1..=64].
-    pub io_threads: Option<f64>,
+    /// I/O threads, or "auto": one per core, 2..=32 ["auto"; 1..=64].
+    #[napi(ts_type = "number | 'auto'")]
+    pub io_threads: Option<Either<f64, String>>,
     /// Enabled transports, of "tcp", "shm", "rdma" [["shm", "rdma", "tcp"]]; rdma is
     /// disabled with one log line where no RDMA device (or no libibverbs) is present.
     #[napi(ts_type = "Array<'tcp' | 'shm' | 'rdma'>")]
@@ -35,8 +37,9 @@ pub struct EngineOptions {
     /// The address peers reach this engine at, `host` or `host:port` (needed when listening
     /// on 0.0.0.0, e.g. in cluster mode) [the bound address].
     pub advertise: Option<String>,
-    /// TCP data connections per peer [2; 1..=64].
-    pub connections_per_peer: Option<f64>,
+    /// TCP lanes (data connections) per peer, or "auto": one per core, 2..=32 ["auto"; 1..=64].
+    #[napi(ts_type = "number | 'auto'")]
+    pub connections_per_peer: Option<Either<f64, String>>,
     /// TCP slice size in bytes [524288; 4096..=1073741824].
     pub slice_size: Option<f64>,
     /// Connect timeout in ms [3000; 1..=600000].
@@ -143,6 +146,22 @@ fn transport_list(list: Vec<String>) -> Result<Vec<TransportKind>, Error> {
     Ok(kinds)
 }
 
+/// A count given as a whole number or "auto" (`auto` of this machine's cores).
+fn opt_auto(
+    value: Option<Either<f64, String>>,
+    what: &str,
+    auto: fn(usize) -> usize,
+) -> Result<Option<usize>, Error> {
+    match value {
+        None => Ok(None),
+        Some(Either::A(n)) => opt_int(Some(n), what),
+        Some(Either::B(word)) if word == "auto" => Ok(Some(auto(ferry_core::machine_cores()))),
+        Some(Either::B(word)) => Err(Error::InvalidArgument(format!(
+            "{what} must be a whole number or 'auto', got {word:?}"
+        ))),
+    }
+}
+
 impl TryFrom<EngineOptions> for EngineConfig {
     type Error = Error;
     /// Converts only: defaults come from `EngineConfig::default()` and bounds from
@@ -156,7 +175,7 @@ impl TryFrom<EngineOptions> for EngineConfig {
         if let Some(v) = opt_ms(o.peer_timeout_ms, "peerTimeoutMs")? {
             c.peer_timeout = v;
         }
-        if let Some(v) = opt_int(o.io_threads, "ioThreads")? {
+        if let Some(v) = opt_auto(o.io_threads, "ioThreads", ferry_core::auto_io_threads)? {
             c.io_threads = v;
         }
         if let Some(list) = o.transports {
@@ -164,7 +183,11 @@ impl TryFrom<EngineOptions> for EngineConfig {
         }
         let rdma = RdmaConfig::try_from(o.rdma.unwrap_or_default())?;
         c.extra_transports = vec![Arc::new(RdmaFactory { config: rdma })];
-        if let Some(v) = opt_int(o.connections_per_peer, "connectionsPerPeer")? {
+        if let Some(v) = opt_auto(
+            o.connections_per_peer,
+            "connectionsPerPeer",
+            ferry_core::auto_lanes,
+        )? {
             c.tcp.connections_per_peer = v;
         }
         if let Some(v) = opt_u64(o.slice_size, "sliceSize")? {

@@ -399,6 +399,13 @@ impl Transport for ShmTransport {
         Ok(())
     }
 
+    fn spread(&self) -> crate::transport::TransportSpread {
+        crate::transport::TransportSpread {
+            copy_threads: Some(self.policy.copy_threads()),
+            ..Default::default()
+        }
+    }
+
     fn describe(&self) -> Option<serde_json::Value> {
         let socket = self.socket.get()?;
         Some(serde_json::json!({ "socket": socket }))

@@ -12,6 +12,7 @@ mod pool_conn;
 mod reply;
 mod request;
 mod stall;
+mod stripe;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,12 +34,12 @@ use event_loop::{Lanes, LOOP_MAX};
 use pool_conn::{PoolConn, Slices, Timeouts};
 use request::Slice;
 
-/// A peer's data connections, taken in turn. Only the first `active` are used: the pool
-/// starts with one and grows (up to `connectionsPerPeer`) when a request had to wait
-/// behind others on its connection, or a request's slices want more connections at
-/// once. Each connection connects when its first work arrives, so a peer that is
-/// written to now and then costs one data connection, and one that is never written
-/// to costs none.
+/// A peer's lanes (data connections). Only the first `active` are used: the pool starts
+/// with one and grows (up to `connectionsPerPeer`) when a request had to wait behind
+/// others on its connection, or a request's slices want more lanes at once (`stripe`).
+/// Single-slice requests are spread over the active lanes in turn. Each connection
+/// connects when its first work arrives, so a peer that is written to now and then costs
+/// one data connection, and one that is never written to costs none.
 struct PeerPool {
     conns: Vec<Arc<PoolConn>>,
     next: AtomicUsize,
@@ -51,16 +52,20 @@ impl PeerPool {
     fn send_one(&self, slices: Slices) {
         let active = self.active.load(Ordering::Relaxed).max(1);
         let i = self.next.fetch_add(1, Ordering::Relaxed) % active;
-        if self.conns[i].send(slices) && active < self.conns.len() {
-            self.active.fetch_max(active + 1, Ordering::Relaxed);
-        }
+        let waited = self.conns[i].send(slices);
+        self.active.fetch_max(
+            stripe::grown(active, self.conns.len(), waited),
+            Ordering::Relaxed,
+        );
     }
 
-    /// How many connections a request of `ways` shares uses: the active ones, and more
-    /// (started now) when it has more shares.
-    fn span(&self, ways: usize) -> usize {
-        let ways = ways.min(self.conns.len());
-        self.active.fetch_max(ways, Ordering::Relaxed).max(ways)
+    /// Where a request of `slices` slices from the calling thread goes: its thread's
+    /// group of lanes, opened now if it was not in use yet.
+    fn stripe(&self, slices: usize) -> stripe::Stripe {
+        let active = self.active.load(Ordering::Relaxed).max(1);
+        let s = stripe::stripe(slices, self.conns.len(), active, crate::lanes::current());
+        self.active.fetch_max(s.span, Ordering::Relaxed);
+        s
     }
 }
 
@@ -197,7 +202,6 @@ impl TcpTransport {
             engine_id: req.descriptor.engine_id,
             starts_share,
         };
-        let conns = pool.conns.len();
         if count == 1 && task.observer() == Observer::Progress && req.length <= LOOP_MAX {
             // A small awaited request from a thread with an event loop: that loop watches
             // the reply (`event_loop`), when its connection is ready.
@@ -216,11 +220,10 @@ impl TcpTransport {
             }
             return Ok(());
         }
-        // Round robin from where the pool stands; with many slices (a gather, or a large
-        // request) each connection gets its share as one list, written together.
-        let first = pool.next.fetch_add(count as usize, Ordering::Relaxed);
-        let ways = conns.min(count as usize);
-        let span = pool.span(ways);
+        // Striped over the lanes of this thread's group (`stripe`); each lane gets its
+        // share as one list, written together.
+        let stripe = pool.stripe(count as usize);
+        let ways = stripe.ways;
         if ways > 1 {
             // Its deadline runs once every connection started on its share.
             task.expect_shares(a.attempt, ways as u32);
@@ -230,9 +233,14 @@ impl TcpTransport {
             let share = &mut shares[i % ways];
             share.push(slice_of(piece, share.is_empty()));
         }
+        let mut waited = false;
         for (i, share) in shares.into_iter().enumerate() {
-            pool.conns[(first + i) % span].send(share);
+            waited |= pool.conns[stripe.lane(i)].send(share);
         }
+        pool.active.fetch_max(
+            stripe::grown(stripe.span, pool.conns.len(), waited),
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 
@@ -249,6 +257,13 @@ impl Transport for TcpTransport {
 
     fn reports_starts(&self) -> bool {
         true
+    }
+
+    fn spread(&self) -> crate::transport::TransportSpread {
+        crate::transport::TransportSpread {
+            lanes_per_peer: Some(self.config.connections_per_peer),
+            ..Default::default()
+        }
     }
 
     fn submit(&self, attempts: &[Attempt]) -> Vec<Result<()>> {
