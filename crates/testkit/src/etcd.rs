@@ -1,11 +1,12 @@
 //! A throwaway single-member etcd for a test: whether one can run here, starting it, and
-//! its readiness.
+//! its readiness; [`EtcdServer`] does all three and cleans up.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// Why etcd cannot run here, or `None` when `etcd --version` runs.
 ///
@@ -103,4 +104,69 @@ pub fn spawn_etcd(
         .unwrap_or_else(|e| {
             panic!("cannot start `etcd` ({e}): install it (Debian: apt-get install etcd-server)")
         })
+}
+
+/// A throwaway single-member etcd on free loopback ports, ready when [`EtcdServer::start`]
+/// returns. Killed by pid (its own child) and its data directory removed on drop.
+pub struct EtcdServer {
+    child: Child,
+    dir: PathBuf,
+    client_port: u16,
+}
+
+impl EtcdServer {
+    /// Starts one and waits (at most 20 s) until it reports healthy.
+    ///
+    /// # Panics
+    /// When it cannot be started, exits or is not healthy in time (its log is in the panic).
+    pub fn start() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "ferry-etcd-server-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("etcd temp dir");
+        let (client_port, peer_port) = (free_port(), free_port());
+        let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let child = spawn_etcd("ferry-test", &dir.join("data"), &client, &peer, &[], log);
+        let mut server = Self {
+            child,
+            dir,
+            client_port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !etcd_healthy(client_port) {
+            let exited = server.child.try_wait().ok().flatten();
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "etcd not ready within 20 s (exit: {exited:?}); log:\n{}",
+                std::fs::read_to_string(server.dir.join("etcd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// The `metadata` url engines use to reach it (`etcd://127.0.0.1:PORT`).
+    pub fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}", self.client_port)
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A loopback port free now (the listener that found it is closed again).
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    l.local_addr().expect("local addr").port()
 }

@@ -15,7 +15,8 @@
 //! - [`raw`]: raw wire clients' pieces ([`raw::hello`], [`raw::read_to_close`],
 //!   [`raw::ops_in`]), this process's shm sockets ([`raw::shm_sockets`]) and its resident
 //!   memory ([`raw::resident_bytes`]);
-//! - [`spawn_etcd`], [`etcd_healthy`]: a throwaway etcd and its readiness;
+//! - [`EtcdServer`]: a throwaway etcd, ready, killed on drop; [`spawn_etcd`],
+//!   [`etcd_healthy`]: the pieces, for tests that stop, pause or restart it;
 //!   [`skip_without_etcd!`], [`etcd_missing`]: skip a test where etcd is not installed
 //!   (outside CI; under CI that fails it).
 
@@ -28,7 +29,7 @@ pub mod raw;
 mod region;
 mod wait;
 
-pub use etcd::{etcd_healthy, etcd_missing, spawn_etcd};
+pub use etcd::{etcd_healthy, etcd_missing, spawn_etcd, EtcdServer};
 pub use pair::{request, Pair};
 pub use proxy::Proxy;
 pub use region::{bytes_at, bytes_of, fill, user_region};

@@ -134,8 +134,10 @@ impl Shared {
         };
         let body = serde_json::to_vec(&request)
             .map_err(|e| Error::Protocol(format!("encode handshake: {e}")))?;
+        // The control address, not the segment name: the two differ in cluster mode
+        // (a logical name from etcd), and the address moves when the peer restarts.
         let (reply, answered) = transport_request(
-            link.peer.name(),
+            &link.peer.addr(),
             self.engine_id,
             TransportKind::Rdma,
             &body,
