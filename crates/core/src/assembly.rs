@@ -41,9 +41,7 @@ use crate::wire::Token;
 fn factories(config: &EngineConfig) -> Vec<Arc<dyn TransportFactory>> {
     let mut all: Vec<Arc<dyn TransportFactory>> = vec![Arc::new(TcpFactory(config.tcp))];
     #[cfg(target_os = "linux")]
-    all.push(Arc::new(crate::transports::shm::ShmFactory {
-        io_threads: config.io_threads,
-    }));
+    all.push(Arc::new(crate::transports::shm::ShmFactory));
     all.extend(config.extra_transports.iter().cloned());
     all.into_iter()
         .map(

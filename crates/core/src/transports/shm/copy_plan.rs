@@ -11,10 +11,15 @@
 //! - **handed off**: the same jobs left to the copy threads whole, where more copies of the
 //!   same submission follow and the submitting thread copies those meanwhile.
 //!
+//! The machine decides how many cores a copy may use: one copy thread per core beside the
+//! submitting thread (at most [`MAX_COPY_THREADS`]), a large copy cut into as many jobs as
+//! there are cores to take them (no smaller than a core's share of the threshold), and no
+//! more copiers on a copy larger than the caches than fill the memory's bandwidth.
+//!
 //! A split copy (shared or handed off) is made inline after all when other submitting
-//! threads copying large blocks already keep every core busy, and the submitting thread may
-//! copy it whole ([`CopyPolicy::inline_after_all`]): a copy thread would only take turns
-//! with them.
+//! threads copying large blocks already keep every core busy, or the memory's bandwidth,
+//! and the submitting thread may copy it whole ([`CopyPolicy::inline_after_all`]): a copy
+//! thread would only take turns with them.
 //!
 //! Pure: the machine is measured once by the transport ([`Machine`]), the request described
 //! by the submitting thread ([`CopyRequest`]), and how many other threads copy large blocks
@@ -32,9 +37,10 @@ pub(super) struct Machine {
     /// Bytes per nanosecond one core copies within its own cache (`copy_speed`); `None`
     /// where it could not be measured.
     pub(super) copy_rate: Option<f64>,
-    /// The engine's I/O threads (`EngineConfig::io_threads`): how many copy threads are
-    /// asked for.
-    pub(super) io_threads: usize,
+    /// Bytes per nanosecond all cores together copy from memory to memory (beyond their
+    /// caches); `None` where it is not known, and [`SATURATING_COPIERS_UNKNOWN`] copiers
+    /// are taken to fill it.
+    pub(super) memory_bandwidth: Option<f64>,
 }
 
 /// Who waits for a copy's task.
@@ -79,6 +85,9 @@ pub(super) struct Split {
     pub(super) own_bytes: u64,
     /// Whether the whole copy is within `own_bytes`.
     fits_own: bool,
+    /// Larger than the caches: its copiers share the memory's bandwidth with every other
+    /// large copy's.
+    memory_bound: bool,
 }
 
 /// What a Promise's submitting thread copies itself: a copy up to this size runs on it as
@@ -86,12 +95,12 @@ pub(super) struct Split {
 /// it copies this much and leaves the rest to the copy threads.
 const INLINE_COPY_MAX: u64 = 1 << 20;
 /// The same for a polled task's submitting thread, which waits for the copy anyway: it
-/// copies this much of a request itself, beside the copy threads.
+/// copies this much of a request itself, beside the copy threads. A copy larger than the
+/// caches it copies whole if no copy thread comes ([`own_bytes`]).
 const POLLED_INLINE_COPY_MAX: u64 = 8 << 20;
 
-/// The largest job of a split plain copy: copies up to twice this size are cut in two
-/// halves, larger ones into jobs of this size that the submitting thread and the copy
-/// threads take in turn.
+/// The largest job of a split plain copy: a copy is cut into as many jobs as cores may
+/// take it, none larger than this, so that the cores that come late still find some.
 const CHUNK: u64 = 512 << 10;
 
 /// Plain copies up to this size are never shared: a hand-off costs a good part of their
@@ -121,8 +130,18 @@ const GATHER_SHARE_MIN: u64 = 128 << 10;
 /// still finds some left, large enough that taking one costs nothing next to copying it.
 const GATHER_RUN: u64 = 64 << 10;
 
-/// Copy threads at most, however many I/O threads the engine runs.
+/// Copy threads at most, however many cores: past this many, a single copy's jobs are
+/// shorter than a wake-up, and the memory's bandwidth is full long before.
 const MAX_COPY_THREADS: usize = 8;
+
+/// A copy larger than this many L2s (and than [`MEMORY_BOUND_MIN`]) comes from and goes to
+/// the shared cache or memory: its rate is the memory's, shared by every core copying.
+const MEMORY_BOUND_L2S: u64 = 4;
+/// The least size of a copy bound by the memory, whatever the L2.
+const MEMORY_BOUND_MIN: u64 = 4 << 20;
+/// How many cores copying fill the memory's bandwidth where it is not measured: one core
+/// streams about a quarter of a server socket's bandwidth or more.
+const SATURATING_COPIERS_UNKNOWN: usize = 4;
 
 /// A thread that copied a large block (one split) within this long is counted as keeping
 /// its core busy (`large_copiers`).
@@ -134,6 +153,10 @@ pub(super) struct CopyPolicy {
     cores: usize,
     copy_threads: usize,
     plain_share_min: u64,
+    /// Copies larger than this are bound by the memory's bandwidth.
+    memory_bound_min: u64,
+    /// Copiers that fill the memory's bandwidth.
+    saturating_copiers: usize,
 }
 
 impl CopyPolicy {
@@ -141,8 +164,10 @@ impl CopyPolicy {
     pub(super) fn new(machine: &Machine) -> Self {
         Self {
             cores: machine.cores,
-            copy_threads: copy_thread_count(machine.io_threads, machine.cores),
-            plain_share_min: plain_share_min(machine.l2, machine.copy_rate),
+            copy_threads: copy_thread_count(machine.cores),
+            plain_share_min: plain_share_min(machine.cores, machine.l2, machine.copy_rate),
+            memory_bound_min: memory_bound_min(machine.l2),
+            saturating_copiers: saturating_copiers(machine.memory_bandwidth, machine.copy_rate),
         }
     }
 
@@ -160,39 +185,63 @@ impl CopyPolicy {
     pub(super) fn plan(&self, copy: &CopyRequest) -> Plan {
         let polled = copy.caller == Caller::Polled;
         let (shared, job) = if copy.gathered {
-            (copy.length > GATHER_SHARE_MIN, GATHER_RUN)
+            (copy.length > GATHER_SHARE_MIN && self.cores > 1, GATHER_RUN)
         } else {
-            (copy.length > self.plain_share_min, plain_job(copy.length))
+            (
+                copy.length > self.plain_share_min,
+                self.plain_job(copy.length),
+            )
         };
         let hand_off = hands_off(copy.length, copy.more_follow, self.copy_threads, polled);
         if !(shared || hand_off) {
             return Plan::Inline;
         }
-        let own_bytes = match (hand_off, copy.caller) {
-            (true, _) => 0,
-            (false, Caller::Polled) => POLLED_INLINE_COPY_MAX,
-            (false, Caller::Promise) => INLINE_COPY_MAX,
-        };
+        let memory_bound = copy.length > self.memory_bound_min;
+        let own_bytes = own_bytes(hand_off, copy.caller, memory_bound);
         Plan::Split(Split {
             job,
             own_bytes,
             fits_own: copy.length <= own_bytes,
+            memory_bound,
         })
     }
 
     /// Whether `split` is copied inline after all, with `other_copiers` other threads that
     /// copied a large block within [`BUSY_WINDOW`]: where those and this one take every
-    /// core, a copy thread would only take turns with them, so a copy the submitting thread
-    /// may make whole it makes alone.
+    /// core, or fill the memory's bandwidth with a copy larger than the caches, a copy
+    /// thread would only take turns with them, so a copy the submitting thread may make
+    /// whole it makes alone.
     pub(super) fn inline_after_all(&self, split: &Split, other_copiers: usize) -> bool {
-        split.fits_own && cores_taken(other_copiers, self.cores)
+        let saturated = split.memory_bound && other_copiers + 1 >= self.saturating_copiers;
+        split.fits_own && (cores_taken(other_copiers, self.cores) || saturated)
     }
 
-    /// How many copy threads are asked to help with a split copy of `jobs` jobs: all of
-    /// them, but no more than there are jobs, and at least one (a helper that finds none
-    /// left returns at once).
-    pub(super) fn helpers(&self, jobs: usize) -> usize {
-        self.copy_threads.min(jobs).max(1)
+    /// How many copy threads are asked to help with a split copy of `jobs` jobs, with
+    /// `other_copiers` other threads copying large blocks: all of them, but no more than
+    /// there are jobs the submitting thread leaves, nor, on a copy larger than the caches,
+    /// than fill the memory's bandwidth beside the others; and at least one (a helper that
+    /// finds none left returns at once).
+    pub(super) fn helpers(&self, split: &Split, jobs: usize, other_copiers: usize) -> usize {
+        let submitter_copies = usize::from(split.own_bytes > 0);
+        let mut helpers = self.copy_threads.min(jobs.saturating_sub(submitter_copies));
+        if split.memory_bound {
+            let room = self
+                .saturating_copiers
+                .saturating_sub(other_copiers + submitter_copies);
+            helpers = helpers.min(room);
+        }
+        helpers.max(1)
+    }
+
+    /// The size of the jobs a split plain copy of `len` bytes is cut into: as many as the
+    /// submitting thread and every copy thread may take, but none smaller than half the
+    /// sharing threshold (a job takes a core a few microseconds at least, more than taking
+    /// it costs) and none larger than [`CHUNK`]; at least two halves (page-aligned).
+    fn plain_job(&self, len: u64) -> u64 {
+        let min_job = (self.plain_share_min / 2).max(4096);
+        let takers = self.copy_threads as u64 + 1;
+        let pieces = (len / min_job).clamp(2, takers.max(2));
+        len.div_ceil(pieces).next_multiple_of(4096).min(CHUNK)
     }
 }
 
@@ -202,17 +251,28 @@ pub(super) fn cores_taken(other_copiers: usize, cores: usize) -> bool {
     other_copiers + 1 >= cores
 }
 
-/// How many copy threads serve the split copies: as many as the engine's I/O threads (at
-/// most [`MAX_COPY_THREADS`]), but no more than leave a core to the submitting thread. A
-/// copy thread beyond that has no core of its own: it only takes turns with the threads
-/// that copy, a third runnable thread on every shared copy of a 2-core machine (woken each
-/// time the first let go of the queue, only to find it taken again). Always one, even on
-/// one core: a copy thread that wakes late only finds less to copy.
-fn copy_thread_count(io_threads: usize, cores: usize) -> usize {
-    io_threads
-        .clamp(1, MAX_COPY_THREADS)
-        .min(cores.saturating_sub(1))
-        .max(1)
+/// How many copy threads serve the split copies: one per core beside the submitting
+/// thread's (at most [`MAX_COPY_THREADS`]). A copy thread beyond that has no core of its
+/// own: it only takes turns with the threads that copy, a third runnable thread on every
+/// shared copy of a 2-core machine (woken each time the first let go of the queue, only to
+/// find it taken again). Always one, even on one core: a Promise's large copies are handed
+/// to it, off the JS thread.
+fn copy_thread_count(cores: usize) -> usize {
+    cores.saturating_sub(1).clamp(1, MAX_COPY_THREADS)
+}
+
+/// What the submitting thread copies itself of a split copy: none of one handed off; of a
+/// Promise's, what a JS thread may be kept for; of a polled one larger than the caches,
+/// all that no copy thread takes first (the copy threads may all be busy with others' and
+/// the memory full: waiting for them would only leave this core idle); of another polled
+/// one, [`POLLED_INLINE_COPY_MAX`].
+fn own_bytes(hand_off: bool, caller: Caller, memory_bound: bool) -> u64 {
+    match (hand_off, caller) {
+        (true, _) => 0,
+        (false, Caller::Promise) => INLINE_COPY_MAX,
+        (false, Caller::Polled) if memory_bound => u64::MAX,
+        (false, Caller::Polled) => POLLED_INLINE_COPY_MAX,
+    }
 }
 
 /// Plain copies above this size are split. A copy is split once it is too large for one
@@ -223,26 +283,49 @@ fn copy_thread_count(io_threads: usize, cores: usize) -> usize {
 /// - above what one core copies in [`SHARE_COPY_TIME`] at its cache speed: a shorter copy
 ///   gains less from a second core than the hand-off costs. The size alone does not tell
 ///   it: a large L2 with a slow core reaches the time well before the size.
-fn plain_share_min(l2: Option<u64>, copy_rate: Option<f64>) -> u64 {
+///
+/// On one core nothing is shared: a copy thread there only takes turns with the copier.
+fn plain_share_min(cores: usize, l2: Option<u64>, copy_rate: Option<f64>) -> u64 {
+    if cores < 2 {
+        return u64::MAX;
+    }
     let by_size = l2.map_or(PLAIN_SHARE_MIN_UNKNOWN_L2, |l2| {
         (l2 / 4).clamp(MIN_SHARE_MIN, MAX_SHARE_MIN)
     });
-    // A rate that is not a positive number tells nothing: the L2's size decides alone.
-    let by_time =
-        copy_rate
-            .filter(|r| r.is_finite() && *r > 0.0)
-            .map_or(u64::MAX, |bytes_per_ns| {
-                // The largest power of two copied within the time (`as` saturates).
-                let bytes = (bytes_per_ns * SHARE_COPY_TIME.as_nanos() as f64) as u64;
-                bytes.checked_ilog2().map_or(0, |log| 1 << log)
-            });
-    by_size.min(by_time).max(MIN_SHARE_MIN)
+    by_size.min(by_time(copy_rate)).max(MIN_SHARE_MIN)
 }
 
-/// The size of the jobs a split plain copy of `len` bytes is cut into: two halves up to
-/// `2 × CHUNK` (page-aligned), `CHUNK`s beyond.
-fn plain_job(len: u64) -> u64 {
-    len.div_ceil(2).next_multiple_of(4096).min(CHUNK)
+/// The largest power of two one core copies within [`SHARE_COPY_TIME`] at `copy_rate`;
+/// no bound where the rate is not a positive number (it tells nothing).
+fn by_time(copy_rate: Option<f64>) -> u64 {
+    copy_rate
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .map_or(u64::MAX, |bytes_per_ns| {
+            // `as` saturates.
+            let bytes = (bytes_per_ns * SHARE_COPY_TIME.as_nanos() as f64) as u64;
+            bytes.checked_ilog2().map_or(0, |log| 1 << log)
+        })
+}
+
+/// Copies above this size are bound by the memory: beyond [`MEMORY_BOUND_L2S`] L2s, and
+/// never below [`MEMORY_BOUND_MIN`].
+fn memory_bound_min(l2: Option<u64>) -> u64 {
+    l2.map_or(MEMORY_BOUND_MIN, |l2| {
+        l2.saturating_mul(MEMORY_BOUND_L2S).max(MEMORY_BOUND_MIN)
+    })
+}
+
+/// How many cores copying fill the memory's bandwidth: the bandwidth over what one core
+/// copies at most (its rate within its cache; beyond it a core copies no faster), rounded
+/// up, and at least two (a copy larger than the caches always may take a second core).
+/// [`SATURATING_COPIERS_UNKNOWN`] where either figure is not a positive number.
+fn saturating_copiers(memory_bandwidth: Option<f64>, copy_rate: Option<f64>) -> usize {
+    let positive = |r: Option<f64>| r.filter(|r| r.is_finite() && *r > 0.0);
+    match (positive(memory_bandwidth), positive(copy_rate)) {
+        // `as` saturates.
+        (Some(bandwidth), Some(rate)) => ((bandwidth / rate).ceil() as usize).max(2),
+        _ => SATURATING_COPIERS_UNKNOWN,
+    }
 }
 
 /// Whether a copy of `length` bytes is handed to the copy threads whole ([`HAND_OFF_MIN`]):
@@ -268,7 +351,7 @@ mod tests {
             cores,
             l2,
             copy_rate,
-            io_threads: 2,
+            memory_bandwidth: None,
         }
     }
 
@@ -293,29 +376,187 @@ mod tests {
         }
     }
 
-    #[test]
-    fn copy_threads_leave_a_core_to_the_submitting_thread() {
-        // The default (2 I/O threads) on 2 cores: one copy thread, none taking turns with it.
-        assert_eq!(copy_thread_count(2, 2), 1);
-        assert_eq!(copy_thread_count(2, 8), 2);
-        assert_eq!(copy_thread_count(8, 4), 3);
-        // Always one, even on one core (a copy thread that wakes late only finds less).
-        assert_eq!(copy_thread_count(2, 1), 1);
-        assert_eq!(copy_thread_count(0, 16), 1);
+    /// How many threads copy a plain copy of `length` bytes of a lone polled thread with
+    /// `others` other threads copying large blocks: 1 inline, else the submitting thread
+    /// and its helpers.
+    fn copiers(policy: &CopyPolicy, length: u64, others: usize) -> usize {
+        match policy.plan(&plain(length, Caller::Polled)) {
+            Plan::Inline => 1,
+            Plan::Split(s) if policy.inline_after_all(&s, others) => 1,
+            Plan::Split(s) => {
+                let jobs = usize::try_from(length.div_ceil(s.job)).expect("jobs");
+                1 + policy.helpers(&s, jobs, others)
+            }
+        }
+    }
+
+    /// The default tebench sweep: 4 KiB to 64 MiB, doubling.
+    fn sweep() -> impl Iterator<Item = u64> {
+        (12..=26).map(|log| 1u64 << log)
     }
 
     #[test]
-    fn copy_threads_are_at_most_eight_whatever_the_io_threads() {
-        assert_eq!(copy_thread_count(8, 64), 8);
-        assert_eq!(copy_thread_count(9, 64), 8);
-        assert_eq!(copy_thread_count(64, 64), 8);
-        assert_eq!(copy_thread_count(64, 16), 8);
-        assert_eq!(copy_thread_count(64, 2), 1);
-        let big = Machine {
-            io_threads: 64,
-            ..machine(64, Some(2 * MIB), None)
+    fn copy_threads_are_one_per_core_beside_the_submitting_thread() {
+        // 2 cores: one copy thread, none taking turns with it.
+        assert_eq!(copy_thread_count(2), 1);
+        assert_eq!(copy_thread_count(4), 3);
+        assert_eq!(copy_thread_count(8), 7);
+        // Always one, even on one core (a Promise's large copies leave the JS thread).
+        assert_eq!(copy_thread_count(1), 1);
+        assert_eq!(copy_thread_count(0), 1);
+        for cores in [2, 8, 16, 64] {
+            let policy = CopyPolicy::new(&machine(cores, Some(2 * MIB), Some(39.0)));
+            assert_eq!(policy.copy_threads(), (cores - 1).min(8), "{cores} cores");
+        }
+    }
+
+    #[test]
+    fn copy_threads_are_at_most_eight_whatever_the_cores() {
+        assert_eq!(copy_thread_count(9), 8);
+        assert_eq!(copy_thread_count(16), 8);
+        assert_eq!(copy_thread_count(64), 8);
+        assert_eq!(
+            CopyPolicy::new(&machine(64, Some(2 * MIB), None)).copy_threads(),
+            8
+        );
+    }
+
+    #[test]
+    fn one_threads_megabyte_takes_at_least_four_cores_on_eight_or_more() {
+        // A lone thread's 1 MiB copy is cut for the idle cores: at least four copy it, so
+        // it runs at twice one core's memcpy or more.
+        for cores in [8, 16, 64] {
+            for (l2, rate) in [
+                (Some(2 * MIB), Some(39.0)),
+                (Some(MIB), Some(95.0)),
+                (None, None),
+            ] {
+                let policy = CopyPolicy::new(&machine(cores, l2, rate));
+                let s = split(policy.plan(&plain(MIB, Caller::Polled)));
+                let jobs = usize::try_from(MIB.div_ceil(s.job)).expect("jobs");
+                assert!(jobs >= 4, "{cores} cores {l2:?} {rate:?}: {jobs} jobs");
+                assert!(
+                    copiers(&policy, MIB, 0) >= 4,
+                    "{cores} cores {l2:?} {rate:?}"
+                );
+                assert!(!policy.inline_after_all(&s, 0));
+            }
+        }
+        // 2 cores: halves, as before.
+        let two = CopyPolicy::new(&machine(2, Some(2 * MIB), Some(39.0)));
+        assert_eq!(split(two.plan(&plain(MIB, Caller::Polled))).job, CHUNK);
+        assert_eq!(copiers(&two, MIB, 0), 2);
+    }
+
+    #[test]
+    fn jobs_are_no_smaller_than_half_the_threshold() {
+        // 16 cores, threshold 128 KiB: a copy just above it is halved, not cut in 9.
+        let sixteen = CopyPolicy::new(&machine(16, Some(2 * MIB), Some(39.0)));
+        assert_eq!(sixteen.plain_share_min(), 128 * KIB);
+        assert_eq!(sixteen.plain_job(128 * KIB + 4096), 68 * KIB);
+        assert_eq!(sixteen.plain_job(256 * KIB), 64 * KIB);
+        // As many as the cores take, then chunks.
+        assert_eq!(sixteen.plain_job(MIB), 116 * KIB);
+        assert_eq!(sixteen.plain_job(64 * MIB), CHUNK);
+        for len in sweep() {
+            let job = sixteen.plain_job(len);
+            assert!(job >= 64 * KIB || len < 128 * KIB, "{len}: {job}");
+            assert!(job <= CHUNK && job % 4096 == 0, "{len}: {job}");
+        }
+    }
+
+    #[test]
+    fn copiers_stop_where_the_memory_bandwidth_is_full() {
+        // 16 cores, 2 MiB L2s, 25 bytes/ns a core, 47 bytes/ns of memory: two copiers fill
+        // it. A lone 16 MiB copy takes two cores, not nine.
+        let measured = Machine {
+            memory_bandwidth: Some(47.0),
+            ..machine(16, Some(2 * MIB), Some(25.0))
         };
-        assert_eq!(CopyPolicy::new(&big).copy_threads(), 8);
+        let policy = CopyPolicy::new(&measured);
+        assert_eq!(copiers(&policy, 16 * MIB, 0), 2);
+        // With others copying large blocks, the submitting thread copies alone: the same
+        // rate, and no copy thread taking turns with the others'.
+        for others in [1, 3, 7] {
+            assert_eq!(copiers(&policy, 16 * MIB, others), 1, "{others} others");
+            assert_eq!(copiers(&policy, 64 * MIB, others), 1, "{others} others");
+        }
+        // A copy within the caches still takes the idle cores.
+        assert!(copiers(&policy, MIB, 0) >= 4);
+        // Bandwidth unknown: four copiers in all.
+        let estimated = CopyPolicy::new(&machine(16, Some(2 * MIB), Some(25.0)));
+        assert_eq!(copiers(&estimated, 16 * MIB, 0), 4);
+        assert_eq!(copiers(&estimated, 16 * MIB, 1), 3);
+        assert_eq!(copiers(&estimated, 16 * MIB, 3), 1);
+        assert_eq!(copiers(&estimated, 16 * MIB, 7), 1);
+        // 64 cores: the same cap, whatever the copy threads.
+        let wide = CopyPolicy::new(&machine(64, None, None));
+        assert_eq!(copiers(&wide, 64 * MIB, 0), 4);
+        assert_eq!(copiers(&wide, 64 * MIB, 3), 1);
+    }
+
+    #[test]
+    fn copies_larger_than_the_caches_are_bound_by_memory() {
+        assert_eq!(memory_bound_min(Some(2 * MIB)), 8 * MIB);
+        assert_eq!(memory_bound_min(Some(512 * KIB)), 4 * MIB);
+        assert_eq!(memory_bound_min(None), 4 * MIB);
+        assert_eq!(memory_bound_min(Some(u64::MAX)), u64::MAX);
+        assert_eq!(saturating_copiers(Some(47.0), Some(25.0)), 2);
+        assert_eq!(saturating_copiers(Some(200.0), Some(25.0)), 8);
+        assert_eq!(saturating_copiers(Some(10.0), Some(25.0)), 2);
+        for nonsense in [
+            None,
+            Some(0.0),
+            Some(-1.0),
+            Some(f64::NAN),
+            Some(f64::INFINITY),
+        ] {
+            assert_eq!(saturating_copiers(nonsense, Some(25.0)), 4);
+            assert_eq!(saturating_copiers(Some(47.0), nonsense), 4);
+        }
+    }
+
+    #[test]
+    fn a_lone_thread_never_gets_fewer_copiers_for_a_larger_copy_within_the_caches() {
+        // No step down along the sweep (a dip's cause) until the memory bounds the copy.
+        for cores in [2, 8, 16, 64] {
+            for (l2, rate) in [
+                (Some(2 * MIB), Some(39.0)),
+                (Some(MIB), Some(95.0)),
+                (None, None),
+            ] {
+                let policy = CopyPolicy::new(&machine(cores, l2, rate));
+                let mut last = 1;
+                for len in sweep().filter(|&len| len <= memory_bound_min(l2)) {
+                    let now = copiers(&policy, len, 0);
+                    assert!(
+                        now >= last,
+                        "{cores} cores {l2:?}: {len} takes {now} < {last}"
+                    );
+                    last = now;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_core_shares_nothing() {
+        let one = CopyPolicy::new(&machine(1, Some(MIB), Some(39.0)));
+        assert_eq!(one.plain_share_min(), u64::MAX);
+        for len in sweep() {
+            assert_eq!(one.plan(&plain(len, Caller::Polled)), Plan::Inline);
+            let gather = CopyRequest {
+                gathered: true,
+                ..plain(len, Caller::Polled)
+            };
+            assert_eq!(one.plan(&gather), Plan::Inline);
+        }
+        // A Promise's batch still leaves the JS thread.
+        let batch = CopyRequest {
+            more_follow: true,
+            ..plain(MIB, Caller::Promise)
+        };
+        assert!(handed_off(&split(one.plan(&batch))));
     }
 
     #[test]
@@ -334,55 +575,59 @@ mod tests {
     }
 
     #[test]
-    fn plain_copies_are_halved_up_to_two_chunks_then_cut_in_chunks() {
-        assert_eq!(plain_job(256 << 10), 128 << 10);
-        assert_eq!(plain_job((256 << 10) + 1), (128 << 10) + 4096);
-        assert_eq!(plain_job(1 << 20), CHUNK);
-        assert_eq!(plain_job(8 << 20), CHUNK);
+    fn plain_copies_on_two_cores_are_halved_up_to_two_chunks_then_cut_in_chunks() {
+        let two = CopyPolicy::new(&machine(2, Some(MIB), Some(95.0)));
+        assert_eq!(two.plain_job(256 << 10), 128 << 10);
+        assert_eq!(two.plain_job((256 << 10) + 1), (128 << 10) + 4096);
+        assert_eq!(two.plain_job(1 << 20), CHUNK);
+        assert_eq!(two.plain_job(8 << 20), CHUNK);
     }
 
     #[test]
     fn copies_are_shared_above_a_quarter_of_the_l2() {
-        assert_eq!(plain_share_min(Some(512 << 10), None), 128 << 10);
-        assert_eq!(plain_share_min(Some(1 << 20), None), 256 << 10);
-        assert_eq!(plain_share_min(Some(2 << 20), None), 512 << 10);
+        let share_min = |l2| plain_share_min(2, l2, None);
+        assert_eq!(share_min(Some(512 << 10)), 128 << 10);
+        assert_eq!(share_min(Some(1 << 20)), 256 << 10);
+        assert_eq!(share_min(Some(2 << 20)), 512 << 10);
         // Bounded either way, and a default where the size is unknown.
-        assert_eq!(plain_share_min(Some(32 << 10), None), 64 << 10);
-        assert_eq!(plain_share_min(Some(64 << 20), None), 1 << 20);
-        assert_eq!(plain_share_min(None, None), PLAIN_SHARE_MIN_UNKNOWN_L2);
+        assert_eq!(share_min(Some(32 << 10)), 64 << 10);
+        assert_eq!(share_min(Some(64 << 20)), 1 << 20);
+        assert_eq!(share_min(None), PLAIN_SHARE_MIN_UNKNOWN_L2);
     }
 
     #[test]
     fn copies_are_shared_above_what_a_core_copies_in_six_microseconds() {
+        let share_min = |l2, rate| plain_share_min(16, l2, rate);
         // The machines measured (bytes per ns within the L2): a Xeon with 2 MiB L2s shares
         // above 128 KiB where the L2's size alone said 512 KiB, whether its probe reads
         // 25 or 40; a Zen 5 core, fast enough to copy 256 KiB alone, keeps the L2's
         // threshold; so does a Zen 3.
-        assert_eq!(plain_share_min(Some(2 << 20), Some(39.0)), 128 << 10);
-        assert_eq!(plain_share_min(Some(2 << 20), Some(25.0)), 128 << 10);
-        assert_eq!(plain_share_min(Some(2 << 20), Some(44.0)), 256 << 10);
-        assert_eq!(plain_share_min(Some(1 << 20), Some(95.0)), 256 << 10);
-        assert_eq!(plain_share_min(Some(512 << 10), Some(35.0)), 128 << 10);
+        assert_eq!(share_min(Some(2 << 20), Some(39.0)), 128 << 10);
+        assert_eq!(share_min(Some(2 << 20), Some(25.0)), 128 << 10);
+        assert_eq!(share_min(Some(2 << 20), Some(44.0)), 256 << 10);
+        assert_eq!(share_min(Some(1 << 20), Some(95.0)), 256 << 10);
+        assert_eq!(share_min(Some(512 << 10), Some(35.0)), 128 << 10);
         // Whatever the rate, never below 64 KiB; a rate that is no positive number counts
         // as none; unknown L2 and a fast core: the default.
-        assert_eq!(plain_share_min(Some(2 << 20), Some(1.0)), 64 << 10);
+        assert_eq!(share_min(Some(2 << 20), Some(1.0)), 64 << 10);
         for nonsense in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            assert_eq!(plain_share_min(Some(2 << 20), Some(nonsense)), 512 << 10);
+            assert_eq!(share_min(Some(2 << 20), Some(nonsense)), 512 << 10);
         }
-        assert_eq!(plain_share_min(None, Some(1e6)), PLAIN_SHARE_MIN_UNKNOWN_L2);
+        assert_eq!(share_min(None, Some(1e6)), PLAIN_SHARE_MIN_UNKNOWN_L2);
     }
 
     #[test]
     fn the_rate_threshold_is_a_power_of_two_at_its_edges() {
+        let share_min = |l2, rate| plain_share_min(2, l2, rate);
         // 256 KiB in 6 µs is 43.69 bytes per ns: a core a hair faster shares above
         // 256 KiB, a hair slower above 128 KiB.
-        assert_eq!(plain_share_min(Some(64 * MIB), Some(43.7)), 256 * KIB);
-        assert_eq!(plain_share_min(Some(64 * MIB), Some(43.6)), 128 * KIB);
+        assert_eq!(share_min(Some(64 * MIB), Some(43.7)), 256 * KIB);
+        assert_eq!(share_min(Some(64 * MIB), Some(43.6)), 128 * KIB);
         // A quarter of the L2 at its clamp edges.
-        assert_eq!(plain_share_min(Some(256 * KIB), None), 64 * KIB);
-        assert_eq!(plain_share_min(Some(256 * KIB + 4), None), 64 * KIB + 1);
-        assert_eq!(plain_share_min(Some(4 * MIB), None), MIB);
-        assert_eq!(plain_share_min(Some(4 * MIB + 4), None), MIB);
+        assert_eq!(share_min(Some(256 * KIB), None), 64 * KIB);
+        assert_eq!(share_min(Some(256 * KIB + 4), None), 64 * KIB + 1);
+        assert_eq!(share_min(Some(4 * MIB), None), MIB);
+        assert_eq!(share_min(Some(4 * MIB + 4), None), MIB);
     }
 
     #[test]
@@ -398,11 +643,15 @@ mod tests {
             assert!(!handed_off(&s));
         }
         // What the submitting thread copies itself: 8 MiB of a polled copy, 1 MiB of a
-        // Promise's.
+        // Promise's; all of a polled copy larger than the caches.
         let polled = split(policy.plan(&plain(MIB, Caller::Polled)));
         let promised = split(policy.plan(&plain(MIB, Caller::Promise)));
         assert_eq!((polled.own_bytes, promised.own_bytes), (8 * MIB, MIB));
         assert_eq!((polled.job, promised.job), (CHUNK, CHUNK));
+        let large = split(policy.plan(&plain(16 * MIB, Caller::Polled)));
+        assert_eq!(large.own_bytes, u64::MAX);
+        let large = split(policy.plan(&plain(16 * MIB, Caller::Promise)));
+        assert_eq!(large.own_bytes, MIB);
     }
 
     #[test]
@@ -438,9 +687,9 @@ mod tests {
         assert_eq!(s.job, 192 * KIB);
         // Above the threshold a polled batch's copy is shared, not handed off.
         assert!(!handed_off(&split(two.plan(&batch(MIB, Caller::Polled)))));
-        // 16 cores, two copy threads: handed off either way, above 256 KiB only.
+        // 16 cores, several copy threads: handed off either way, above 256 KiB only.
         let sixteen = CopyPolicy::new(&machine(16, Some(2 * MIB), None));
-        assert_eq!(sixteen.copy_threads(), 2);
+        assert_eq!(sixteen.copy_threads(), 8);
         for caller in [Caller::Polled, Caller::Promise] {
             assert_eq!(sixteen.plan(&batch(HAND_OFF_MIN, caller)), Plan::Inline);
             assert!(handed_off(&split(
@@ -460,10 +709,8 @@ mod tests {
         // A copy above what the submitting thread copies itself is split anyway.
         let larger = split(two.plan(&plain(mb(1) + 1, Caller::Promise)));
         assert!(!two.inline_after_all(&larger, 1));
-        let polled = split(two.plan(&plain(mb(8), Caller::Polled)));
+        let polled = split(two.plan(&plain(mb(4), Caller::Polled)));
         assert!(two.inline_after_all(&polled, 1));
-        let polled = split(two.plan(&plain(mb(8) + 1, Caller::Polled)));
-        assert!(!two.inline_after_all(&polled, 1));
         // A handed-off copy is never made inline.
         let handed = split(two.plan(&CopyRequest {
             more_follow: true,
@@ -475,35 +722,44 @@ mod tests {
         let s = split(sixteen.plan(&plain(mb(1), Caller::Promise)));
         assert!(!sixteen.inline_after_all(&s, 14));
         assert!(sixteen.inline_after_all(&s, 15));
-        // One core: always taken.
+        // One core: a Promise's batch copy is handed off, never made inline.
         let one = CopyPolicy::new(&machine(1, Some(MIB), None));
-        assert!(one.inline_after_all(&split(one.plan(&plain(mb(1), Caller::Polled))), 0));
+        let batch = split(one.plan(&CopyRequest {
+            more_follow: true,
+            ..plain(mb(1), Caller::Promise)
+        }));
+        assert!(!one.inline_after_all(&batch, 0));
     }
 
     #[test]
-    fn helpers_are_the_copy_threads_up_to_the_jobs() {
-        let sixty_four = CopyPolicy::new(&Machine {
-            io_threads: 16,
-            ..machine(64, None, None)
-        });
+    fn helpers_are_the_copy_threads_up_to_the_jobs_the_submitting_thread_leaves() {
+        let sixty_four = CopyPolicy::new(&machine(64, None, None));
         assert_eq!(sixty_four.copy_threads(), 8);
-        assert_eq!(sixty_four.helpers(2), 2);
-        assert_eq!(sixty_four.helpers(100), 8);
-        assert_eq!(sixty_four.helpers(0), 1);
+        let shared = split(sixty_four.plan(&plain(MIB, Caller::Polled)));
+        assert_eq!(sixty_four.helpers(&shared, 2, 0), 1);
+        assert_eq!(sixty_four.helpers(&shared, 100, 0), 8);
+        assert_eq!(sixty_four.helpers(&shared, 0, 0), 1);
+        let handed = split(sixty_four.plan(&CopyRequest {
+            more_follow: true,
+            ..plain(MIB, Caller::Polled)
+        }));
+        assert_eq!(sixty_four.helpers(&handed, 2, 0), 2);
         let two = CopyPolicy::new(&machine(2, None, None));
-        assert_eq!(two.helpers(16), 1);
+        let shared = split(two.plan(&plain(MIB, Caller::Polled)));
+        assert_eq!(two.helpers(&shared, 16, 0), 1);
     }
 
     #[test]
     fn thresholds_follow_the_machine() {
-        // (cores, L2, rate) → (plain threshold, copy threads with 2 I/O threads).
+        // (cores, L2, rate) → (plain threshold, copy threads).
         let cases = [
             (2, Some(512 * KIB), Some(35.0), 128 * KIB, 1),
             (2, Some(2 * MIB), Some(39.0), 128 * KIB, 1),
-            (16, Some(MIB), Some(95.0), 256 * KIB, 2),
-            (16, Some(2 * MIB), None, 512 * KIB, 2),
-            (64, Some(64 * MIB), None, MIB, 2),
-            (64, None, Some(200.0), 128 * KIB, 2),
+            (8, Some(2 * MIB), Some(39.0), 128 * KIB, 7),
+            (16, Some(MIB), Some(95.0), 256 * KIB, 8),
+            (16, Some(2 * MIB), None, 512 * KIB, 8),
+            (64, Some(64 * MIB), None, MIB, 8),
+            (64, None, Some(200.0), 128 * KIB, 8),
         ];
         for (cores, l2, rate, share_min, threads) in cases {
             let policy = CopyPolicy::new(&machine(cores, l2, rate));

@@ -91,19 +91,15 @@ pub struct ShmTransport {
 }
 
 impl ShmTransport {
-    /// A transport for the engine of `context`, which runs `io_threads` I/O threads.
-    fn new(context: TransportContext, io_threads: usize) -> Result<Arc<Self>> {
-        let machine = Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            l2: cpu_cache::l2_bytes(),
-            copy_rate: copy_speed::cached_copy_rate(),
-            io_threads,
-        };
+    /// A transport for the engine of `context`.
+    fn new(context: TransportContext) -> Result<Arc<Self>> {
+        let machine = this_machine();
         let policy = CopyPolicy::new(&machine);
         tracing::debug!(
             cores = machine.cores,
             l2 = machine.l2,
             copy_rate_bytes_per_ns = machine.copy_rate,
+            memory_bandwidth_bytes_per_ns = machine.memory_bandwidth,
             copy_threads = policy.copy_threads(),
             share_min = policy.plain_share_min(),
             "shm: plain copies above share_min bytes are shared with the copy threads"
@@ -315,10 +311,10 @@ impl ShmTransport {
                 Plan::Split(split) => {
                     // Every split copy counts as a large one, whether or not it stays inline.
                     let others = self.large_copiers.others_copying();
-                    (!self.policy.inline_after_all(&split, others)).then_some(split)
+                    (!self.policy.inline_after_all(&split, others)).then_some((split, others))
                 }
             };
-            let Some(split) = split else {
+            let Some((split, others)) = split else {
                 a.task.expect_slices(a.attempt, 1);
                 Copy {
                     task: &a.task,
@@ -351,7 +347,7 @@ impl ShmTransport {
             {
                 a.task.time_from_start(a.attempt, deadlines);
             }
-            let helpers = self.policy.helpers(shared.jobs());
+            let helpers = self.policy.helpers(&split, shared.jobs(), others);
             self.copy_threads.share(shared, split.own_bytes, helpers)
         })?
     }
@@ -367,12 +363,27 @@ fn copy_request(req: &ValidatedRequest, more_follow: bool, caller: Caller) -> Co
     }
 }
 
+/// What the copy plan reads of this machine: its cores, a core's L2, how fast one core
+/// copies (measured once per process); the memory's bandwidth is not measured (the plan
+/// estimates it).
+fn this_machine() -> Machine {
+    Machine {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        l2: cpu_cache::l2_bytes(),
+        copy_rate: copy_speed::cached_copy_rate(),
+        memory_bandwidth: None,
+    }
+}
+
+/// How many copy threads an shm transport runs on this machine (what operators see in a
+/// run's header): the copy plan's count, from the cores.
+pub fn copy_thread_count() -> usize {
+    CopyPolicy::new(&this_machine()).copy_threads()
+}
+
 /// Builds the shared-memory transport.
 #[derive(Debug, Clone, Copy)]
-pub struct ShmFactory {
-    /// The engine's I/O threads: the copy plan derives the copy threads from them.
-    pub io_threads: usize,
-}
+pub struct ShmFactory;
 
 impl TransportFactory for ShmFactory {
     fn kind(&self) -> TransportKind {
@@ -380,7 +391,7 @@ impl TransportFactory for ShmFactory {
     }
 
     fn build(&self, context: TransportContext) -> Result<Arc<dyn Transport>> {
-        Ok(ShmTransport::new(context, self.io_threads)?)
+        Ok(ShmTransport::new(context)?)
     }
 }
 
