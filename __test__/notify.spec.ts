@@ -207,8 +207,11 @@ test('a call that fails without failover notifies nothing; one that fails over m
 test('a write whose target dies mid-way fails with its own error and sends no notification', async (t) => {
   t.timeout(60_000)
   const target = await notifyTarget({ FERRY_PEER_TIMEOUT_MS: '1000' })
-  // Request 1 waits 3 s before shm gets it: request 0 has landed by then, the target is dead.
-  const engine = await Engine.create({ peerTimeoutMs: 1000, faults: [{ transport: 'shm', delayMs: 3000 }] })
+  // Request 1 is held before shm gets it for longer than the test may run: it cannot land
+  // before the target dies, however slow request 0 is; the loss fails it (the fault layer
+  // fails what it holds towards a lost peer). A delay of a few seconds raced request 0
+  // under load: both had landed when the loop below first looked.
+  const engine = await Engine.create({ peerTimeoutMs: 1000, faults: [{ transport: 'shm', delayMs: 600_000 }] })
   try {
     const seg = await engine.openSegment(target.segment)
     const src = engine.allocate(2 * MiB)

@@ -3,6 +3,7 @@
 //! delay submissions, and fail to install. Its random choices come from a seeded generator,
 //! so a test run is reproducible.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -66,6 +67,11 @@ pub struct FaultTransport {
     /// The engine's attempt deadlines (`None`: none), for the attempts a delay hands to a
     /// transport that times them from their start.
     deadlines: Option<Arc<Deadlines<Task>>>,
+    /// Attempts an injected delay still holds, by a number of their own: a peer lost
+    /// meanwhile fails them at once (`fail_peer`), as the real transport fails what it
+    /// holds towards a lost peer, instead of when the delay ends.
+    delayed: Arc<Mutex<HashMap<u64, Attempt>>>,
+    next_delayed: AtomicU64,
 }
 
 impl FaultTransport {
@@ -79,7 +85,22 @@ impl FaultTransport {
             submits: AtomicU64::new(0),
             rt,
             deadlines: None,
+            delayed: Arc::default(),
+            next_delayed: AtomicU64::new(0),
         }
+    }
+
+    /// Holds `attempts` for the delay; returns the numbers to take them back by.
+    fn hold(&self, attempts: Vec<Attempt>) -> Vec<u64> {
+        let mut delayed = self.delayed.lock().unwrap_or_else(|p| p.into_inner());
+        attempts
+            .into_iter()
+            .map(|a| {
+                let id = self.next_delayed.fetch_add(1, Ordering::Relaxed);
+                delayed.insert(id, a);
+                id
+            })
+            .collect()
     }
 
     fn draw(&self, rate: f64) -> bool {
@@ -142,8 +163,17 @@ impl Transport for FaultTransport {
             Some(delay) if !forward.is_empty() => {
                 let inner = self.inner.clone();
                 let requeued = self.deadlines.clone().filter(|_| inner.reports_starts());
+                let (held, ids) = (self.delayed.clone(), self.hold(forward));
                 self.rt.spawn(async move {
                     tokio::time::sleep(delay).await;
+                    // Those whose peer was lost meanwhile have been failed already.
+                    let forward: Vec<Attempt> = {
+                        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+                        ids.iter().filter_map(|id| held.remove(id)).collect()
+                    };
+                    if forward.is_empty() {
+                        return;
+                    }
                     if let Some(deadlines) = &requeued {
                         for a in &forward {
                             a.task.time_from_start(a.attempt, deadlines);
@@ -172,6 +202,18 @@ impl Transport for FaultTransport {
     }
 
     fn fail_peer(&self, peer: &Peer, error: Error) {
+        let towards_peer: Vec<Attempt> = {
+            let mut held = self.delayed.lock().unwrap_or_else(|p| p.into_inner());
+            let ids: Vec<u64> = held
+                .iter()
+                .filter(|(_, a)| a.task.request().peer.handle() == peer.handle())
+                .map(|(id, _)| *id)
+                .collect();
+            ids.iter().filter_map(|id| held.remove(id)).collect()
+        };
+        for a in towards_peer {
+            a.task.attempt_failed(a.attempt, error.clone());
+        }
         self.inner.fail_peer(peer, error)
     }
 

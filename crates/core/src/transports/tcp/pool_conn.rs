@@ -330,14 +330,20 @@ async fn conn_actor(
             inf.remote_engine = remote_engine;
         }
         conn.write_state().half = Some(half.clone());
+        let mut receiving = None;
         let (cause, stuck) = tokio::select! {
             _ = cancel.cancelled() => (Error::Closed, false),
-            e = read_loop(&conn, BufReader::with_capacity(IO_BUFFER, rd)) => (e, false),
+            e = read_loop(&conn, BufReader::with_capacity(IO_BUFFER, rd), &mut receiving) => (e, false),
             e = write_loop(&conn, &half) => (e, false),
             e = watch_stall(&conn, stuck_after) => (e, true),
         };
         let error = conn.error_for_break(cause);
         tracing::debug!(peer = conn.peer.name(), error = %error, stuck, "data connection ended");
+        // The reader has stopped (its future is gone): the reply it was taking in, off the
+        // books, fails with the connection now, not at its attempt deadline.
+        if let Some(slice) = receiving.take() {
+            slice.task.attempt_failed(slice.attempt, error.clone());
+        }
         {
             let mut st = conn.write_state();
             st.half = None;
@@ -453,7 +459,15 @@ async fn write_loop(conn: &PoolConn, half: &OwnedWriteHalf) -> Error {
     }
 }
 
-async fn read_loop(conn: &PoolConn, mut r: BufReader<OwnedReadHalf>) -> Error {
+/// Reads replies until the connection fails. A reply whose payload (or error text) is
+/// still coming keeps its slice in `receiving`, off the connection's books (`fail_all`
+/// no longer sees it, and must not: bytes may still land in it): when the connection
+/// breaks and this future is dropped mid-reply, the actor fails that slice.
+async fn read_loop(
+    conn: &PoolConn,
+    mut r: BufReader<OwnedReadHalf>,
+    receiving: &mut Option<Slice>,
+) -> Error {
     loop {
         let header = match read_header_bytes(&mut r).await {
             Ok(Some(bytes)) => bytes,
@@ -479,33 +493,42 @@ async fn read_loop(conn: &PoolConn, mut r: BufReader<OwnedReadHalf>) -> Error {
                 return error;
             }
         };
-        match reply {
-            Reply::Written => slice.task.slice_done(slice.attempt, slice.len),
-            Reply::Read { .. } => {
-                let mut dst = match slice.destination() {
-                    Ok(w) => w,
-                    Err(e) => {
-                        slice.task.attempt_failed(slice.attempt, e.clone());
-                        return e;
-                    }
-                };
-                if let Err(e) = r.read_exact(dst.as_mut_slice()).await {
-                    let err = Error::io("receive READ payload", &e);
-                    slice.task.attempt_failed(slice.attempt, err.clone());
-                    return err;
-                }
+        let slice = match reply {
+            Reply::Written => {
                 slice.task.slice_done(slice.attempt, slice.len);
+                continue;
             }
+            Reply::Read { .. } | Reply::Refused { .. } => receiving.insert(slice),
+        };
+        // Until the payload is in, the slice stays in `receiving`: `Ok(None)` when it
+        // landed, `Ok(Some(refusal))` when the target refused it, `Err` when the
+        // connection failed under it.
+        let outcome = match reply {
+            Reply::Written => Ok(None),
+            Reply::Read { .. } => match slice.destination() {
+                Err(e) => Err(e),
+                Ok(mut dst) => match r.read_exact(dst.as_mut_slice()).await {
+                    Ok(_) => Ok(None),
+                    Err(e) => Err(Error::io("receive READ payload", &e)),
+                },
+            },
             Reply::Refused { code, text_len } => {
                 let mut text = vec![0u8; text_len];
-                if let Err(e) = r.read_exact(&mut text).await {
-                    let err = Error::io("receive error text", &e);
-                    slice.task.attempt_failed(slice.attempt, err.clone());
-                    return err;
+                match r.read_exact(&mut text).await {
+                    Ok(_) => Ok(Some(reply::refusal(code, &text))),
+                    Err(e) => Err(Error::io("receive error text", &e)),
                 }
-                slice
-                    .task
-                    .attempt_failed(slice.attempt, reply::refusal(code, &text));
+            }
+        };
+        let Some(slice) = receiving.take() else {
+            continue;
+        };
+        match outcome {
+            Ok(None) => slice.task.slice_done(slice.attempt, slice.len),
+            Ok(Some(refusal)) => slice.task.attempt_failed(slice.attempt, refusal),
+            Err(e) => {
+                slice.task.attempt_failed(slice.attempt, e.clone());
+                return e;
             }
         }
     }
