@@ -364,8 +364,28 @@ fn pump(
 /// connection waiting forever.
 #[test]
 fn a_peer_whose_data_path_stops_answering_mid_list_ends_every_task_within_the_deadline() {
+    data_path_stops_answering_mid_list(None);
+}
+
+/// The same on 8 lanes, more than this machine's cores: the list starts (each lane's
+/// window of frames is answered in turn), and once the data path freezes every pending
+/// task still ends TIMEOUT within the deadline and a margin.
+#[test]
+fn a_peer_whose_data_path_stops_answering_on_eight_lanes_ends_every_task_within_the_deadline() {
+    data_path_stops_answering_mid_list(Some(8));
+}
+
+/// The stuck-peer check on `lanes` data connections per peer (the default without).
+fn data_path_stops_answering_mid_list(lanes: Option<usize>) {
     let _one = one_long_list_at_a_time();
-    within(Duration::from_secs(120), "stuck peer", || {
+    let config = move |deadline| {
+        let mut c = config(deadline);
+        if let Some(lanes) = lanes {
+            c.tcp.connections_per_peer = lanes;
+        }
+        c
+    };
+    within(Duration::from_secs(120), "stuck peer", move || {
         const N: u64 = 256 * 1024 + 1;
         const LEN: u64 = 1024;
         let deadline = Duration::from_millis(500);
