@@ -368,8 +368,11 @@ fn a_peer_whose_data_path_stops_answering_mid_list_ends_every_task_within_the_de
 }
 
 /// The same on 8 lanes, more than this machine's cores: the list starts (each lane's
-/// window of frames is answered in turn), and once the data path freezes every pending
-/// task still ends TIMEOUT within the deadline and a margin.
+/// window of frames is answered in turn; before, every lane's frames waited in the
+/// sockets past the deadline and the list ended before two tasks completed), and once
+/// the data path freezes every pending task still ends within the bound. A lane the pool
+/// opens after the freeze never gets its handshake answered: its work fails with the
+/// connect error within the connect timeout, set here within the bound.
 #[test]
 fn a_peer_whose_data_path_stops_answering_on_eight_lanes_ends_every_task_within_the_deadline() {
     data_path_stops_answering_mid_list(Some(8));
@@ -382,6 +385,7 @@ fn data_path_stops_answering_mid_list(lanes: Option<usize>) {
         let mut c = config(deadline);
         if let Some(lanes) = lanes {
             c.tcp.connections_per_peer = lanes;
+            c.tcp.connect_timeout = Duration::from_secs(1);
         }
         c
     };
@@ -427,7 +431,12 @@ fn data_path_stops_answering_mid_list(lanes: Option<usize>) {
             .iter()
             .filter(|s| s.status != TransferStatus::Completed)
         {
-            assert_eq!(s.status, TransferStatus::Timeout, "{s:?}");
+            let unanswered_handshake = lanes.is_some()
+                && s.status == TransferStatus::Failed
+                && matches!(s.error, Some(ferry_core::Error::Connect { .. }));
+            if !unanswered_handshake {
+                assert_eq!(s.status, TransferStatus::Timeout, "{s:?}");
+            }
         }
         assert!(
             took <= deadline + margin,

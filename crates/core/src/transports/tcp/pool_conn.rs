@@ -68,6 +68,16 @@ const WRITER_BATCH_BYTES: u64 = 1 << 20;
 /// One submission's slices for one connection (most often one slice: inline).
 pub(super) type Slices = SmallVec<[Slice; 1]>;
 
+/// What registering a slice came to.
+enum Registered {
+    /// In flight: its frame, to be written.
+    Frame(Frame),
+    /// Not yet: the window is full.
+    Held(Slice),
+    /// Not on this connection: it is closing, or the slice failed.
+    Refused(Slice),
+}
+
 struct Inflight {
     open: bool,
     /// The peer incarnation the open connection reached (its handshake's engine id).
@@ -153,26 +163,30 @@ impl PoolConn {
         self.write.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a slice as in flight and builds its frame, to be written at `now`; hands
-    /// the slice back if the connection is closing, or failed when it cannot go on it (a
-    /// payload outside its region, or a connection to another incarnation of the peer than
-    /// it was planned for).
-    fn register(&self, slice: Slice, now: &LazyNow) -> std::result::Result<Frame, Slice> {
+    /// Registers a slice as in flight and builds its frame, to be written at `now`, if
+    /// the window has room for it (else it is held back, and the writer woken once there
+    /// is room: `take`); refuses it if the connection is closing, or fails it when it
+    /// cannot go on it (a payload outside its region, or a connection to another
+    /// incarnation of the peer than it was planned for).
+    fn register(&self, slice: Slice, now: &LazyNow) -> Registered {
         let payload = match slice.payload() {
             Ok(w) => w,
             Err(e) => {
                 slice.task.attempt_failed(slice.attempt, e);
-                return Err(slice);
+                return Registered::Refused(slice);
             }
         };
         let mut inf = self.lock();
         if !inf.open {
-            return Err(slice);
+            return Registered::Refused(slice);
         }
         if let Err(e) = slice.check_incarnation(inf.remote_engine) {
             drop(inf);
             slice.task.attempt_failed(slice.attempt, e);
-            return Err(slice);
+            return Registered::Refused(slice);
+        }
+        if !inf.window.admit(slice.len) {
+            return Registered::Held(slice);
         }
         // Nothing is queued ahead of it on this connection any more.
         slice.going_out(now);
@@ -181,17 +195,11 @@ impl PoolConn {
         let id = inf.next_id;
         let header = slice.header(id);
         inf.slices.insert(id, slice);
-        Ok(Frame {
+        Registered::Frame(Frame {
             header,
             payload,
             written: 0,
         })
-    }
-
-    /// Whether the window has room to write `slice` now; if not, the writer is woken
-    /// once it has (`take`).
-    fn admits(&self, slice: &Slice) -> bool {
-        self.lock().window.admit(slice.len)
     }
 
     fn take(&self, id: u64) -> Option<Slice> {
@@ -248,16 +256,16 @@ impl PoolConn {
         let mut rest = slices.into_iter();
         let now = LazyNow::new();
         while let Some(slice) = rest.next() {
-            if !self.admits(&slice) {
-                // The window is full: this one and the rest wait for answers to make room.
-                waited = true;
-                unregistered.push_back(Queued::Fresh(slice));
-                unregistered.extend(rest.by_ref().map(Queued::Fresh));
-                break;
-            }
             match self.register(slice, &now) {
-                Ok(f) => frames.push(f),
-                Err(slice) => {
+                Registered::Frame(f) => frames.push(f),
+                Registered::Held(slice) => {
+                    // The window is full: this one and the rest wait for answers to make
+                    // room, written by the writer task.
+                    waited = true;
+                    unregistered.push_back(Queued::Fresh(slice));
+                    unregistered.extend(rest.by_ref().map(Queued::Fresh));
+                }
+                Registered::Refused(slice) => {
                     // Closing: the actor decides for this one and the rest (reconnect or
                     // fail); the registered ones are failed with the connection.
                     unregistered.push_back(Queued::Fresh(slice));
@@ -444,10 +452,7 @@ fn next_batch(conn: &PoolConn) -> Vec<Frame> {
     loop {
         let next = {
             let mut st = conn.write_state();
-            let full = frames.len() >= WRITER_BATCH
-                || bytes >= WRITER_BATCH_BYTES
-                || st.inline_busy
-                || matches!(st.queue.front(), Some(Queued::Fresh(s)) if !conn.admits(s));
+            let full = frames.len() >= WRITER_BATCH || bytes >= WRITER_BATCH_BYTES;
             let next = if full { None } else { st.take_for_writer() };
             st.writer_busy = next.is_some() || !frames.is_empty();
             next
@@ -460,8 +465,16 @@ fn next_batch(conn: &PoolConn) -> Vec<Frame> {
                     continue; // canceled, failed or failed over: do not spend bandwidth on it
                 }
                 match conn.register(slice, &now) {
-                    Ok(frame) => frame,
-                    Err(slice) => {
+                    Registered::Frame(frame) => frame,
+                    Registered::Held(slice) => {
+                        // The window is full: it stays first in the queue (the writer is
+                        // busy, so nothing went ahead of it) until answers make room.
+                        let mut st = conn.write_state();
+                        st.queue.push_front(Queued::Fresh(slice));
+                        st.writer_busy = !frames.is_empty();
+                        return frames;
+                    }
+                    Registered::Refused(slice) => {
                         let error = conn.error_for_break(Error::Io("connection closing".into()));
                         slice.task.attempt_failed(slice.attempt, error);
                         continue;
