@@ -13,6 +13,7 @@ mod reply;
 mod request;
 mod stall;
 mod stripe;
+mod window;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -158,6 +159,7 @@ impl TcpTransport {
                                 connect: self.config.connect_timeout,
                                 stuck_after: self.stuck_after,
                             },
+                            window::size(window::ASSUMED_LINK, self.config.slice_size),
                         )
                     })
                     .collect();

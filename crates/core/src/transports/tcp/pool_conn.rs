@@ -19,7 +19,10 @@
 //!
 //! Deadlines: the first slice of each share reports, as its frame is registered to go
 //! out, that its attempt started moving (`Task::started`), so an attempt is timed from
-//! there, not while it waits in the queue. What bounds that wait is `Stall`: a connection
+//! there, not while it waits in the queue. A frame is registered only while the
+//! connection's in-flight window has room (`window`): work beyond it stays queued, not
+//! started, so a written frame waits for its answer behind at most a window's worth of
+//! work, however long the list. What bounds the queue's wait is `Stall`: a connection
 //! with frames unanswered for the attempt deadline is broken, and everything it holds,
 //! its queue too, fails with TIMEOUT.
 
@@ -39,6 +42,7 @@ use super::outgoing::{complete_prefix, write_frames, Frame, Queued, WriteState, 
 use super::reply::{self, Reply};
 use super::request::Slice;
 use super::stall::Stall;
+use super::window::Window;
 use crate::error::Error;
 use crate::lazy_now::LazyNow;
 use crate::net::{connect, read_header_bytes};
@@ -64,7 +68,16 @@ const WRITER_BATCH_BYTES: u64 = 1 << 20;
 /// One submission's slices for one connection (most often one slice: inline).
 pub(super) type Slices = SmallVec<[Slice; 1]>;
 
-#[derive(Default)]
+/// What registering a slice came to.
+enum Registered {
+    /// In flight: its frame, to be written.
+    Frame(Frame),
+    /// Not yet: the window is full.
+    Held(Slice),
+    /// Not on this connection: it is closing, or the slice failed.
+    Refused(Slice),
+}
+
 struct Inflight {
     open: bool,
     /// The peer incarnation the open connection reached (its handshake's engine id).
@@ -73,6 +86,21 @@ struct Inflight {
     slices: HashMap<u64, Slice>,
     /// Replies read (for `Stall`: a connection that answers is not stuck).
     replies: u64,
+    /// What of `slices` is written and unanswered, and whether more may be written.
+    window: Window,
+}
+
+impl Inflight {
+    fn new(window: u64) -> Self {
+        Self {
+            open: false,
+            remote_engine: 0,
+            next_id: 0,
+            slices: HashMap::new(),
+            replies: 0,
+            window: Window::new(window),
+        }
+    }
 }
 
 /// One connection of a peer's pool.
@@ -90,7 +118,8 @@ pub(super) struct PoolConn {
 impl PoolConn {
     /// A connection to `peer`, its actor spawned on `rt`: it connects when work arrives.
     /// With `timeouts.stuck_after`, a connection whose frames go unanswered that long is
-    /// broken, and what it holds fails (`Stall`).
+    /// broken, and what it holds fails (`Stall`). At most `window` charged bytes are
+    /// written and unanswered at a time (`window::size`).
     pub(super) fn start(
         peer: &Arc<Peer>,
         rt: &Handle,
@@ -98,11 +127,12 @@ impl PoolConn {
         local_engine_id: u64,
         answered: Option<AnsweredHook>,
         timeouts: Timeouts,
+        window: u64,
     ) -> Arc<Self> {
         let conn = Arc::new(Self {
             peer: peer.clone(),
             answered,
-            inflight: Mutex::new(Inflight::default()),
+            inflight: Mutex::new(Inflight::new(window)),
             write: Mutex::new(WriteState::default()),
             work: Notify::new(),
             current: Mutex::new(CancellationToken::new()),
@@ -133,34 +163,39 @@ impl PoolConn {
         self.write.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a slice as in flight and builds its frame, to be written at `now`; hands
-    /// the slice back if the connection is closing, or failed when it cannot go on it (a
-    /// payload outside its region, or a connection to another incarnation of the peer than
-    /// it was planned for).
-    fn register(&self, slice: Slice, now: &LazyNow) -> std::result::Result<Frame, Slice> {
+    /// Registers a slice as in flight and builds its frame, to be written at `now`, if
+    /// the window has room for it (else it is held back, and the writer woken once there
+    /// is room: `take`); refuses it if the connection is closing, or fails it when it
+    /// cannot go on it (a payload outside its region, or a connection to another
+    /// incarnation of the peer than it was planned for).
+    fn register(&self, slice: Slice, now: &LazyNow) -> Registered {
         let payload = match slice.payload() {
             Ok(w) => w,
             Err(e) => {
                 slice.task.attempt_failed(slice.attempt, e);
-                return Err(slice);
+                return Registered::Refused(slice);
             }
         };
         let mut inf = self.lock();
         if !inf.open {
-            return Err(slice);
+            return Registered::Refused(slice);
         }
         if let Err(e) = slice.check_incarnation(inf.remote_engine) {
             drop(inf);
             slice.task.attempt_failed(slice.attempt, e);
-            return Err(slice);
+            return Registered::Refused(slice);
+        }
+        if !inf.window.admit(slice.len) {
+            return Registered::Held(slice);
         }
         // Nothing is queued ahead of it on this connection any more.
         slice.going_out(now);
+        inf.window.wrote(slice.len);
         inf.next_id = inf.next_id.wrapping_add(1);
         let id = inf.next_id;
         let header = slice.header(id);
         inf.slices.insert(id, slice);
-        Ok(Frame {
+        Registered::Frame(Frame {
             header,
             payload,
             written: 0,
@@ -170,7 +205,13 @@ impl PoolConn {
     fn take(&self, id: u64) -> Option<Slice> {
         let mut inf = self.lock();
         inf.replies = inf.replies.wrapping_add(1);
-        inf.slices.remove(&id)
+        let slice = inf.slices.remove(&id);
+        let wake = slice.as_ref().is_some_and(|s| inf.window.answered(s.len));
+        drop(inf);
+        if wake {
+            self.work.notify_one();
+        }
+        slice
     }
 
     /// Sends slices of one submission for this connection, in order. When the connection
@@ -181,13 +222,16 @@ impl PoolConn {
     /// Promise path (whose caller is a JS thread, which a long copy into the socket would
     /// block). Otherwise they are queued for the writer task.
     ///
-    /// Returns whether they had to wait behind others' frames (queued, or still going
-    /// out): the pool grows on that (`PeerPool::send_one`). A first request waiting only
-    /// for the connection to be made is no such demand.
+    /// Only what the window has room for is written; the rest is queued for the writer
+    /// task, which writes it as answers make room.
+    ///
+    /// Returns whether they had to wait behind others' frames (queued, still going out,
+    /// or filling the window): the pool grows on that (`PeerPool::send_one`). A first
+    /// request waiting only for the connection to be made is no such demand.
     pub(super) fn send(&self, slices: Slices) -> bool {
         let mut st = self.write_state();
         let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty();
-        let waited = !idle;
+        let mut waited = !idle;
         let small = slices.iter().all(|s| s.payload_len() <= INLINE_MAX)
             && slices.iter().map(Slice::payload_len).sum::<u64>() <= INLINE_BATCH_MAX;
         let polled = slices
@@ -213,8 +257,15 @@ impl PoolConn {
         let now = LazyNow::new();
         while let Some(slice) = rest.next() {
             match self.register(slice, &now) {
-                Ok(f) => frames.push(f),
-                Err(slice) => {
+                Registered::Frame(f) => frames.push(f),
+                Registered::Held(slice) => {
+                    // The window is full: this one and the rest wait for answers to make
+                    // room, written by the writer task.
+                    waited = true;
+                    unregistered.push_back(Queued::Fresh(slice));
+                    unregistered.extend(rest.by_ref().map(Queued::Fresh));
+                }
+                Registered::Refused(slice) => {
                     // Closing: the actor decides for this one and the rest (reconnect or
                     // fail); the registered ones are failed with the connection.
                     unregistered.push_back(Queued::Fresh(slice));
@@ -239,6 +290,7 @@ impl PoolConn {
         let drained: Vec<Slice> = {
             let mut inf = self.lock();
             inf.open = false;
+            inf.window.clear();
             inf.slices.drain().map(|(_, s)| s).collect()
         };
         for s in drained {
@@ -397,7 +449,8 @@ async fn watch_stall(conn: &PoolConn, stuck_after: Option<Duration>) -> Error {
 
 /// Takes the next frames to write from the queue: the front item and, behind it, more
 /// up to [`WRITER_BATCH`] frames and [`WRITER_BATCH_BYTES`] of payload, so that a queue
-/// of small frames leaves in one `writev`. Marks the writer busy while it holds any.
+/// of small frames leaves in one `writev`; a frame not yet registered only while the
+/// window has room. Marks the writer busy while it holds any.
 fn next_batch(conn: &PoolConn) -> Vec<Frame> {
     let mut frames = Vec::new();
     let mut bytes = 0u64;
@@ -418,8 +471,16 @@ fn next_batch(conn: &PoolConn) -> Vec<Frame> {
                     continue; // canceled, failed or failed over: do not spend bandwidth on it
                 }
                 match conn.register(slice, &now) {
-                    Ok(frame) => frame,
-                    Err(slice) => {
+                    Registered::Frame(frame) => frame,
+                    Registered::Held(slice) => {
+                        // The window is full: it stays first in the queue (the writer is
+                        // busy, so nothing went ahead of it) until answers make room.
+                        let mut st = conn.write_state();
+                        st.queue.push_front(Queued::Fresh(slice));
+                        st.writer_busy = !frames.is_empty();
+                        return frames;
+                    }
+                    Registered::Refused(slice) => {
                         let error = conn.error_for_break(Error::Io("connection closing".into()));
                         slice.task.attempt_failed(slice.attempt, error);
                         continue;
