@@ -376,6 +376,47 @@ etcdTest('a successor on the dead holder\'s own address takes the name without w
   }
 })
 
+etcdTest('a survivor whose link is backing off reaches the restarted peer at once: a notification does not wait for the next try', async (t) => {
+  // Notifications ride on the link. After a crash the link retries with a growing backoff
+  // (0.1, 0.2, 0.4 … s) against an address that refuses; the restarted engine's etcd record
+  // tells the survivor it is back, and the link must not sleep out its backoff then.
+  t.timeout(60_000)
+  const etcd = await startEtcd()
+  const listen = `127.0.0.1:${await freePort()}`
+  const env = { FERRY_TARGET_BYTES: String(MiB), FERRY_TARGET_METADATA: etcd.url, FERRY_TARGET_SEGMENT_NAME: 'kv-10', FERRY_TARGET_LISTEN: listen }
+  const target = await startTarget(env)
+  const opener = await Engine.create({ metadata: etcd.url })
+  let successor: Engine | undefined
+  try {
+    const lost: number[] = []
+    const back: number[] = []
+    opener.on('peerLost', () => lost.push(Date.now()))
+    opener.on('peerRecovered', () => back.push(Date.now()))
+    const seg = await opener.openSegment('kv-10')
+    const src = opener.allocate(4096)
+    await target.kill('SIGKILL')
+    for (const until = Date.now() + 10_000; lost.length === 0 && Date.now() < until;) await delay(10)
+    t.is(lost.length, 1, 'the crash is seen')
+    // Not ordering a race: the link's tries grow apart (with ±20 % jitter the 5th is done by
+    // 3.72 s, the 6th comes 5.04 s or later after the loss).
+    await delay(Math.max(0, lost[0]! + 4000 - Date.now()))
+    successor = await Engine.create({ metadata: etcd.url, segmentName: 'kv-10', listen })
+    const dst = successor.allocate(4096)
+    for (const until = Date.now() + 10_000; back.length === 0 && Date.now() < until;) await delay(5)
+    t.is(back.length, 1, 'the restart is seen through etcd')
+    const started = Date.now()
+    const w = await opener.write({ local: src, remote: seg, remoteBuffer: dst.id, length: 4096, notify: 'back' })
+    const took = Date.now() - started
+    t.is(w.bytes, 4096)
+    t.true(took < 600, `the write and its notification took ${took} ms after the peer was seen back (the link's next try was at least 1 s away)`)
+  } finally {
+    await opener.close()
+    await successor?.close()
+    await target.kill()
+    await etcd.stop()
+  }
+})
+
 function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = net.createServer()

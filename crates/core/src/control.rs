@@ -208,6 +208,9 @@ pub(crate) async fn run_link(
                     biased;
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep_until(until.into()) => {}
+                    // A new incarnation was seen elsewhere (etcd, a data connection): it
+                    // is up, so do not wait out the backoff.
+                    _ = peer.relink.notified() => link.peer_back(Instant::now()),
                 }
                 link.poll(Instant::now(), peer.is_lost());
             }

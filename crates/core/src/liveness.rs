@@ -361,6 +361,17 @@ impl Link {
         (!peer_lost).then_some(Action::Lost(reason))
     }
 
+    /// The peer is known to be back (a new incarnation was seen through another source:
+    /// its etcd record, a data connection): a link waiting out its backoff reconnects now
+    /// rather than at its next try, which after a few refused tries lies seconds ahead —
+    /// and notifications wait for the link. The backoff itself stands, should the peer
+    /// still refuse.
+    pub(crate) fn peer_back(&mut self, now: Instant) {
+        if let LinkState::Waiting { until } = &mut self.state {
+            *until = (*until).min(now);
+        }
+    }
+
     /// What is due at `now`: a ping, the loss of a silent peer, or a reconnect.
     pub(crate) fn poll(&mut self, now: Instant, peer_lost: bool) -> Option<Action> {
         match self.state {
@@ -689,6 +700,40 @@ mod tests {
         assert_eq!(late.next_deadline(), Some(t0 + ms(2850)));
         // Short timeouts keep a floor on the cadence.
         assert_eq!(Link::new(ms(40), 1).interval(), MIN_INTERVAL);
+    }
+
+    #[test]
+    fn a_peer_seen_back_ends_the_wait_but_not_the_backoff() {
+        let t0 = Instant::now();
+        let mut link = Link::new(Duration::from_secs(3), 7);
+        let mut now = t0;
+        // Refused tries build up the backoff.
+        for _ in 0..5 {
+            link.broken(LossReason::Broken("refused".into()), now, true);
+            let LinkState::Waiting { until } = link.state() else {
+                panic!("waiting")
+            };
+            now = until;
+            assert_eq!(link.poll(now, true), Some(Action::Connect));
+        }
+        link.broken(LossReason::Broken("refused".into()), now, true);
+        let LinkState::Waiting { until } = link.state() else {
+            panic!("waiting")
+        };
+        assert!(until - now >= Duration::from_secs(2), "{:?}", until - now);
+        // Seen back through another source: the next poll reconnects.
+        link.peer_back(now);
+        assert_eq!(link.poll(now, true), Some(Action::Connect));
+        // Refused again: the backoff goes on from where it was.
+        link.broken(LossReason::Broken("refused".into()), now, true);
+        let LinkState::Waiting { until } = link.state() else {
+            panic!("waiting")
+        };
+        assert!(until - now >= Duration::from_secs(4), "{:?}", until - now);
+        // Up or connecting, nothing changes.
+        assert_eq!(link.poll(until, true), Some(Action::Connect));
+        link.peer_back(until);
+        assert_eq!(link.state(), LinkState::Connecting);
     }
 
     #[test]
