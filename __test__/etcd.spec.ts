@@ -6,6 +6,7 @@ import { Engine, type EngineEvent, type FerryError, type PeerLostEvent, type Reg
 import { etcdRecords, startEtcd, stopAllEtcd, testWithEtcd, type EtcdServer } from './etcd'
 import { delay, killAll, startTarget } from './helpers'
 import { pattern } from './fixtures/pattern'
+import { unusedPort } from '../support/ports'
 
 test.after.always(() => {
   killAll()
@@ -343,7 +344,7 @@ etcdTest('a successor on the dead holder\'s own address takes the name without w
   // answering at it and there is nothing to wait for (the probe's bound is 1 s).
   t.timeout(60_000)
   const etcd = await startEtcd()
-  const listen = `127.0.0.1:${await freePort()}`
+  const listen = `127.0.0.1:${await unusedPort()}`
   const target = await startTarget({
     FERRY_TARGET_BYTES: String(MiB),
     FERRY_TARGET_METADATA: etcd.url,
@@ -382,7 +383,7 @@ etcdTest('a survivor whose link is backing off reaches the restarted peer at onc
   // tells the survivor it is back, and the link must not sleep out its backoff then.
   t.timeout(60_000)
   const etcd = await startEtcd()
-  const listen = `127.0.0.1:${await freePort()}`
+  const listen = `127.0.0.1:${await unusedPort()}`
   const env = { FERRY_TARGET_BYTES: String(MiB), FERRY_TARGET_METADATA: etcd.url, FERRY_TARGET_SEGMENT_NAME: 'kv-10', FERRY_TARGET_LISTEN: listen }
   const target = await startTarget(env)
   const opener = await Engine.create({ metadata: etcd.url })
@@ -417,17 +418,6 @@ etcdTest('a survivor whose link is backing off reaches the restarted peer at onc
   }
 })
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer()
-    srv.once('error', reject)
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as net.AddressInfo).port
-      srv.close(() => resolve(port))
-    })
-  })
-}
-
 test('metadata options: bad URL and etcd-only options throw INVALID_ARGUMENT; unreachable etcd throws ERR_FERRY_METADATA', async (t) => {
   t.timeout(30_000)
   for (const options of [
@@ -439,7 +429,7 @@ test('metadata options: bad URL and etcd-only options throw INVALID_ARGUMENT; un
     const err = await t.throwsAsync<FerryError>(Engine.create(options))
     t.is(err?.code, 'ERR_FERRY_INVALID_ARGUMENT', JSON.stringify(options))
   }
-  const port = await freePort()
+  const port = await unusedPort()
   const refused = await t.throwsAsync<FerryError>(Engine.create({ metadata: `etcd://127.0.0.1:${port}`, connectTimeoutMs: 500 }))
   t.is(refused?.code, 'ERR_FERRY_METADATA')
   t.regex(refused?.message ?? '', new RegExp(String(port)))

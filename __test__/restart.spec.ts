@@ -5,6 +5,7 @@ import { createHash } from 'node:crypto'
 import test from 'ava'
 import { Engine, FerryError, type PeerLostEvent } from '../index'
 import { delay, killAll, startTarget } from './helpers'
+import { unusedPort } from '../support/ports'
 
 test.after.always(killAll)
 
@@ -125,7 +126,9 @@ test('closeSegment during shm copies ends them as ERR_FERRY_SEGMENT_CLOSED, with
 
 test('a Segment shows the peer as the engine knows it now: buffers allocated later, and the new incarnation after a restart', async (t) => {
   t.timeout(120_000)
-  const first = await Engine.create()
+  // A port the kernel does not hand to outgoing connections, so it is still free when the
+  // peer comes back on it (support/ports.ts).
+  const first = await Engine.create({ listen: `127.0.0.1:${await unusedPort()}` })
   const engine = await Engine.create({ peerTimeoutMs: 3000 })
   const seen = record(engine)
   let second: Engine | undefined

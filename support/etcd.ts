@@ -11,9 +11,9 @@
  */
 import { spawn, spawnSync, type ChildProcess, type SpawnOptions } from 'node:child_process'
 import * as fs from 'node:fs'
-import * as net from 'node:net'
 import * as os from 'node:os'
 import * as path from 'node:path'
+import { unusedPort } from './ports'
 
 export interface EtcdTlsFiles {
   ca: string
@@ -53,16 +53,6 @@ export interface Etcd {
 
 const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms))
 
-function freePort(host: string): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer()
-    srv.once('error', reject)
-    srv.listen(0, host, () => {
-      const port = (srv.address() as net.AddressInfo).port
-      srv.close(() => resolve(port))
-    })
-  })
-}
 
 async function healthy(url: string): Promise<boolean> {
   try {
@@ -81,8 +71,8 @@ export async function startEtcd(options: EtcdOptions = {}): Promise<Etcd> {
   if (spawnSync('etcd', ['--version'], { stdio: 'ignore', timeout: 10_000 }).error) {
     throw new Error('`etcd` is not installed: the cluster-mode tests and the soak need it (Debian: apt-get install etcd-server)')
   }
-  const clientPort = await freePort(host)
-  const [peerPort, metricsPort] = [await freePort('127.0.0.1'), await freePort('127.0.0.1')]
+  const clientPort = await unusedPort(host)
+  const [peerPort, metricsPort] = [await unusedPort('127.0.0.1'), await unusedPort('127.0.0.1')]
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `${name}-`))
   const clientUrl = `${tls ? 'https' : 'http'}://${host}:${clientPort}`
   const healthUrl = tls ? `http://127.0.0.1:${metricsPort}` : clientUrl

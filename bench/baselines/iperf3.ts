@@ -11,9 +11,9 @@
  * the server is killed and the next run starts a fresh one.
  */
 import { spawnSync, type ChildProcess } from 'node:child_process'
-import * as net from 'node:net'
 import { log } from '../lib/log'
 import { running, startChild, stopChild } from '../lib/children'
+import { unusedPort } from '../../support/ports'
 
 export interface Iperf3Result {
   gbps: number | null
@@ -25,17 +25,6 @@ export interface Iperf3Result {
   receiverCpu?: number
 }
 
-/** A port that was free a moment ago on 127.0.0.1. */
-export function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer()
-    srv.once('error', reject)
-    srv.listen(0, '127.0.0.1', () => {
-      const port = (srv.address() as net.AddressInfo).port
-      srv.close(() => resolve(port))
-    })
-  })
-}
 
 /** Whether an `iperf3` binary runs here. */
 export function haveIperf3(): boolean {
@@ -65,7 +54,7 @@ interface Server {
 }
 
 async function startServer(): Promise<Server> {
-  const port = await freePort()
+  const port = await unusedPort()
   // --forceflush: each "Server listening" reaches the pipe at once, which is how readiness
   // (first and after every test) is seen. No -1: the server serves client after client.
   const proc = startChild('iperf3 server', 'iperf3', ['-s', '-B', '127.0.0.1', '-p', String(port), '--forceflush'])

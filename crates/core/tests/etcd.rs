@@ -3,7 +3,6 @@
 //! (etcd killed, or paused past every lease).
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -26,11 +25,6 @@ struct Etcd {
     peer_port: u16,
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").port()
-}
-
 impl Etcd {
     fn new() -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
@@ -44,8 +38,8 @@ impl Etcd {
         let mut e = Self {
             child: None,
             dir,
-            client_port: free_port(),
-            peer_port: free_port(),
+            client_port: ferry_testkit::unused_port(),
+            peer_port: ferry_testkit::unused_port(),
         };
         e.start();
         e
@@ -506,7 +500,7 @@ fn re_registration_refreshes_the_peer_and_transfers_resume() {
 
 #[test]
 fn unreachable_etcd_fails_engine_start_with_a_clear_error() {
-    let port = free_port();
+    let port = ferry_testkit::unused_port();
     let cfg = EngineConfig {
         metadata: Some(EtcdConfig {
             connect_timeout: Duration::from_millis(500),

@@ -3,7 +3,6 @@
 //! password work; a wrong CA, no client certificate, no TLS or a wrong password each fail
 //! engine start with `ERR_FERRY_METADATA` naming the cause.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -15,11 +14,6 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
 const USER: &str = "ferry";
 const PASSWORD: &str = "correct horse battery staple";
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").port()
-}
 
 /// A CA and what it signed, as PEM.
 struct Pki {
@@ -81,7 +75,11 @@ impl TlsEtcd {
         let ca = write(&dir, "ca.pem", &pki.ca);
         let cert = write(&dir, "server.pem", &pki.server.0);
         let key = write(&dir, "server.key", &pki.server.1);
-        let (client_port, peer_port, metrics_port) = (free_port(), free_port(), free_port());
+        let (client_port, peer_port, metrics_port) = (
+            ferry_testkit::unused_port(),
+            ferry_testkit::unused_port(),
+            ferry_testkit::unused_port(),
+        );
         let client = format!("https://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");

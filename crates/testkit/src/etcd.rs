@@ -2,7 +2,7 @@
 //! its readiness; [`EtcdServer`] does all three and cleans up.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -128,7 +128,7 @@ impl EtcdServer {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("etcd temp dir");
-        let (client_port, peer_port) = (free_port(), free_port());
+        let (client_port, peer_port) = (crate::unused_port(), crate::unused_port());
         let log = std::fs::File::create(dir.join("etcd.log")).expect("etcd log");
         let client = format!("http://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
@@ -163,10 +163,4 @@ impl Drop for EtcdServer {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A loopback port free now (the listener that found it is closed again).
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr").port()
 }

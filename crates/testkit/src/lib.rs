@@ -18,12 +18,14 @@
 //! - [`EtcdServer`]: a throwaway etcd, ready, killed on drop; [`spawn_etcd`],
 //!   [`etcd_healthy`]: the pieces, for tests that stop, pause or restart it;
 //!   [`skip_without_etcd!`], [`etcd_missing`]: skip a test where etcd is not installed
-//!   (outside CI; under CI that fails it).
+//!   (outside CI; under CI that fails it);
+//! - [`unused_port`]: a port for a server started later, outside the kernel's ephemeral range.
 
 mod etcd;
 pub mod lists;
 pub mod notes;
 mod pair;
+mod ports;
 mod proxy;
 pub mod raw;
 mod region;
@@ -31,6 +33,7 @@ mod wait;
 
 pub use etcd::{etcd_healthy, etcd_missing, spawn_etcd, EtcdServer};
 pub use pair::{request, Pair};
+pub use ports::unused_port;
 pub use proxy::Proxy;
 pub use region::{bytes_at, bytes_of, fill, user_region};
 pub use wait::{one, wait_batch, within};
