@@ -14,6 +14,7 @@ import { OPCODE_NUMBERS, type OpcodeName } from './tables'
 
 /** One transfer. */
 export interface TransferRequest {
+  /** `read` moves the remote bytes into `local`; `write` moves `local`'s bytes to the remote buffer. */
   opcode: 'read' | 'write'
   /** Local region. */
   local: Region
