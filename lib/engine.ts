@@ -376,7 +376,7 @@ export class Engine extends EventEmitter {
     return startBench(this.#native, threads)
   }
 
-  /** Engine counters (see README, "Metrics"). */
+  /** Engine counters (docs/operations.md, "Metrics"). */
   metrics(): EngineMetrics {
     return toMetrics(this.native((n) => n.metrics()))
   }
