@@ -6,7 +6,7 @@
 // (tebench's and the soak's parsed word for word by their own parsers), cargo's test
 // targets and the scripts. The API reference's own check (every public symbol documented)
 // is `npm run check:docs`, in lint.
-import test from 'ava'
+import test, { type ExecutionContext } from 'ava'
 import { spawnSync } from 'node:child_process'
 import * as fs from 'node:fs'
 import * as path from 'node:path'
@@ -92,24 +92,57 @@ test('the metric table lists every family metricsText() emits, with its type and
   }
 })
 
-/** The property names of an exported type of index.ts, as the compiler sees them. */
-function publicProperties(typeName: string): string[] {
+/** The properties of an exported type of index.ts, as the compiler sees them: name and doc comment. */
+function publicProperties(typeName: string): Map<string, string> {
   const program = ts.createProgram([path.join(root, 'index.ts')], { strict: true, types: ['node'], skipLibCheck: true })
   const checker = program.getTypeChecker()
   const index = checker.getSymbolAtLocation(program.getSourceFile(path.join(root, 'index.ts'))!)!
   const symbol = checker.getExportsOfModule(index).find((s) => s.name === typeName)!
   const type = checker.getDeclaredTypeOfSymbol(checker.getAliasedSymbol(symbol))
-  return checker.getPropertiesOfType(type).map((p) => p.name)
+  return new Map(checker.getPropertiesOfType(type).map((p) => [p.name, ts.displayPartsToString(p.getDocumentationComment(checker))]))
 }
 
-test('the option tables list every field of EngineOptions and RdmaOptions', (t) => {
+/** How a number may be written in a table: as digits, or in KiB/MiB/GiB when it is a whole one. */
+function spellings(n: number): string[] {
+  const out = [String(n)]
+  for (const [unit, size] of [['GiB', 2 ** 30], ['MiB', 2 ** 20], ['KiB', 2 ** 10]] as const) {
+    if (n >= size && n % size === 0) out.push(`${n / size} ${unit}`)
+  }
+  return out
+}
+
+/**
+ * Checks one option table against the doc comments of the binding's declarations, which
+ * give each option's default and bounds as `[default; min..=max]`: the names match both
+ * ways, a numeric or boolean default is the table's, and the bounds are in the row.
+ */
+function checkOptionTable(t: ExecutionContext, rows: string[][], props: Map<string, string>, label: string) {
+  const names = rows.flatMap((r) => spansIn(r[0]))
+  t.deepEqual([...names].sort(), [...props.keys()].sort(), `docs/configuration.md ${label} table vs the type's fields`)
+  for (const row of rows) {
+    for (const name of spansIn(row[0])) {
+      const m = /\[([^;\]]+)(?:; (\d+)\.\.=(\d+))?\]/.exec(props.get(name) ?? '')
+      if (!m) continue
+      const [, def, min, max] = m
+      if (/^(\d+|true|false)$/.test(def.trim())) {
+        t.is(row[1].replace(/`/g, ''), def.trim(), `docs/configuration.md: the default of ${name} is ${def} (binding.d.ts)`)
+      }
+      if (min !== undefined) {
+        const text = row.join(' ')
+        const ok = spellings(Number(min)).some((a) => spellings(Number(max)).some((b) => text.includes(`${a} ..= ${b}`)))
+        t.true(ok, `docs/configuration.md: ${name} is bounded ${min}..=${max} (binding.d.ts), which its row does not say`)
+      }
+    }
+  }
+}
+
+test('the option tables list every field of EngineOptions and RdmaOptions, with their defaults and bounds', (t) => {
   const page = read('docs/configuration.md')
-  const options = table(page, 'option').flatMap((r) => spansIn(r[0]))
-  t.deepEqual([...options].sort(), publicProperties('EngineOptions').sort(), 'docs/configuration.md options table vs EngineOptions')
-  const rdma = table(page, '`rdma.*`').flatMap((r) => spansIn(r[0]))
-  t.deepEqual([...rdma].sort(), publicProperties('RdmaOptions').sort(), 'docs/configuration.md rdma table vs RdmaOptions')
+  const engineProps = publicProperties('EngineOptions')
+  checkOptionTable(t, table(page, 'option'), engineProps, 'options')
+  checkOptionTable(t, table(page, '`rdma.*`'), publicProperties('RdmaOptions'), 'rdma')
   const faults = table(page, 'option').find((r) => spansIn(r[0])[0] === 'faults')!
-  for (const key of publicProperties('FaultOptions')) t.true(spansIn(faults[2]).includes(key), `faults row lacks FaultOptions.${key}`)
+  for (const key of publicProperties('FaultOptions').keys()) t.true(spansIn(faults[2]).includes(key), `faults row lacks FaultOptions.${key}`)
 })
 
 /** The files environment variables may be read in. */
