@@ -61,6 +61,7 @@ export function completedTask(done: number, length: number): TaskStatus {
   }
 }
 
+/** A task's status from the binding's numbers, with the names from the core's tables. */
 export function toTaskStatus(s: Native.TaskStatusJs): TaskStatus {
   return {
     status: s.status,
@@ -75,6 +76,7 @@ export function toTaskStatus(s: Native.TaskStatusJs): TaskStatus {
   }
 }
 
+/** A batch's status from the binding's, with its status's name. */
 export function toBatchStatus(s: Native.BatchStatusJs): BatchStatus {
   return { status: s.status, name: statusName(s.status), transferredBytes: s.transferredBytes, tasks: s.tasks }
 }
