@@ -16,7 +16,7 @@ import { OPTIONS as TEBENCH, REFUSED_PREFIXES } from '../bench/tebench/flags'
 import { parseSoakFlags, SOAK_OPTIONS } from '../bench/cluster-soak/flags'
 import type { Schema } from '../bench/options'
 import { Engine } from '../index'
-import { ERROR_CODE_NAMES } from '../lib/tables'
+import { ERROR_CODE_NAMES, LOSS_REASON_NAMES } from '../lib/tables'
 import { anchors, codeSpans, commands, links, pages, prose, read, root, slug, spansIn, table } from './doc-pages'
 
 const KiB = 1024
@@ -143,6 +143,14 @@ test('the option tables list every field of EngineOptions and RdmaOptions, with 
   checkOptionTable(t, table(page, '`rdma.*`'), publicProperties('RdmaOptions'), 'rdma')
   const faults = table(page, 'option').find((r) => spansIn(r[0])[0] === 'faults')!
   for (const key of publicProperties('FaultOptions').keys()) t.true(spansIn(faults[2]).includes(key), `faults row lacks FaultOptions.${key}`)
+})
+
+test('the events table lists every engine event, and the loss reasons table every reason', (t) => {
+  const page = read('docs/cluster.md')
+  const events = new Set(table(page, 'event').map((r) => spansIn(r[0])[0]))
+  t.deepEqual([...events].sort(), [...publicProperties('EngineEvents').keys()].sort(), 'docs/cluster.md events table vs EngineEvents')
+  const reasons = table(page, 'reason').map((r) => spansIn(r[0])[0])
+  t.deepEqual([...reasons].sort(), Object.values(LOSS_REASON_NAMES).sort(), 'docs/cluster.md loss reasons table vs the core table (lib/tables.ts)')
 })
 
 /** The files environment variables may be read in. */
