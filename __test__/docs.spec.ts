@@ -1,7 +1,8 @@
 // The docs against the code, so that they cannot drift: the README's size and contents
 // line; every relative link and anchor; the error-code table against the core's table; the
 // metric table against what metricsText() emits; the option tables against EngineOptions
-// and RdmaOptions; environment variables against the sources; and every command the README
+// and RdmaOptions (names, defaults, bounds); the events and loss reasons; environment
+// variables against the sources; and every command the README
 // and the guide pages show against the npm scripts, tebench's, perf's and the soak's flags
 // (tebench's and the soak's parsed word for word by their own parsers), cargo's test
 // targets and the scripts. The API reference's own check (every public symbol documented)
