@@ -9,19 +9,38 @@ import { OPCODE_NUMBERS } from './tables'
 
 /** One tebench case for the native workers. */
 export interface BenchCase extends Omit<Native.BenchCase, 'local' | 'segment' | 'peer' | 'extraTargets'> {
+  /** This engine's region the workers read into or write from. */
   local: Region
+  /** The target's segment. */
   remote: Segment
   /** Further targets: worker i works against target i % (1 + extraTargets.length). */
-  extraTargets?: Array<{ remote: Segment; remoteBuffer: number }>
+  extraTargets?: Array<{
+    /** A further target's segment. */
+    remote: Segment
+    /** The buffer of that segment to work against. */
+    remoteBuffer: number
+  }>
 }
 
-/** tebench's columns for one case (the bench crate's report row, as it is). */
+/**
+ * tebench's columns for one case (the bench crate's report row, as it is).
+ * @interface
+ */
 export type BenchRow = Native.ReportRow
-/** One transport's part of a case: bytes and percent. */
+/**
+ * One transport's part of a case: bytes and percent.
+ * @interface
+ */
 export type TransportShare = Native.TransportShare
-/** Why a case failed: status, transport, peer and request. */
+/**
+ * Why a case failed: status, transport, peer and request.
+ * @interface
+ */
 export type BenchFailure = Native.BenchFailure
-/** A case's outcome. */
+/**
+ * A case's outcome.
+ * @interface
+ */
 export type BenchResult = Native.BenchResult
 
 /** Mooncake's table header, two lines: the column names and a line of 160 `-`. */

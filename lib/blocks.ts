@@ -51,7 +51,10 @@ export interface BlockList {
 }
 
 /** A block list submitted to a batch: the list and its opcode. */
-export type BatchBlockList = BlockList & { opcode: 'read' | 'write' }
+export type BatchBlockList = BlockList & {
+  /** What every block of the list does. */
+  opcode: 'read' | 'write'
+}
 
 /** A block list through the Promise API. */
 export type BlocksRequest = BlockList & CallOptions
@@ -62,7 +65,9 @@ export interface BlockFailure {
   block: number
   /** Its status. */
   status: TransferStatus
+  /** Why it did not complete: the failure's stable code. */
   code: FerryErrorCode
+  /** The failure in words. */
   message: string
 }
 

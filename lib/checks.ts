@@ -5,6 +5,7 @@
 import { FerryError } from './errors'
 import { OPCODE_NUMBERS, TRANSPORT_NUMBERS, type OpcodeName, type TransportName } from './tables'
 
+/** The error of a refused argument: `ERR_FERRY_INVALID_ARGUMENT` with `message`. */
 export function invalid(message: string): FerryError {
   return new FerryError('ERR_FERRY_INVALID_ARGUMENT', message)
 }
@@ -28,6 +29,7 @@ function got(v: unknown): string {
   return typeof v === 'string' ? JSON.stringify(v) : describe(v)
 }
 
+/** A number (its range is the binding's to check), or nothing where `optional`. */
 export function checkNumber(what: string, v: unknown, optional: boolean): void {
   if (v === undefined && optional) return
   if (typeof v !== 'number') throw invalid(`${what} must be a non-negative integer, got ${describe(v)}`)
@@ -56,10 +58,12 @@ export function checkOptions(what: string, options: unknown, keys: string[]): Re
   return o
 }
 
+/** Bytes: a Uint8Array (a Buffer is one). */
 export function checkBytes(what: string, v: unknown): void {
   if (!(v instanceof Uint8Array)) throw invalid(`${what} must be a Uint8Array, got ${describe(v)}`)
 }
 
+/** A call's `signal`: an AbortSignal, or nothing. */
 export function checkSignal(signal: unknown): AbortSignal | undefined {
   if (signal === undefined) return undefined
   if (!(signal instanceof AbortSignal)) throw invalid(`signal must be an AbortSignal, got ${describe(signal)}`)

@@ -19,11 +19,17 @@ import { OPCODE_NUMBERS, type OpcodeName } from './tables'
 
 /** Typed `on`/`once`/`off`/`emit` for the engine's events (see `EngineEvents`). */
 export interface Engine {
+  /** Adds `listener` for `event`, typed by `EngineEvents`. */
   on<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  /** Adds `listener` for the next `event` only. */
   once<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  /** Removes `listener` from `event`. */
   off<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  /** The same as `on`. */
   addListener<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  /** The same as `off`. */
   removeListener<K extends keyof EngineEvents>(event: K, listener: (e: EngineEvents[K]) => void): this
+  /** Calls the listeners of `event` with `payload`; the engine emits its own events, so this is for tests. */
   emit<K extends keyof EngineEvents>(event: K, payload: EngineEvents[K]): boolean
 }
 
@@ -340,7 +346,13 @@ export class Engine extends EventEmitter {
    * in the order those completed). Resolves with what the target did with it: `queued`, or
    * `dropped` when its queue was full.
    */
-  async notify(segment: Segment, data: NotifyData): Promise<{ outcome: 'queued' | 'dropped' }> {
+  async notify(
+    segment: Segment,
+    data: NotifyData,
+  ): Promise<{
+    /** What the target did with it. */
+    outcome: 'queued' | 'dropped'
+  }> {
     if (!(segment instanceof Segment)) throw invalid(`notify takes a Segment, got ${describe(segment)}`)
     if (segment.engine !== this) throw new FerryError('ERR_FERRY_FOREIGN_HANDLE', 'notify: a Segment of another engine')
     const bytes = call(() => notifyBytes('notify: data', data))
@@ -364,7 +376,7 @@ export class Engine extends EventEmitter {
     return startBench(this.#native, threads)
   }
 
-  /** Engine counters (see README, "Metrics"). */
+  /** Engine counters (docs/operations.md, "Metrics"). */
   metrics(): EngineMetrics {
     return toMetrics(this.native((n) => n.metrics()))
   }
@@ -379,15 +391,15 @@ export class Engine extends EventEmitter {
     return this.native((n) => n.metricsText())
   }
 
-  /**
-   * Closes the engine: pending work rejects with ERR_FERRY_CLOSED, threads stop, memory is
-   * released. Idempotent.
-   */
   /** `await using engine = await Engine.create()` closes the engine at the end of the scope. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.close()
   }
 
+  /**
+   * Closes the engine: pending work rejects with ERR_FERRY_CLOSED, threads stop, memory is
+   * released. Idempotent.
+   */
   close(): Promise<void> {
     if (!this.#closing) {
       // Synchronous underneath: calls made after close() returns already see ERR_FERRY_CLOSED.

@@ -15,13 +15,20 @@ export type { FerryErrorCode } from './tables'
  * work planned against an incarnation of the peer that is gone).
  */
 export class FerryError extends Error {
+  /** The stable code (docs/errors.md lists them); `ABORT_ERR` for an aborted call. */
   readonly code: FerryErrorCode
+  /** A failed transfer's final status. */
   readonly status?: TransferStatus
+  /** The transport of a failed transfer's last attempt. */
   readonly transport?: TransportName
+  /** Attempts the failed task made. */
   readonly attempts?: number
+  /** Every task's status, for a call of several tasks. */
   readonly tasks?: TaskStatus[]
+  /** Why the peer was lost, for `ERR_FERRY_PEER_LOST`. */
   readonly lossReason?: LossReasonName
 
+  /** Makes an error with `code`, `message` and what a transfer failure carries besides. */
   constructor(
     code: FerryErrorCode,
     message: string,

@@ -24,26 +24,37 @@ const lossReason = (n: number | null | undefined): LossReasonName => LOSS_REASON
  * says what was seen.
  */
 export interface PeerLostEvent {
+  /** The event's name. */
   kind: 'peerLost'
+  /** The lost peer's segment name. */
   segment: string
+  /** Why it was declared lost. */
   reason: LossReasonName
+  /** What was seen, in words. */
   message: string
 }
 
 /** A lost peer answers again; new transfers to it may succeed. */
 export interface PeerRecoveredEvent {
+  /** The event's name. */
   kind: 'peerRecovered'
+  /** The peer's segment name. */
   segment: string
 }
 
 /** A task's attempt failed and it moved to another attempt. */
 export interface FailoverEvent {
+  /** The event's name. */
   kind: 'failover'
+  /** The peer's segment name. */
   segment: string
+  /** The transport whose attempt failed. */
   from: TransportName
+  /** The transport of the next attempt. */
   to: TransportName
   /** Switches this task has made, this one included. */
   attempt: number
+  /** Why the attempt failed. */
   reason: string
 }
 
@@ -53,10 +64,15 @@ export interface FailoverEvent {
  * start because it failed to install (no `segment`).
  */
 export interface TransportDisabledEvent {
+  /** The event's name. */
   kind: 'transportDisabled'
+  /** The transport taken out of use. */
   transport: TransportName
+  /** The peer it was paused towards; absent when it failed to install at start. */
   segment?: string
+  /** Why, in words. */
   reason: string
+  /** When the pause ends (ms since the epoch); absent when it failed to install. */
   untilMs?: number
 }
 
@@ -74,6 +90,7 @@ export interface Notification {
 
 /** The receive queue (`notifyQueueSize`) was full: notifications were dropped and counted. Once per run of drops. */
 export interface NotificationsDroppedEvent {
+  /** The event's name. */
   kind: 'notificationsDropped'
   /** The sender of the first dropped notification of this run. */
   from: string
@@ -83,11 +100,17 @@ export interface NotificationsDroppedEvent {
 
 /** Event name → payload. */
 export interface EngineEvents {
+  /** A peer was declared lost; emitted before the failures it explains. */
   peerLost: PeerLostEvent
+  /** A lost peer, or a new incarnation of it, answers again. */
   peerRecovered: PeerRecoveredEvent
+  /** A task moved to another attempt. */
   failover: FailoverEvent
+  /** A transport was paused towards a peer, or failed to install at start. */
   transportDisabled: TransportDisabledEvent
+  /** A notification arrived. */
   notification: Notification
+  /** The receive queue was full: notifications were dropped. */
   notificationsDropped: NotificationsDroppedEvent
 }
 

@@ -4,7 +4,7 @@ import type * as Native from './native'
 /** Bytes of completed transfers over one transport for one operation. */
 export interface BytesByTransport extends Native.BytesByTransport {}
 
-/** Engine counters (see README, "Metrics"). Counted in the core with atomics. */
+/** Engine counters (docs/operations.md, "Metrics"). Counted in the core with atomics. */
 export interface EngineMetrics extends Native.EngineMetrics {
   /** Bytes of completed transfers, by transport and op (every combination, zeros too). */
   bytes: BytesByTransport[]

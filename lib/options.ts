@@ -6,16 +6,23 @@ import type * as Native from './native'
 
 /**
  * Engine settings. Every field is optional; each one's default and bounds are declared
- * once, in the core (`EngineConfig`), and documented in the README. A key that is not an
+ * once, in the core (`EngineConfig`), and documented in docs/configuration.md. A key that is not an
  * option (a typo such as `peerTimeoutMS`) is refused with `ERR_FERRY_INVALID_ARGUMENT`.
+ * @interface
  */
 export type EngineOptions = Omit<Native.EngineOptions, 'authSecret' | 'authSecretHex'> & {
-  /** The cluster secret (a string or its bytes, at least 32 bytes); see the README. */
+  /** The cluster secret (a string or its bytes, at least 32 bytes); see docs/security.md. */
   authSecret?: string | Uint8Array
 }
-/** RDMA transport settings. Every field is optional. */
+/**
+ * RDMA transport settings. Every field is optional.
+ * @interface
+ */
 export type RdmaOptions = Native.RdmaOptions
-/** Fault injection on one transport (seeded, reproducible). */
+/**
+ * Fault injection on one transport (seeded, reproducible).
+ * @interface
+ */
 export type FaultOptions = Native.FaultOptions
 
 /** The options as the binding takes them: a secret given as bytes goes as hex. */

@@ -14,6 +14,7 @@ import { OPCODE_NUMBERS, type OpcodeName } from './tables'
 
 /** One transfer. */
 export interface TransferRequest {
+  /** `read` moves the remote bytes into `local`; `write` moves `local`'s bytes to the remote buffer. */
   opcode: 'read' | 'write'
   /** Local region. */
   local: Region
@@ -102,6 +103,7 @@ export function toNativeRequest(engine: Owner, r: unknown, i: number, opcode?: O
   }
 }
 
+/** A call's requests, checked one by one (at least one), in the binding's form. */
 export function toNativeRequests(engine: Owner, requests: unknown): Native.TransferRequest[] {
   if (!Array.isArray(requests)) throw invalid(`requests must be an array, got ${describe(requests)}`)
   if (requests.length === 0) throw invalid('no requests given')

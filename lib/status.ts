@@ -8,12 +8,19 @@ import { LOSS_REASON_NAMES, STATUS_NAMES, TRANSPORT_NAMES, type StatusName, type
 
 /** Transfer status values, with Mooncake TENT's numbering. */
 export enum TransferStatus {
+  /** Not started yet. */
   WAITING = 0,
+  /** In progress (possibly being retried on another transport). */
   PENDING = 1,
+  /** Bad parameters. */
   INVALID = 2,
+  /** Canceled by the caller (an aborted signal), by closing its segment, or by engine close. */
   CANCELED = 3,
+  /** Done: every byte moved. */
   COMPLETED = 4,
+  /** The last attempt passed its deadline (`attemptTimeoutMs`). */
   TIMEOUT = 5,
+  /** Failed: transport error, peer lost, or the failover budget ran out. */
   FAILED = 6,
 }
 
@@ -54,6 +61,7 @@ export function completedTask(done: number, length: number): TaskStatus {
   }
 }
 
+/** A task's status from the binding's numbers, with the names from the core's tables. */
 export function toTaskStatus(s: Native.TaskStatusJs): TaskStatus {
   return {
     status: s.status,
@@ -68,6 +76,7 @@ export function toTaskStatus(s: Native.TaskStatusJs): TaskStatus {
   }
 }
 
+/** A batch's status from the binding's, with its status's name. */
 export function toBatchStatus(s: Native.BatchStatusJs): BatchStatus {
   return { status: s.status, name: statusName(s.status), transferredBytes: s.transferredBytes, tasks: s.tasks }
 }

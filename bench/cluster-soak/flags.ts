@@ -29,7 +29,7 @@ export const SOAK_OPTIONS = {
     type: 'string',
     default: 'on-stale',
     choices: ['on-stale', 'never'],
-    help: 'on-stale: a lane reopens the segment when its handle no longer names the peer\'s buffer; never: it keeps the handle (the README\'s promise)',
+    help: 'on-stale: a lane reopens the segment when its handle no longer names the peer\'s buffer; never: it keeps the handle (the promise of docs/cluster.md)',
   },
   'hang-ms': { type: 'integer', default: 30_000, min: 100, max: 3_600_000, help: 'a transfer or open still pending after this is aborted and counted as hung' },
   'rss-slope-mb': {

@@ -42,7 +42,7 @@ impl ProviderChoice {
     }
 }
 
-/// RDMA transport settings. The defaults are documented in the README.
+/// RDMA transport settings. The defaults are documented in docs/configuration.md.
 #[derive(Clone)]
 pub struct RdmaConfig {
     /// Verbs implementation.
