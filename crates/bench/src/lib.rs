@@ -52,7 +52,9 @@ pub mod notify_room;
 pub mod report;
 pub mod runner;
 pub mod served;
+pub mod stats;
 mod sync;
+pub mod warmup;
 pub mod worker;
 
 pub use gate::{Failure, Gate, GateHooks, Hook, Retirements, RunError, StopSignal, WorkerFn};
@@ -60,7 +62,9 @@ pub use notify_room::{room_for_notification, NOTIFY_WINDOW};
 pub use report::ReportRow;
 pub use runner::{Bench, CaseOutcome, CaseReport, MAX_THREADS};
 pub use served::{Served, TransportShare};
+pub use stats::{TxSummary, WorkerStats};
+pub use warmup::WarmupMark;
 pub use worker::{
-    bench_gate, run_worker, Addressing, Backoff, BenchGate, BenchSpec, OffsetCycle, Pause, Stripe,
-    WorkerStats, DEFAULT_STALL_TIMEOUT,
+    bench_gate, run_worker, run_worker_marked, Addressing, Backoff, BenchGate, BenchSpec,
+    OffsetCycle, Pause, Stripe, DEFAULT_STALL_TIMEOUT,
 };
