@@ -84,11 +84,19 @@ function failedRecord(f: BenchFailure): FailedRecord {
   }
 }
 
-/** --notifi: what the initiator sent during a case's measured time, and its rate. */
-function notified(result: BenchResult, durationS: number): NotifyRecord {
+/**
+ * --notifi: what the initiator sent during a case's measured time, its rate, and apart
+ * what it sent during the warm-up (the engine's count since the last case, less the
+ * measured part), so that the target's total can be checked against the initiator's.
+ */
+function notified(engine: Engine, result: BenchResult, durationS: number): NotifyRecord {
+  const sent = engine.metrics().notificationsSent
+  const all = sent - (sentSoFar.get(engine) ?? 0)
+  sentSoFar.set(engine, sent)
   const count = result.notificationsSent
-  return { record: 'notifications', role: 'initiator', count, lost: result.notificationsFailed, perSecond: count / durationS }
+  return { record: 'notifications', role: 'initiator', count, warmup: all - count, lost: result.notificationsFailed, perSecond: count / durationS }
 }
+const sentSoFar = new WeakMap<Engine, number>()
 
 /**
  * Runs initiator mode against `cfg.targetSegNames`; `child` is --local's target: its
@@ -228,7 +236,7 @@ export async function runInitiator(cfg: Config, out: Output, info: RunInfo, chil
                 out.row(record, result.row, result.servedLabel)
                 rows.push(record)
               }
-              if (cfg.notifi) out.notifications(notified(result, cfg.durationS))
+              if (cfg.notifi) out.notifications(notified(engine, result, cfg.durationS))
               if (result.outcome === 'stopped' || interrupt.stopped) return { code: 130 }
               if (readBack && op === 'write' && cfg.opType === 'write') {
                 readBack.fill(0)

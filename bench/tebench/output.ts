@@ -84,6 +84,8 @@ export interface NotifyRecord {
   role: 'initiator' | 'target'
   /** Initiator: sent during the case's measured time; target: received in all. */
   count: number
+  /** Initiator: sent during the case's warm-up, left out of `count` and `perSecond`. */
+  warmup?: number
   /** Initiator: whose delivery failed; target: dropped because its queue was full. */
   lost: number
   /** Initiator: sent per second of the case's measured time; null for the target. */
@@ -281,7 +283,7 @@ export class Output {
     if (this.format === 'json') return this.#json(r)
     const text =
       r.role === 'initiator'
-        ? `${r.count} sent (${r.lost} not delivered), ${Math.round(r.perSecond ?? 0)}/s`
+        ? `${r.count} sent (${r.lost} not delivered), ${Math.round(r.perSecond ?? 0)}/s; ${r.warmup ?? 0} more in the warm-up`
         : `${r.count} received (${r.lost} dropped)`
     if (this.format === 'csv') process.stdout.write(`# notifications: ${text}\n`)
     else process.stdout.write(`tebench: notifications: ${text}\n`)
