@@ -2,8 +2,10 @@
 //!
 //! tebench's engine room: a task [`gate`] that drives N native worker threads one case at a
 //! time, benchmark [`worker`]s that loop allocate → submit → poll (with backoff) → free
-//! through ferry-core's public API, the [`report`] columns of Mooncake's tebench, what
-//! [`served`] a case, and the [`runner`] ([`Bench`]) that runs whole cases for a front end.
+//! through ferry-core's public API, their samples ([`stats`]: every Tx figure of a row from
+//! the same ones), the [`report`] columns of Mooncake's tebench (and Ferry's min, median and
+//! max), what [`served`] a case counted from the end of its [`warmup`], and the [`runner`]
+//! ([`Bench`]) that runs whole cases for a front end.
 //!
 //! ```no_run
 //! use std::time::Duration;

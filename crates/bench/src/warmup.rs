@@ -6,7 +6,7 @@
 //! yet and nothing is in flight: what served a case, its failovers and its notifications
 //! exclude the warm-up as its rows do.
 //!
-//! Waiting is bounded: a waiter re-checks the stop signal every [`WAIT_SLICE`], so a worker
+//! Waiting is bounded: a waiter re-checks the stop signal every 10 ms, so a worker
 //! that failed or was stopped during its warm-up (and never arrives) releases the others
 //! within one slice once the gate raised stop.
 
