@@ -37,6 +37,12 @@ export interface ReportRow {
   p99TxUs: number
   /** P999 Tx (us). */
   p999TxUs: number
+  /** Shortest operation time (us). */
+  minTxUs: number
+  /** Median operation time (us). */
+  p50TxUs: number
+  /** Longest operation time (us). */
+  maxTxUs: number
 }
 
 /** One transport's part of a case. */
@@ -251,7 +257,8 @@ export declare function benchMooncakeLine(row: ReportRow): string
 
 /**
  * Outcome of a case: "ok" with a row, "failed" with the first failure, or "stopped"
- * (with a row when measured operations exist), and what served it.
+ * (with a row when measured operations exist), and what served it, counted from the end
+ * of its warm-up.
  */
 export interface BenchResult {
   /** "ok", "failed" or "stopped". */
@@ -266,6 +273,10 @@ export interface BenchResult {
   servedLabel: string
   /** Attempts that failed over during the case. */
   failovers: number
+  /** Notifications sent during the case (its measured part, as every figure here). */
+  notificationsSent: number
+  /** Notifications whose delivery failed during the case. */
+  notificationsFailed: number
   /** When the first worker failed, ms since the Unix epoch. */
   firstFailureAtMs?: number
   /** When the last worker ended, ms since the Unix epoch. */

@@ -7,7 +7,7 @@ import { startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
 import { delay, killAll, spawnNode } from './helpers'
 
 const TEBENCH = path.join(__dirname, '..', 'bench', 'tebench.ts')
-const COLUMNS = ['blockSize', 'batchSize', 'bwGbps', 'avgInstGbps', 'avgLatUs', 'avgTxUs', 'p99TxUs', 'p999TxUs']
+const COLUMNS = ['blockSize', 'batchSize', 'bwGbps', 'avgInstGbps', 'avgLatUs', 'avgTxUs', 'minTxUs', 'p50TxUs', 'p99TxUs', 'p999TxUs', 'maxTxUs']
 
 interface Finished {
   code: number | null

@@ -38,7 +38,7 @@ step() { echo "test-pack: $*"; }
 
 # The API's modules (lib/*.ts), as they are built: code and declarations.
 lib_files=$(for f in lib/*.ts; do m=$(basename "$f" .ts); printf 'dist/lib/%s.d.ts dist/lib/%s.js ' "$m" "$m"; done)
-tebench_files=$(for m in config engine-setup fault flags initiator interrupt local output stripes target; do printf 'dist/bench/tebench/%s.js ' "$m"; done)
+tebench_files=$(for m in command config engine-setup fault flags initiator interrupt local output progress runinfo stripes summary target; do printf 'dist/bench/tebench/%s.js ' "$m"; done)
 # shellcheck disable=SC2086 # one word per file
 for f in "$addon" dist/index.js dist/binding.d.ts dist/loader.js dist/bench/options.js dist/bench/tebench.js $tebench_files $lib_files; do
   [ -f "$f" ] || fail "$f missing: build first (npm run build:release && npm run build:ts)"
@@ -186,6 +186,9 @@ mkdir "$work/oneshot"
 (cd "$work/oneshot" && as_user "$timeout_bin" 300 npx --yes -p "$name" tebench --help >"$work/oneshot.out") ||
   fail "npx -p $name tebench --help"
 grep -q -- '--target_seg_name' "$work/oneshot.out" || fail "npx -p $name tebench --help printed: $(head -5 "$work/oneshot.out")"
+(cd "$work/oneshot" && as_user "$timeout_bin" 300 npx --yes -p "$name" tebench --version >"$work/version.out") ||
+  fail "npx -p $name tebench --version"
+grep -q "^tebench ($name) $version, commit " "$work/version.out" || fail "tebench --version printed: $(head -5 "$work/version.out")"
 
 # Without its platform package (optional dependencies left out), the loader names the
 # platform and the package to install.

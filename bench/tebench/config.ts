@@ -46,6 +46,7 @@ export interface Config {
   inject?: Injection
   format: OutputFormat
   help: boolean
+  version: boolean
 }
 
 export type Addressing = 'fixed' | 'walk'
@@ -139,6 +140,7 @@ export function parseConfig(argv: string[]): Config {
     inject: parseInjection(v.inject, v.duration),
     format: v.json ? 'json' : (v.format as OutputFormat),
     help: v.help,
+    version: v.version,
   }
   if (cfg.startBlockSize > cfg.maxBlockSize) throw new UsageError('--start_block_size is larger than --max_block_size')
   if (cfg.startBatchSize > cfg.maxBatchSize) throw new UsageError('--start_batch_size is larger than --max_batch_size')

@@ -1,11 +1,13 @@
 /**
  * What both roles set up on their Engine from the Config: the metadata service, the cluster
- * secret, the transports, and the report of transports that could not be installed.
+ * secret, the transports, the run's header once the engine is up, and the report of
+ * transports that could not be installed.
  */
 import { readFileSync } from 'node:fs'
 import type { Engine, EngineOptions, TransportName } from '../../index'
 import type { Config } from './config'
-import type { Output } from './output'
+import type { Output, SpreadRecord } from './output'
+import type { RunInfo } from './runinfo'
 
 /** Engine options of the metadata flags. */
 export function metadataOptions(cfg: Config): EngineOptions {
@@ -43,8 +45,22 @@ export function engineTransports(xport: TransportName | undefined): TransportNam
   return xport ? [xport] : undefined
 }
 
-/** The run header: what the engine spreads its work over, as the engine reports it. */
-export function reportSpread(engine: Engine, out: Output, role: 'initiator' | 'target'): void {
+/**
+ * The run's header: what produced it (`info`), the role and what it asked for, then the
+ * engines' lines — --local's target's (`others`) and this one's, as the engine reports
+ * what it spreads its work over.
+ */
+export function reportHeader(
+  engine: Engine,
+  out: Output,
+  role: 'initiator' | 'target',
+  cfg: Config,
+  info: RunInfo,
+  others: SpreadRecord[] = [],
+): void {
+  const { name, ...rest } = info
+  out.header({ record: 'header', tool: 'tebench', package: name, ...rest, role, requested: cfg.xportType ?? 'auto', addressing: cfg.addressing })
+  for (const r of others) out.spread(r)
   out.spread({ record: 'engine', role, ...engine.spread() })
 }
 

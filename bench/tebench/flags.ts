@@ -110,9 +110,15 @@ export const OPTIONS = {
     metavar: 'kill|stop[:AFTER_MS]',
     help: 'with --local: SIGKILL or SIGSTOP the target AFTER_MS (default 500) into the first measured case, report the time to the first FAILED and to the last request\'s end, exit 1',
   },
-  format: { type: 'string', default: 'table', choices: ['table', 'mooncake', 'json'], help: 'table, mooncake (Mooncake\'s own layout) or json' },
+  format: {
+    type: 'string',
+    default: 'table',
+    choices: ['table', 'mooncake', 'csv', 'json'],
+    help: "table, mooncake (Mooncake's own layout), csv (# KEY: VALUE header lines, then column names and a line per case) or json (a JSON line per record)",
+  },
   json: { type: 'boolean', default: false, help: 'the same as --format=json: every outcome as a JSON line on stdout' },
   help: { type: 'boolean', default: false, aliases: ['h'], help: 'show this help' },
+  version: { type: 'boolean', default: false, help: 'print the version, commit and Node, and exit' },
   auth_secret_file: {
     type: 'string',
     default: '',
@@ -155,7 +161,8 @@ export function helpText(): string {
     'Mooncake flags refused (never silently ignored):',
     ...refusedLines(OPTIONS, { refusedPrefixes: REFUSED_PREFIXES }),
     '',
-    'Columns: BlkSize (B) | Batch | BW (GB/S) | Avg Inst GB/s | Avg Lat (us) | Avg Tx (us) | P99 Tx (us) | P999 Tx (us)',
+    'Columns: BlkSize (B) | Batch | BW (GB/S) | Avg Inst GB/s | Avg Lat (us) | Avg Tx (us) | P50 Tx (us) | P99 Tx (us) | P999 Tx (us) | Max Tx (us)',
+    "  (--format=mooncake: Mooncake's eight, without P50 and Max; csv and json add Min Tx. Warm-up excluded from every figure.)",
     'Exit codes: 0 success, 1 transfer failure, 2 bad usage, 130 interrupted (partial results printed).',
   ].join('\n') + '\n'
 }

@@ -7,16 +7,34 @@
  */
 import { Engine, type Bench, type BenchFailure, type BenchResult, type BenchRow, type Region, type Segment } from '../../index'
 import type { Addressing, Config } from './config'
-import { authOptions, engineTransports, metadataOptions, reportDisabled, reportSpread, tuningOptions } from './engine-setup'
-import type { FaultTarget } from './fault'
+import { authOptions, engineTransports, metadataOptions, reportDisabled, reportHeader, tuningOptions } from './engine-setup'
 import { interrupt } from './interrupt'
-import { progress, type CaseRecord, type FailedRecord, type NotifyRecord, type Output } from './output'
+import type { LocalTarget } from './local'
+import type { CaseRecord, FailedRecord, NotifyRecord, Output } from './output'
+import { progress } from './progress'
+import type { RunInfo } from './runinfo'
 import { copyStripes, PATTERN, stripeLength, verify, type TargetBuffer } from './stripes'
+import { summarize } from './summary'
 
 /** start, 2 × start, … up to max: the sweep of one dimension. */
 function doubling(start: number, max: number): number[] {
   const out: number[] = []
   for (let v = start; v <= max; v *= 2) out.push(v)
+  return out
+}
+
+/** The cases of a sweep, in the order run: threads, block size, batch size, op. */
+export function sweep(cfg: Config): Array<{ threads: number; block: number; batch: number; op: 'read' | 'write' }> {
+  const ops: Array<'read' | 'write'> = cfg.opType === 'mix' ? ['write', 'read'] : [cfg.opType]
+  const out = []
+  for (const threads of doubling(cfg.startNumThreads, cfg.maxNumThreads)) {
+    for (const block of doubling(cfg.startBlockSize, cfg.maxBlockSize)) {
+      for (const batch of doubling(cfg.startBatchSize, cfg.maxBatchSize)) {
+        if (block * batch > cfg.totalBufferSize / threads) continue
+        for (const op of ops) out.push({ threads, block, batch, op })
+      }
+    }
+  }
   return out
 }
 
@@ -66,18 +84,25 @@ function failedRecord(f: BenchFailure): FailedRecord {
   }
 }
 
-/** --notifi: what the initiator sent since the last call, and its rate over the measured time. */
-function notified(engine: Engine, durationS: number): NotifyRecord {
-  const m = engine.metrics()
-  const before = notifiedSoFar.get(engine) ?? { sent: 0, failed: 0 }
-  notifiedSoFar.set(engine, { sent: m.notificationsSent, failed: m.notificationsFailed })
-  const count = m.notificationsSent - before.sent
-  return { record: 'notifications', role: 'initiator', count, lost: m.notificationsFailed - before.failed, perSecond: count / durationS }
+/**
+ * --notifi: what the initiator sent during a case's measured time, its rate, and apart
+ * what it sent during the warm-up (the engine's count since the last case, less the
+ * measured part), so that the target's total can be checked against the initiator's.
+ */
+function notified(engine: Engine, result: BenchResult, durationS: number): NotifyRecord {
+  const sent = engine.metrics().notificationsSent
+  const all = sent - (sentSoFar.get(engine) ?? 0)
+  sentSoFar.set(engine, sent)
+  const count = result.notificationsSent
+  return { record: 'notifications', role: 'initiator', count, warmup: all - count, lost: result.notificationsFailed, perSecond: count / durationS }
 }
-const notifiedSoFar = new WeakMap<Engine, { sent: number; failed: number }>()
+const sentSoFar = new WeakMap<Engine, number>()
 
-/** Runs initiator mode against `cfg.targetSegNames`; `faultTarget` is --local's child, for --inject. */
-export async function runInitiator(cfg: Config, out: Output, faultTarget?: FaultTarget): Promise<InitiatorResult> {
+/**
+ * Runs initiator mode against `cfg.targetSegNames`; `child` is --local's target: its
+ * engine joins the header, and --inject signals it.
+ */
+export async function runInitiator(cfg: Config, out: Output, info: RunInfo, child?: LocalTarget): Promise<InitiatorResult> {
   const engine = await Engine.create({
     transports: engineTransports(cfg.xportType),
     peerTimeoutMs: cfg.peerTimeoutMs,
@@ -86,7 +111,10 @@ export async function runInitiator(cfg: Config, out: Output, faultTarget?: Fault
     ...authOptions(cfg),
   })
   reportDisabled(engine, out)
-  reportSpread(engine, out, 'initiator')
+  reportHeader(engine, out, 'initiator', cfg, info, child?.engine ? [child.engine] : [])
+  const rows: CaseRecord[] = []
+  const total = sweep(cfg).length
+  let done = 0
   let bench: Bench | undefined
   const stopBench = () => bench?.stop()
   interrupt.onStop.add(stopBench)
@@ -127,7 +155,7 @@ export async function runInitiator(cfg: Config, out: Output, faultTarget?: Fault
     // Whether the targets hold the pattern (a read case with --check_consistency needs it).
     let primed = false
     const ops: Array<'read' | 'write'> = cfg.opType === 'mix' ? ['write', 'read'] : [cfg.opType]
-    let inject = cfg.inject && faultTarget ? { ...cfg.inject, target: faultTarget } : undefined
+    let inject = cfg.inject && child ? { ...cfg.inject, target: child } : undefined
 
     for (const threads of doubling(cfg.startNumThreads, cfg.maxNumThreads)) {
       if (interrupt.stopped) break
@@ -149,8 +177,8 @@ export async function runInitiator(cfg: Config, out: Output, faultTarget?: Fault
               if (op === 'read' && readBack) readBack.fill(0)
               if (group !== `${op}/${threads}`) out.groupStart(op, threads, requested, cfg.addressing)
               group = `${op}/${threads}`
-              progress.show(`tebench: ${what} over ${requested}…`)
               const warmupMs = WARMUP_MS
+              progress.caseStarts(done++, total, `${what} over ${requested}`, (warmupMs + cfg.durationS * 1000) / 1000)
               // --inject: the fault lands in the first measured case, afterMs past its warm-up.
               let faultAt: number | undefined
               let faultTimer: NodeJS.Timeout | undefined
@@ -206,8 +234,9 @@ export async function runInitiator(cfg: Config, out: Output, faultTarget?: Fault
               if (result.row) {
                 const record = toRecord(op, cfg.addressing, requested, result, result.row, result.outcome === 'stopped')
                 out.row(record, result.row, result.servedLabel)
+                rows.push(record)
               }
-              if (cfg.notifi) out.notifications(notified(engine, cfg.durationS))
+              if (cfg.notifi) out.notifications(notified(engine, result, cfg.durationS))
               if (result.outcome === 'stopped' || interrupt.stopped) return { code: 130 }
               if (readBack && op === 'write' && cfg.opType === 'write') {
                 readBack.fill(0)
@@ -242,6 +271,7 @@ export async function runInitiator(cfg: Config, out: Output, faultTarget?: Fault
   } finally {
     interrupt.onStop.delete(stopBench)
     progress.clear()
+    if (done > 0) out.summary(summarize(rows))
     await engine.close()
   }
 }

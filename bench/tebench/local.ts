@@ -1,17 +1,21 @@
 /**
  * --local: a target child of this same script on 127.0.0.1, in its own process group, that
  * the initiator benches against and stops at its end (SIGTERM; SIGKILL after 3 s, or at
- * once when --inject stopped it). The child's notification count, printed at its end,
- * passes through to this process's stdout.
+ * once when --inject stopped it). The child prints JSON records: its engine's line joins
+ * this run's header (`LocalTarget.engine`), and its notification count, printed at its
+ * end, is written here in this run's format.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import * as readline from 'node:readline'
 import type { Config } from './config'
 import type { FaultTarget, Injection } from './fault'
 import { interrupt } from './interrupt'
+import type { NotifyRecord, Output, SpreadRecord } from './output'
 
 export interface LocalTarget extends FaultTarget {
   segment: string
+  /** The target engine's line of the run header, when the child printed it. */
+  engine: SpreadRecord | undefined
   stop(): Promise<void>
   killNow(): void
 }
@@ -20,12 +24,11 @@ export interface LocalTarget extends FaultTarget {
  * Starts `script` (tebench's entry) as a target child and resolves once it printed the
  * command line to run against it, or rejects when it exits or does not start in time.
  */
-export function startLocalTarget(script: string, cfg: Config, timeoutMs = 30_000): Promise<LocalTarget> {
+export function startLocalTarget(script: string, cfg: Config, out: Output, timeoutMs = 30_000): Promise<LocalTarget> {
   const args = [...process.execArgv, script, '--rpc_server_port=0', `--total_buffer_size=${cfg.totalBufferSize}`]
   if (cfg.authSecretFile) args.push(`--auth_secret_file=${cfg.authSecretFile}`)
   if (cfg.notifi) args.push('--notifi')
-  args.push(`--tcp_lanes=${cfg.tcpLanes}`)
-  if (cfg.format === 'json') args.push('--format=json')
+  args.push(`--tcp_lanes=${cfg.tcpLanes}`, '--format=json')
   const child: ChildProcess = spawn(process.execPath, args, {
     env: { ...process.env, FERRY_TEBENCH_CHILD: '1' },
     stdio: ['pipe', 'pipe', 'pipe'],
@@ -77,22 +80,25 @@ export function startLocalTarget(script: string, cfg: Config, timeoutMs = 30_000
       clearTimeout(timer)
       reject(new Error(`target child exited early (${sig ?? code}): ${stderr.trim()}`))
     })
+    let engine: SpreadRecord | undefined
     lines.on('line', (line) => {
-      // --notifi: the target's count, printed at its end, is part of this run's output; so
-      // is its run header (what its engine spreads over).
-      if (line.startsWith('tebench: target engine:')) {
-        // Mooncake's layout keeps its stdout to its table: the header goes to stderr there.
-        ;(cfg.format === 'mooncake' ? process.stderr : process.stdout).write(line + '\n')
+      // Its records: the engine's line of the header, kept for this run's header; the
+      // --notifi count, printed at its end, part of this run's output.
+      if (line.startsWith('{')) {
+        let r: { record?: string }
+        try {
+          r = JSON.parse(line)
+        } catch {
+          return
+        }
+        if (r.record === 'engine') engine = r as SpreadRecord
+        if (r.record === 'notifications') out.notifications(r as NotifyRecord)
         return
       }
-      if (line.startsWith('tebench: notifications:') || line.includes('"record":"notifications"') || line.includes('"record":"engine"')) {
-        process.stdout.write(line + '\n')
-        return
-      }
-      const m = /--target_seg_name=(\S+)/.exec(line)
+      const m = /--target_seg_name=([^\s']+)/.exec(line)
       if (!m) return
       clearTimeout(timer)
-      resolve({ segment: m[1], pid: child.pid ?? 0, signal, stop, killNow })
+      resolve({ segment: m[1], engine, pid: child.pid ?? 0, signal, stop, killNow })
     })
   })
 }

@@ -6,10 +6,13 @@
  */
 import { Engine } from '../../index'
 import type { Config, EtcdAccess } from './config'
-import { authOptions, metadataOptions, reportDisabled, reportSpread, tuningOptions } from './engine-setup'
+import { initiatorCommand, whereFrom } from './command'
+import { authOptions, metadataOptions, reportDisabled, reportHeader, tuningOptions } from './engine-setup'
 import { OPTIONS } from './flags'
 import { interrupt } from './interrupt'
-import { Output, progress } from './output'
+import { Output } from './output'
+import { progress } from './progress'
+import { packageRoot, type RunInfo } from './runinfo'
 
 /** The etcd TLS/auth flags again, for the printed initiator command (paths only). */
 function etcdFlags(e: EtcdAccess): string[] {
@@ -23,20 +26,20 @@ function etcdFlags(e: EtcdAccess): string[] {
   return flags.filter(([, v]) => v !== undefined).map(([k, v]) => `--${k}=${v}`)
 }
 
-/** The command line an initiator runs against this target. */
-function initiatorCommand(cfg: Config, segment: string): string {
-  const parts = ['npx tebench', `--target_seg_name=${segment}`]
+/** The flags of the command line an initiator runs against this target. */
+function initiatorFlags(cfg: Config, segment: string): string[] {
+  const parts = [`--target_seg_name=${segment}`]
   if (cfg.metadataType === 'etcd') {
     parts.push('--metadata_type=etcd', `--metadata_url_list=${cfg.metadataUrlList}`, ...etcdFlags(cfg.etcd))
   }
   if (cfg.totalBufferSize !== OPTIONS.total_buffer_size.default) parts.push(`--total_buffer_size=${cfg.totalBufferSize}`)
   if (cfg.xportType) parts.push(`--xport_type=${cfg.xportType}`)
   if (cfg.authSecretFile) parts.push(`--auth_secret_file=${cfg.authSecretFile}`)
-  return parts.join(' ')
+  return parts
 }
 
 /** Runs target mode; resolves with the exit code once stopped. */
-export async function runTarget(cfg: Config, out: Output): Promise<number> {
+export async function runTarget(cfg: Config, out: Output, info: RunInfo, script: string): Promise<number> {
   // --notifi: room for bursts while JS counts them (a full queue drops, counted and printed).
   const queue = cfg.notifi ? { notifyQueueSize: 1 << 16 } : {}
   const engine = await Engine.create({
@@ -48,8 +51,10 @@ export async function runTarget(cfg: Config, out: Output): Promise<number> {
     ...queue,
   })
   try {
-    reportDisabled(engine, new Output(out.format === 'json' ? 'json' : 'table'))
-    reportSpread(engine, new Output(out.format === 'json' ? 'json' : 'table'), 'target')
+    // Mooncake's layout is the initiator's table: a target prints in Ferry's.
+    const notes = out.format === 'mooncake' ? new Output('table') : out
+    reportDisabled(engine, notes)
+    reportHeader(engine, notes, 'target', cfg, info)
     const region = engine.allocate(cfg.totalBufferSize)
     void region
     // Notifications are counted as they come (taken, so the queue never fills).
@@ -57,7 +62,8 @@ export async function runTarget(cfg: Config, out: Output): Promise<number> {
     engine.on('notification', () => received++)
     // The command names the segment as peers must spell it: the advertised address in
     // p2p, the registered name with etcd.
-    process.stdout.write(initiatorCommand(cfg, engine.segmentName) + '\n')
+    const where = whereFrom(script, packageRoot(), process.cwd())
+    process.stdout.write(initiatorCommand(where, info.version, initiatorFlags(cfg, engine.segmentName)) + '\n')
     progress.show(`tebench: target ${engine.segmentName} ready (${cfg.totalBufferSize} B); Ctrl-C to stop`)
     await new Promise<void>((resolve) => {
       const keepAlive = setInterval(() => {}, 1 << 30)
@@ -75,7 +81,7 @@ export async function runTarget(cfg: Config, out: Output): Promise<number> {
     })
     progress.clear()
     if (cfg.notifi || received > 0) {
-      out.notifications({ record: 'notifications', role: 'target', count: received, lost: engine.metrics().notificationsDropped, perSecond: null })
+      notes.notifications({ record: 'notifications', role: 'target', count: received, lost: engine.metrics().notificationsDropped, perSecond: null })
     }
     return 0
   } finally {

@@ -2,8 +2,10 @@
 //!
 //! tebench's engine room: a task [`gate`] that drives N native worker threads one case at a
 //! time, benchmark [`worker`]s that loop allocate → submit → poll (with backoff) → free
-//! through ferry-core's public API, the [`report`] columns of Mooncake's tebench, what
-//! [`served`] a case, and the [`runner`] ([`Bench`]) that runs whole cases for a front end.
+//! through ferry-core's public API, their samples ([`stats`]: every Tx figure of a row from
+//! the same ones), the [`report`] columns of Mooncake's tebench (and Ferry's min, median and
+//! max), what [`served`] a case counted from the end of its [`warmup`], and the [`runner`]
+//! ([`Bench`]) that runs whole cases for a front end.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -52,7 +54,9 @@ pub mod notify_room;
 pub mod report;
 pub mod runner;
 pub mod served;
+pub mod stats;
 mod sync;
+pub mod warmup;
 pub mod worker;
 
 pub use gate::{Failure, Gate, GateHooks, Hook, Retirements, RunError, StopSignal, WorkerFn};
@@ -60,7 +64,9 @@ pub use notify_room::{room_for_notification, NOTIFY_WINDOW};
 pub use report::ReportRow;
 pub use runner::{Bench, CaseOutcome, CaseReport, MAX_THREADS};
 pub use served::{Served, TransportShare};
+pub use stats::{TxSummary, WorkerStats};
+pub use warmup::WarmupMark;
 pub use worker::{
-    bench_gate, run_worker, Addressing, Backoff, BenchGate, BenchSpec, OffsetCycle, Pause, Stripe,
-    WorkerStats, DEFAULT_STALL_TIMEOUT,
+    bench_gate, run_worker, run_worker_marked, Addressing, Backoff, BenchGate, BenchSpec,
+    OffsetCycle, Pause, Stripe, DEFAULT_STALL_TIMEOUT,
 };

@@ -9,6 +9,10 @@
 //! - Avg Tx, P99 Tx, P999 Tx = mean and percentiles of the operation time, submit to
 //!   completion (batch allocation and free are outside the timer).
 //!
+//! Ferry adds the minimum, median and maximum operation time: every Tx figure comes from
+//! the same samples ([`crate::stats`]), so min ≤ P50 ≤ P99 ≤ P999 ≤ max and Avg lies
+//! within min..max. Mooncake's columns stay as they are.
+//!
 //! A case with no operations reports zeros rather than NaN or infinity.
 //!
 //! Two text layouts: Ferry's table ([`ReportRow::header`], [`ReportRow::to_line`]) and
@@ -17,7 +21,7 @@
 
 use serde::Serialize;
 
-use crate::worker::WorkerStats;
+use crate::stats::{TxSummary, WorkerStats};
 
 /// One result row: a (block size, batch size) case.
 ///
@@ -48,10 +52,16 @@ pub struct ReportRow {
     pub p99_tx_us: f64,
     /// P999 Tx (us).
     pub p999_tx_us: f64,
+    /// Shortest operation time (us).
+    pub min_tx_us: f64,
+    /// Median operation time (us).
+    pub p50_tx_us: f64,
+    /// Longest operation time (us).
+    pub max_tx_us: f64,
 }
 
 impl ReportRow {
-    /// Column headers, with their units, as tebench prints them.
+    /// Mooncake's column headers, with their units.
     pub const COLUMNS: [&'static str; 8] = [
         "BlkSize (B)",
         "Batch",
@@ -75,40 +85,34 @@ impl ReportRow {
     ) -> Result<Self, hdrhistogram::AdditionError> {
         Ok(match WorkerStats::merge_all(stats)? {
             Some(merged) => Self::from_merged(block_size, batch_size, &merged),
-            None => Self::from_parts(block_size, batch_size, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0),
+            None => Self::from_parts(block_size, batch_size, 0, 0, 0.0, 0.0, None),
         })
     }
 
     /// Computes the row from stats merged over every thread.
     pub fn from_merged(block_size: u64, batch_size: usize, merged: &WorkerStats) -> Self {
-        let ns_to_us = |ns: u64| ns as f64 / 1e3;
         Self::from_parts(
             block_size,
             batch_size,
             merged.workers,
             merged.ops,
             merged.wall.as_secs_f64(),
-            merged.tx_total.as_secs_f64(),
             merged.inst_bps_sum,
-            ns_to_us(merged.tx_ns.value_at_quantile(0.99)),
-            ns_to_us(merged.tx_ns.value_at_quantile(0.999)),
+            merged.tx_summary().as_ref(),
         )
     }
 
     /// The formulas, on plain numbers: `wall_sum_s` is the sum of per-thread wall times,
-    /// `tx_sum_s` the sum of operation times, `inst_bps_sum` the sum over operations of
-    /// bytes / operation time.
-    #[allow(clippy::too_many_arguments)]
+    /// `inst_bps_sum` the sum over operations of bytes / operation time, `tx` the
+    /// distribution of operation times (`None` without operations).
     pub fn from_parts(
         block_size: u64,
         batch_size: usize,
         threads: usize,
         ops: u64,
         wall_sum_s: f64,
-        tx_sum_s: f64,
         inst_bps_sum: f64,
-        p99_tx_us: f64,
-        p999_tx_us: f64,
+        tx: Option<&TxSummary>,
     ) -> Self {
         let op_bytes = block_size as f64 * batch_size as f64;
         let mean_wall_s = if threads == 0 {
@@ -122,6 +126,8 @@ impl ReportRow {
         } else {
             0.0
         };
+        let tx = if ops == 0 { None } else { tx };
+        let us = |f: fn(&TxSummary) -> u64| tx.map_or(0.0, |t| f(t) as f64 / 1e3);
         Self {
             block_size: block_size as f64,
             batch_size: u32::try_from(batch_size).unwrap_or(u32::MAX),
@@ -130,9 +136,12 @@ impl ReportRow {
             bw_gbps,
             avg_inst_gbps: per_op(inst_bps_sum) / 1e9,
             avg_lat_us: per_op(mean_wall_s * threads as f64) * 1e6,
-            avg_tx_us: per_op(tx_sum_s) * 1e6,
-            p99_tx_us: if ops == 0 { 0.0 } else { p99_tx_us },
-            p999_tx_us: if ops == 0 { 0.0 } else { p999_tx_us },
+            avg_tx_us: tx.map_or(0.0, |t| t.mean_ns / 1e3),
+            p99_tx_us: us(|t| t.p99_ns),
+            p999_tx_us: us(|t| t.p999_ns),
+            min_tx_us: us(|t| t.min_ns),
+            p50_tx_us: us(|t| t.p50_ns),
+            max_tx_us: us(|t| t.max_ns),
         }
     }
 
@@ -248,6 +257,9 @@ mod tests {
         // within the histogram's 3 significant digits.
         assert!(close(row.p99_tx_us, 40.0, 1e-3), "{}", row.p99_tx_us);
         assert!(close(row.p999_tx_us, 40.0, 1e-3), "{}", row.p999_tx_us);
+        // The samples' own min, median and max: exact, not a histogram bucket's.
+        assert_eq!((row.min_tx_us, row.max_tx_us), (10.0, 40.0));
+        assert!(close(row.p50_tx_us, 20.0, 1e-3), "{}", row.p50_tx_us);
     }
 
     #[test]
@@ -282,6 +294,9 @@ mod tests {
             row.avg_tx_us,
             row.p99_tx_us,
             row.p999_tx_us,
+            row.min_tx_us,
+            row.p50_tx_us,
+            row.max_tx_us,
         ] {
             assert_eq!(v, 0.0);
         }
@@ -289,7 +304,19 @@ mod tests {
 
     #[test]
     fn text_row_lines_up_with_the_header() {
-        let row = ReportRow::from_parts(4096, 1, 1, 10, 1.0, 0.001, 4.096e10, 150.0, 200.0);
+        let tx = TxSummary {
+            min_ns: 50_000,
+            mean_ns: 100_000.0,
+            p50_ns: 90_000,
+            p99_ns: 150_000,
+            p999_ns: 200_000,
+            max_ns: 250_000,
+        };
+        let row = ReportRow::from_parts(4096, 1, 1, 10, 1.0, 4.096e10, Some(&tx));
+        assert_eq!(
+            (row.avg_tx_us, row.p999_tx_us, row.max_tx_us),
+            (100.0, 200.0, 250.0)
+        );
         let (h, l) = (ReportRow::header(), row.to_line());
         assert_eq!(h.len(), l.len(), "\n{h}\n{l}");
         assert!(h.contains("BW (GB/S)") && h.contains("P999 Tx (us)"));
@@ -316,6 +343,9 @@ mod tests {
             avg_tx_us: 52.94,
             p99_tx_us: 120.0,
             p999_tx_us: 1234.56,
+            min_tx_us: 40.0,
+            p50_tx_us: 50.0,
+            max_tx_us: 2000.0,
         };
         assert_eq!(
             row.to_mooncake_line(),

@@ -9,12 +9,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use ferry_core::metrics::Metrics;
 use ferry_core::{Engine, Error};
 
 use crate::gate::{Failure, GateHooks, RunError};
 use crate::report::ReportRow;
 use crate::served::Served;
-use crate::worker::{run_worker, BenchGate, BenchSpec, WorkerStats};
+use crate::warmup::WarmupMark;
+use crate::worker::{run_worker_marked, BenchGate, BenchSpec, WorkerStats};
 
 /// Most worker threads one bench takes.
 pub const MAX_THREADS: usize = 1024;
@@ -51,7 +53,8 @@ pub struct CaseReport {
     pub row: Option<ReportRow>,
     /// The first failure, for `Failed`.
     pub failure: Option<Failure>,
-    /// Transports that moved the case's bytes, and its failovers.
+    /// Transports that moved the case's bytes, its failovers and notifications, counted
+    /// from the end of its warm-up (from its start when it was stopped before).
     pub served: Served,
     /// When the first worker failed, ms since the Unix epoch (comparable with a fault
     /// injected by another process).
@@ -74,6 +77,8 @@ pub struct Bench {
     threads: usize,
     /// ms since the epoch of the running case's first failure; 0 = none yet.
     first_failure: Arc<AtomicU64>,
+    /// The engine's metrics when the running case's warm-up ended.
+    warm: Arc<WarmupMark<Metrics>>,
 }
 
 impl Bench {
@@ -92,12 +97,14 @@ impl Bench {
             return Err(Error::Closed);
         }
         let first_failure = Arc::new(AtomicU64::new(0));
-        let (worker_engine, first) = (engine.clone(), first_failure.clone());
+        let warm = Arc::new(WarmupMark::new(threads));
+        let (worker_engine, first, mark) = (engine.clone(), first_failure.clone(), warm.clone());
         let gate = BenchGate::start_with_hooks(
             threads,
             GateHooks::default(),
             move |slot, spec: BenchSpec, stop| {
-                let result = run_worker(&worker_engine, slot, &spec, stop);
+                let warmed = |stop: &_| mark.arrive(stop, || worker_engine.metrics());
+                let result = run_worker_marked(&worker_engine, slot, &spec, stop, warmed);
                 if result.is_err() {
                     // Only the first failure of the case sets it.
                     let _ =
@@ -112,6 +119,7 @@ impl Bench {
             engine,
             threads,
             first_failure,
+            warm,
         })
     }
 
@@ -122,13 +130,7 @@ impl Bench {
 
     /// Runs one case on every worker and waits for it.
     pub fn run_case(&self, spec: BenchSpec) -> CaseReport {
-        run_case(
-            &self.gate,
-            &self.engine,
-            self.threads,
-            &self.first_failure,
-            spec,
-        )
+        run_case(&self.shared(), self.threads, spec)
     }
 
     /// Runs one case on a thread of its own and hands the report to `done` there.
@@ -140,17 +142,21 @@ impl Bench {
         spec: BenchSpec,
         done: impl FnOnce(CaseReport) + Send + 'static,
     ) -> Result<(), Error> {
-        let (gate, engine, first) = (
-            self.gate.clone(),
-            self.engine.clone(),
-            self.first_failure.clone(),
-        );
-        let threads = self.threads;
+        let (shared, threads) = (self.shared(), self.threads);
         std::thread::Builder::new()
             .name("ferry-bench-case".into())
-            .spawn(move || done(run_case(&gate, &engine, threads, &first, spec)))
+            .spawn(move || done(run_case(&shared, threads, spec)))
             .map(drop)
             .map_err(|e| Error::Io(format!("start bench case thread: {e}")))
+    }
+
+    fn shared(&self) -> Shared {
+        Shared {
+            gate: self.gate.clone(),
+            engine: self.engine.clone(),
+            first_failure: self.first_failure.clone(),
+            warm: self.warm.clone(),
+        }
     }
 
     /// Stops the workers (a running case ends `Stopped`) and joins their threads.
@@ -165,19 +171,29 @@ impl Drop for Bench {
     }
 }
 
-fn run_case(
-    gate: &BenchGate,
-    engine: &Engine,
-    threads: usize,
-    first_failure: &AtomicU64,
-    spec: BenchSpec,
-) -> CaseReport {
+/// What a case runs on, shared with the thread it runs on.
+struct Shared {
+    gate: Arc<BenchGate>,
+    engine: Engine,
+    first_failure: Arc<AtomicU64>,
+    warm: Arc<WarmupMark<Metrics>>,
+}
+
+fn run_case(shared: &Shared, threads: usize, spec: BenchSpec) -> CaseReport {
+    let Shared {
+        gate,
+        engine,
+        first_failure,
+        warm,
+    } = shared;
     let (block, batch, op) = (spec.block_size, spec.batch_size, spec.opcode);
     first_failure.store(0, Ordering::Release);
+    warm.reset();
     let before = engine.metrics();
     let result = gate.run(spec);
     let ended_at_ms = now_ms();
-    let served = Served::between(&before, &engine.metrics(), op);
+    let from = warm.take_mark().unwrap_or(before);
+    let served = Served::between(&from, &engine.metrics(), op);
     let row = |stats: &[WorkerStats]| {
         ReportRow::from_stats(block, batch, stats)
             .ok()

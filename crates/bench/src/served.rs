@@ -1,10 +1,12 @@
-//! What served a case: the transports that moved its bytes, with their shares, and the
-//! failovers it took, from the difference of the engine's metrics before and after.
+//! What served a case: the transports that moved its bytes, with their shares, the
+//! failovers it took and the notifications it sent, from the difference of the engine's
+//! metrics at the end of its warm-up and at its end.
 //!
 //! The engine counts completed bytes per (transport, op) and attempts that failed over
 //! (`Engine::metrics`), so a case costs two snapshots and no per-request bookkeeping in
-//! the measured loop. The bench engine runs one case at a time, so the difference is that
-//! case's (warm-up included).
+//! the measured loop. The bench engine runs one case at a time, and the runner takes the
+//! first snapshot when every worker's warm-up is over (`crate::warmup`), so the difference
+//! is that case's measured part, as its rows are.
 
 use ferry_core::metrics::Metrics;
 use ferry_core::Opcode;
@@ -29,6 +31,10 @@ pub struct Served {
     pub shares: Vec<TransportShare>,
     /// Attempts that failed over to another attempt during the case.
     pub failovers: u64,
+    /// Notifications handed to be sent during the case.
+    pub notifications_sent: u64,
+    /// Notifications whose delivery failed during the case.
+    pub notifications_failed: u64,
 }
 
 impl Served {
@@ -50,7 +56,12 @@ impl Served {
                 )
             })
             .collect();
-        Self::from_bytes(moved, after.failovers.saturating_sub(before.failovers))
+        let (a, b) = (&after.notifications, &before.notifications);
+        Self {
+            notifications_sent: a.sent.saturating_sub(b.sent),
+            notifications_failed: a.failed.saturating_sub(b.failed),
+            ..Self::from_bytes(moved, after.failovers.saturating_sub(before.failovers))
+        }
     }
 
     /// From bytes per transport (zeros are dropped).
@@ -71,7 +82,11 @@ impl Served {
                 .total_cmp(&a.bytes)
                 .then_with(|| a.transport.cmp(&b.transport))
         });
-        Self { shares, failovers }
+        Self {
+            shares,
+            failovers,
+            ..Self::default()
+        }
     }
 
     /// The label of tebench's headers: `shm (100 %)` for one transport, `tcp 90 %, shm 10 %`

@@ -14,10 +14,10 @@
 use std::time::{Duration, Instant};
 
 use ferry_core::{Engine, Error, Opcode, RegionId, Request, TransferStatus, TransportKind};
-use hdrhistogram::Histogram;
 
 use crate::gate::{Failure, Gate, GateHooks, StopSignal};
 use crate::notify_room::{wait_for_room, Room, NOTIFY_WINDOW};
+pub use crate::stats::WorkerStats;
 
 /// Where worker `i` works: bytes `[base + i·len, base + (i+1)·len)` of both the local
 /// region and the remote buffer.
@@ -288,93 +288,6 @@ impl Backoff {
     }
 }
 
-/// Histogram bounds: operation times in nanoseconds, 1 ns to 1 hour, 3 significant digits.
-const HIST_LOW_NS: u64 = 1;
-const HIST_HIGH_NS: u64 = 3_600_000_000_000;
-const HIST_SIGFIG: u8 = 3;
-
-/// One worker's measurements (or several workers' after [`WorkerStats::merge`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct WorkerStats {
-    /// Workers merged into these stats (1 for one worker's).
-    pub workers: usize,
-    /// Measured operations (batches) that completed.
-    pub ops: u64,
-    /// Bytes those operations moved.
-    pub bytes: u64,
-    /// Sum over workers of measured wall time (pacing included).
-    pub wall: Duration,
-    /// Sum of operation times (submit to completion).
-    pub tx_total: Duration,
-    /// Operation times in nanoseconds. Recorded in ns rather than µs so that
-    /// few-microsecond shared-memory operations keep three significant digits.
-    pub tx_ns: Histogram<u64>,
-    /// Sum over operations of bytes / operation time, in B/s ("Avg Inst GB/s").
-    pub inst_bps_sum: f64,
-}
-
-impl WorkerStats {
-    /// Empty stats of one worker.
-    ///
-    /// # Errors
-    /// Only if the histogram cannot be created (its bounds are constants, so never).
-    pub fn new() -> Result<Self, hdrhistogram::CreationError> {
-        Ok(Self {
-            workers: 1,
-            ops: 0,
-            bytes: 0,
-            wall: Duration::ZERO,
-            tx_total: Duration::ZERO,
-            tx_ns: Histogram::new_with_bounds(HIST_LOW_NS, HIST_HIGH_NS, HIST_SIGFIG)?,
-            inst_bps_sum: 0.0,
-        })
-    }
-
-    /// Records one completed operation of `bytes` that took `took`.
-    pub fn record(&mut self, bytes: u64, took: Duration) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
-        self.ops += 1;
-        self.bytes = self.bytes.saturating_add(bytes);
-        self.tx_total = self.tx_total.saturating_add(took);
-        self.tx_ns.saturating_record(ns);
-        self.inst_bps_sum += bytes as f64 / (ns as f64 * 1e-9);
-    }
-
-    /// Adds `other` (another worker) into these stats.
-    ///
-    /// # Errors
-    /// If `other`'s histogram does not fit this one's range (histograms made by
-    /// [`WorkerStats::new`] always fit).
-    pub fn merge(&mut self, other: &WorkerStats) -> Result<(), hdrhistogram::AdditionError> {
-        self.tx_ns.add(&other.tx_ns)?;
-        self.workers += other.workers;
-        self.ops += other.ops;
-        self.bytes = self.bytes.saturating_add(other.bytes);
-        self.wall = self.wall.saturating_add(other.wall);
-        self.tx_total = self.tx_total.saturating_add(other.tx_total);
-        self.inst_bps_sum += other.inst_bps_sum;
-        Ok(())
-    }
-
-    /// Merges every worker's stats into one. `None` for an empty slice.
-    ///
-    /// # Errors
-    /// As [`WorkerStats::merge`].
-    pub fn merge_all(
-        stats: &[WorkerStats],
-    ) -> Result<Option<WorkerStats>, hdrhistogram::AdditionError> {
-        let mut iter = stats.iter();
-        let Some(first) = iter.next() else {
-            return Ok(None);
-        };
-        let mut merged = first.clone();
-        for s in iter {
-            merged.merge(s)?;
-        }
-        Ok(Some(merged))
-    }
-}
-
 /// A bench gate: every worker runs [`run_worker`] on `engine` for each [`BenchSpec`].
 pub type BenchGate = Gate<BenchSpec, WorkerStats>;
 
@@ -400,6 +313,23 @@ pub fn run_worker(
     spec: &BenchSpec,
     stop: &StopSignal,
 ) -> Result<WorkerStats, Failure> {
+    run_worker_marked(engine, slot, spec, stop, |_| true)
+}
+
+/// [`run_worker`], calling `warmed` between the warm-up and the first measured operation
+/// (nothing of this worker in flight): a case's workers meet there ([`crate::warmup`]).
+/// `warmed` returning `false` (stop raised while waiting) ends the worker with no
+/// measurement.
+///
+/// # Errors
+/// As [`run_worker`].
+pub fn run_worker_marked(
+    engine: &Engine,
+    slot: usize,
+    spec: &BenchSpec,
+    stop: &StopSignal,
+    warmed: impl FnOnce(&StopSignal) -> bool,
+) -> Result<WorkerStats, Failure> {
     spec.check(slot + 1)?;
     precise_sleeps();
     let mut stats = WorkerStats::new()
@@ -412,6 +342,9 @@ pub fn run_worker(
         if stop.is_raised() || op.run(stop)?.is_none() {
             return Ok(stats);
         }
+    }
+    if !warmed(stop) {
+        return Ok(stats);
     }
     let started = Instant::now();
     let end = started + spec.duration;
@@ -830,31 +763,5 @@ mod tests {
             b.next_pause(Duration::from_secs(10)),
             Pause::Sleep(Backoff::MAX_SLEEP)
         );
-    }
-
-    #[test]
-    fn stats_record_and_merge() {
-        let mut a = WorkerStats::new().expect("stats");
-        a.record(1000, Duration::from_micros(1)); // 1e9 B/s
-        a.record(1000, Duration::from_micros(2)); // 5e8 B/s
-        a.wall = Duration::from_millis(1);
-        let mut b = WorkerStats::new().expect("stats");
-        b.record(1000, Duration::from_micros(4)); // 2.5e8 B/s
-        b.wall = Duration::from_millis(3);
-        let m = WorkerStats::merge_all(&[a, b])
-            .expect("merge")
-            .expect("some");
-        assert_eq!(m.workers, 2);
-        assert_eq!(m.ops, 3);
-        assert_eq!(m.bytes, 3000);
-        assert_eq!(m.wall, Duration::from_millis(4));
-        assert_eq!(m.tx_total, Duration::from_micros(7));
-        assert_eq!(m.tx_ns.len(), 3);
-        assert!((m.inst_bps_sum - 1.75e9).abs() < 1.0);
-        assert!(WorkerStats::merge_all(&[]).expect("empty").is_none());
-        // Zero-length times are recorded as 1 ns, never a division by zero.
-        let mut z = WorkerStats::new().expect("stats");
-        z.record(8, Duration::ZERO);
-        assert!(z.inst_bps_sum.is_finite());
     }
 }

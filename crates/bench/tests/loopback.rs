@@ -366,3 +366,60 @@ fn pollers_while_the_engine_closes(iterations: usize) -> Tally {
 fn eight_pollers_while_the_engine_closes() {
     pollers_while_the_engine_closes(CLOSE_ITERATIONS);
 }
+
+#[test]
+fn what_served_a_case_counts_its_measured_operations_only() {
+    // shm moves a 4 KiB block on the submitting thread and counts it there, so the bytes
+    // counted are exactly those of the operations the workers timed.
+    let shm = || EngineConfig {
+        transports: vec![TransportKind::Shm],
+        ..EngineConfig::default()
+    };
+    let pair = Pair::new(
+        Engine::new(shm()).expect("target"),
+        Engine::new(shm()).expect("initiator"),
+        2 << 20,
+    );
+    let bench = ferry_bench::Bench::start(pair.initiator.clone(), 2).expect("bench");
+    let spec = BenchSpec {
+        opcode: Opcode::Write,
+        block_size: 4096,
+        batch_size: 2,
+        local: pair.local.id(),
+        segment: pair.seg,
+        peer: pair.peer.clone(),
+        remote_buffer: pair.remote.id(),
+        extra_targets: Vec::new(),
+        stripe: Stripe {
+            base: 0,
+            len: 1 << 20,
+        },
+        addressing: Addressing::Fixed,
+        transport: Some(TransportKind::Shm),
+        // As long a warm-up as the measured time: counted in, it would double the bytes.
+        duration: Duration::from_millis(200),
+        warmup: Duration::from_millis(200),
+        request_interval_us: 0,
+        stall_timeout: DEFAULT_STALL_TIMEOUT,
+        notify: false,
+    };
+    let report = within(BOUND, "case", move || {
+        let r = bench.run_case(spec);
+        bench.stop();
+        r
+    });
+    let row = report.row.expect("a row");
+    assert!(row.ops > 0.0);
+    let shares: Vec<(String, f64)> = report
+        .served
+        .shares
+        .iter()
+        .map(|s| (s.transport.clone(), s.bytes))
+        .collect();
+    assert_eq!(
+        shares,
+        [("shm".to_string(), row.ops * 4096.0 * 2.0)],
+        "{row:?}"
+    );
+    assert_eq!(report.served.failovers, 0);
+}

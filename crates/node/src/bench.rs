@@ -106,7 +106,8 @@ impl From<&Failure> for BenchFailure {
 }
 
 /// Outcome of a case: "ok" with a row, "failed" with the first failure, or "stopped"
-/// (with a row when measured operations exist), and what served it.
+/// (with a row when measured operations exist), and what served it, counted from the end
+/// of its warm-up.
 #[napi(object)]
 #[derive(Default)]
 pub struct BenchResult {
@@ -122,6 +123,10 @@ pub struct BenchResult {
     pub served_label: String,
     /// Attempts that failed over during the case.
     pub failovers: f64,
+    /// Notifications sent during the case (its measured part, as every figure here).
+    pub notifications_sent: f64,
+    /// Notifications whose delivery failed during the case.
+    pub notifications_failed: f64,
     /// When the first worker failed, ms since the Unix epoch.
     pub first_failure_at_ms: Option<f64>,
     /// When the last worker ended, ms since the Unix epoch.
@@ -134,6 +139,8 @@ impl From<CaseReport> for BenchResult {
             outcome: r.outcome.name().to_string(),
             served_label: r.served.label(),
             failovers: r.served.failovers as f64,
+            notifications_sent: r.served.notifications_sent as f64,
+            notifications_failed: r.served.notifications_failed as f64,
             served: r.served.shares,
             row: r.row,
             failure: r.failure.as_ref().map(BenchFailure::from),
