@@ -237,7 +237,7 @@ test('every command the README and the guide pages show is real', (t) => {
       const w = words.slice(words.findIndex((x) => !/^[A-Z_]+=/.test(x)))
       const rest = (from: number) => w.slice(from)
       if (w[0] === 'npx') {
-        const tebenchAt = w[1] === 'tebench' ? 2 : w[1] === '-p' && w[2] === 'ferry-engine' && w[3] === 'tebench' ? 4 : -1
+        const tebenchAt = w[1] === 'tebench' ? 2 : w[1] === '-p' && /^ferry-engine(@\S+)?$/.test(w[2]) && w[3] === 'tebench' ? 4 : -1
         if (tebenchAt < 0) {
           check(fs.existsSync(path.join(root, 'node_modules', '.bin', w[1])), `${where}: no ${w[1]} in node_modules/.bin`)
           continue
