@@ -165,8 +165,17 @@ export declare class NativeEngine {
   spread(): EngineSpreadJs
   /** Engine counters in the Prometheus text exposition format. */
   metricsText(): string
-  /** Closes the engine: pending work is canceled, threads stop, memory is released. */
+  /**
+   * Closes the engine: pending work is canceled, threads stop, memory is released, and
+   * the engine no longer holds the event loop.
+   */
   close(): void
+  /**
+   * Whether this engine keeps Node alive (`Engine.ref`/`unref`, as a listening
+   * `net.Server`): one hold on the thread's port (`settle::hold`), taken or given back
+   * only when this changes; never held once closed.
+   */
+  setHeld(held: boolean): void
   /** Whether the engine is closed. */
   get closed(): boolean
 }

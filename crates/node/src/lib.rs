@@ -23,6 +23,7 @@ mod tables;
 // them reachable in builds without that registration, such as `cargo test`).
 pub use bench::{bench_mooncake_header, bench_mooncake_line};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
 use ferry_core::handle::HandleKind;
@@ -61,6 +62,8 @@ fn init_logging() {
 #[napi]
 pub struct NativeEngine {
     engine: Engine,
+    /// Whether this engine holds its thread's event loop (`set_held`).
+    held: AtomicBool,
 }
 
 impl NativeEngine {
@@ -81,7 +84,10 @@ impl NativeEngine {
             engine.close();
             return Err(internal(e));
         }
-        Ok(Self { engine })
+        Ok(Self {
+            engine,
+            held: AtomicBool::new(false),
+        })
     }
 }
 
@@ -485,10 +491,27 @@ impl NativeEngine {
         self.engine.metrics().to_prometheus()
     }
 
-    /// Closes the engine: pending work is canceled, threads stop, memory is released.
+    /// Closes the engine: pending work is canceled, threads stop, memory is released, and
+    /// the engine no longer holds the event loop.
     #[napi(catch_unwind)]
-    pub fn close(&self) {
+    pub fn close(&self, env: &Env) -> napi::Result<(), String> {
         self.engine.close();
+        self.set_held(env, false)
+    }
+
+    /// Whether this engine keeps Node alive (`Engine.ref`/`unref`, as a listening
+    /// `net.Server`): one hold on the thread's port (`settle::hold`), taken or given back
+    /// only when this changes; never held once closed.
+    #[napi(catch_unwind)]
+    pub fn set_held(&self, env: &Env, held: bool) -> napi::Result<(), String> {
+        let held = held && !self.engine.is_closed();
+        if self.held.swap(held, Ordering::Relaxed) == held {
+            return Ok(());
+        }
+        settle::hold(env, held).map_err(|e| {
+            self.held.store(!held, Ordering::Relaxed);
+            internal(e)
+        })
     }
 
     /// Whether the engine is closed.
