@@ -155,8 +155,11 @@ pub(crate) fn in_loop_callback<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) fn hold(env: &Env, held: bool) -> napi::Result<()> {
     let port = port(env)?;
     let holds = port.holds.get();
-    port.holds
-        .set(if held { holds + 1 } else { holds.saturating_sub(1) });
+    port.holds.set(if held {
+        holds + 1
+    } else {
+        holds.saturating_sub(1)
+    });
     port.refresh();
     Ok(())
 }
