@@ -44,6 +44,35 @@ const aliveAfter = async (exited: Promise<unknown>, ms: number) => Promise.race(
 
 const openFds = () => readdirSync('/proc/self/fd').length
 
+/** A loopback port free now. */
+async function freePort(): Promise<number> {
+  const probe = net.createServer().listen(0, '127.0.0.1')
+  await once(probe, 'listening')
+  const port = (probe.address() as net.AddressInfo).port
+  probe.close()
+  await once(probe, 'close')
+  return port
+}
+
+/** Whether `port` can be listened on within 20 s (an engine there closed). */
+async function portFreed(port: number): Promise<boolean> {
+  const deadline = Date.now() + 20_000
+  while (Date.now() < deadline) {
+    const s = net.createServer()
+    const ok = await new Promise<boolean>((resolve) => {
+      s.once('error', () => resolve(false))
+      s.listen(port, '127.0.0.1', () => resolve(true))
+    })
+    if (ok) {
+      s.close()
+      await once(s, 'close')
+      return true
+    }
+    await sleep(50)
+  }
+  return false
+}
+
 test('a target that only serves stays up with no timer, serves, and exits by itself once unref()', async (t) => {
   t.timeout(60_000)
   const child = await serveOnly('serve')
@@ -100,11 +129,7 @@ const isAbort = (e: unknown, reason: unknown) => {
 
 test('a signal that already fired rejects Engine.create at once: nothing listens, no descriptor is left', async (t) => {
   // A port that is free now: the engine would listen there.
-  const probe = net.createServer().listen(0, '127.0.0.1')
-  await once(probe, 'listening')
-  const port = (probe.address() as net.AddressInfo).port
-  probe.close()
-  await once(probe, 'close')
+  const port = await freePort()
   const before = openFds()
   const reason = new Error('no longer wanted')
   const err = await t.throwsAsync(Engine.create({ listen: `127.0.0.1:${port}`, signal: AbortSignal.abort(reason) }))
@@ -118,6 +143,18 @@ test('a signal that already fired rejects Engine.create at once: nothing listens
   const plain = await t.throwsAsync(Engine.create({ signal: AbortSignal.abort() }))
   t.is((plain as FerryError).code, 'ABORT_ERR')
   t.is((plain?.cause as Error).name, 'AbortError')
+})
+
+test('an engine that starts after its create() was aborted is closed, not left listening', async (t) => {
+  t.timeout(60_000)
+  const port = await freePort()
+  const ac = new AbortController()
+  // The start is under way once create() returns its Promise; the abort comes before it ends.
+  const creating = Engine.create({ listen: `127.0.0.1:${port}`, transports: ['tcp'], signal: ac.signal })
+  ac.abort()
+  const err = await t.throwsAsync(creating)
+  t.is((err as FerryError).code, 'ABORT_ERR')
+  t.true(await portFreed(port), 'the engine that started all the same was closed')
 })
 
 test('a signal that fires while the engine starts rejects Engine.create at once', async (t) => {
