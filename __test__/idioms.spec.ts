@@ -127,7 +127,7 @@ const isAbort = (e: unknown, reason: unknown) => {
   return f instanceof FerryError && f.name === 'AbortError' && f.code === 'ABORT_ERR' && f.cause === reason
 }
 
-test('a signal that already fired rejects Engine.create at once: nothing listens, no descriptor is left', async (t) => {
+test.serial('a signal that already fired rejects Engine.create at once: nothing listens, no descriptor is left', async (t) => {
   // A port that is free now: the engine would listen there.
   const port = await freePort()
   const before = openFds()
@@ -177,11 +177,11 @@ test('a signal that fires while the engine starts rejects Engine.create at once'
   silent.close()
 })
 
-test('openSegment: a fired signal rejects before anything starts; one that fires while it connects rejects at once', async (t) => {
+test.serial('openSegment: a fired signal rejects before anything starts; one that fires while it connects rejects at once and stops the attempt', async (t) => {
   t.timeout(60_000)
   const engine = await Engine.create({ transports: ['tcp'], connectTimeoutMs: 30_000 })
-  // A peer that accepts and never answers the handshake.
-  const silent = net.createServer((s) => s.on('error', () => {}))
+  // A peer that accepts, reads, and never answers the handshake.
+  const silent = net.createServer((s) => s.on('error', () => {}).resume())
   const sockets: net.Socket[] = []
   silent.on('connection', (s) => sockets.push(s))
   silent.listen(0, '127.0.0.1')
@@ -202,6 +202,9 @@ test('openSegment: a fired signal rejects before anything starts; one that fires
     const err = await t.throwsAsync(engine.openSegment(name, { signal: ac.signal }))
     t.true(isAbort(err, late), `${err?.name}: ${err?.message}`)
     t.true(Date.now() - started < 20_000, 'rejected before the connect timeout')
+    // The attempt stopped: its connection is closed long before the connect timeout.
+    const closed = Promise.all(sockets.map((s) => (s.destroyed || s.readableEnded ? undefined : Promise.race([once(s, 'end'), once(s, 'close')]))))
+    t.is(await aliveAfter(closed, 10_000), 'exited', 'the aborted attempt let go of its connection')
   } finally {
     await engine.close()
     for (const s of sockets) s.destroy()

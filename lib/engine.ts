@@ -49,6 +49,8 @@ export class Engine extends EventEmitter {
   #closing?: Promise<void>
   readonly #events: EventRelay
   readonly #notifications: NotificationRelay
+  /** The last id given to a call that a signal may abort (`openSegment`). */
+  #abortable = 0
 
   private constructor(n: Native.NativeEngine, queueSize: number) {
     super()
@@ -82,8 +84,10 @@ export class Engine extends EventEmitter {
     // The start task resolves to the engine, or to why it did not start (a task's
     // rejection cannot carry a code).
     const starting = call(() => native.startEngine(nativeOptions))
-    const started = await untilAborted(starting, signal, (late) => {
-      if (late instanceof native.NativeEngine) late.close()
+    const started = await untilAborted(starting, signal, {
+      late: (engine) => {
+        if (engine instanceof native.NativeEngine) engine.close()
+      },
     })
     if (!(started instanceof native.NativeEngine)) throw failureError(started, ['ERR_FERRY_INTERNAL', 'the engine did not start'])
     const engine = new Engine(started, notifyQueueSize(engineOptions))
@@ -165,15 +169,16 @@ export class Engine extends EventEmitter {
   /**
    * Opens (or refreshes) a peer's segment by name (`host:port`, or its name in etcd).
    * `signal` aborts the call: fired already, it rejects with an `AbortError` before any
-   * connection is made; fired later, it rejects at once while the attempt runs on to its
-   * end (the connect timeout at most), and a segment that attempt opens stays open, as the
-   * next `openSegment(name)` finds it.
+   * connection is made; fired later, it rejects at once and the attempt stops (a segment
+   * it had opened by then stays open, and the next `openSegment(name)` finds it).
    */
   async openSegment(name: string, options: CallOptions = {}): Promise<Segment> {
     if (typeof name !== 'string') throw invalid(`segment name must be a string, got ${describe(name)}`)
     const signal = checkSignal(checkOptions('openSegment', options, ['signal']).signal)
     if (signal?.aborted) throw abortError(signal.reason)
-    const r = await untilAborted(this.native((n) => n.openSegment(name)), signal)
+    const id = signal ? ++this.#abortable : undefined
+    const opening = this.native((n) => n.openSegment(name, id))
+    const r = await untilAborted(opening, signal, { stop: () => void this.#native.abortCall(id ?? 0) })
     if (!r.segment) throw failureError(r.error, ['ERR_FERRY_CONNECT', 'openSegment failed'])
     return toSegment(this, r.segment)
   }

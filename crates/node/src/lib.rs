@@ -4,6 +4,7 @@
 
 #![deny(clippy::all)]
 
+mod abort;
 mod bench;
 mod blocks;
 mod buffer;
@@ -64,6 +65,8 @@ pub struct NativeEngine {
     engine: Engine,
     /// Whether this engine holds its thread's event loop (`set_held`).
     held: AtomicBool,
+    /// Its calls that an AbortSignal may end (`abort_call`).
+    aborts: std::sync::Arc<abort::Aborts>,
 }
 
 impl NativeEngine {
@@ -87,6 +90,7 @@ impl NativeEngine {
         Ok(Self {
             engine,
             held: AtomicBool::new(false),
+            aborts: std::sync::Arc::default(),
         })
     }
 }
@@ -239,26 +243,38 @@ impl NativeEngine {
         self.engine.release(id).map_err(js_error)
     }
 
-    /// Opens a remote segment; resolves with an `OpenResult`.
+    /// Opens a remote segment; resolves with an `OpenResult`. With `abort`, the call's id
+    /// for `abort_call`, which ends it (an empty `OpenResult`).
     #[napi(catch_unwind, ts_return_type = "Promise<OpenResult>")]
     pub fn open_segment<'env>(
         &self,
         env: &'env Env,
         name: String,
+        abort: Option<f64>,
     ) -> napi::Result<Object<'env>, String> {
+        let armed = match abort {
+            Some(id) => Some(self.aborts.arm(to_u64(id, "abort").map_err(js_error)?)),
+            None => None,
+        };
         let (settle, promise) = Settle::<OpenResult>::new(env).map_err(internal)?;
         let engine = self.engine.clone();
         let handles = self.engine.handles();
         let spawned = self.engine.spawn(async move {
-            let result = match engine.open_segment(&name).await {
-                Ok(info) => OpenResult {
+            let open = engine.open_segment(&name);
+            let opened = match armed {
+                Some(armed) => armed.run(open).await,
+                None => Some(open.await),
+            };
+            let result = match opened {
+                Some(Ok(info)) => OpenResult {
                     segment: Some(SegmentDesc::new(info, &handles)),
                     error: None,
                 },
-                Err(e) => OpenResult {
+                Some(Err(e)) => OpenResult {
                     segment: None,
                     error: Some(FailureJs::from(&e)),
                 },
+                None => OpenResult::default(),
             };
             settle.resolve(result);
         });
@@ -457,6 +473,13 @@ impl NativeEngine {
     pub fn cancel(&self, op: f64) -> napi::Result<bool, String> {
         let op = to_u64(op, "op").map_err(js_error)?;
         Ok(self.engine.cancel(op))
+    }
+
+    /// Ends call `id` (see `open_segment`) now; false when it had ended already.
+    #[napi(catch_unwind)]
+    pub fn abort_call(&self, id: f64) -> napi::Result<bool, String> {
+        let id = to_u64(id, "id").map_err(js_error)?;
+        Ok(self.aborts.abort(id))
     }
 
     /// Sets the function that receives engine events. It does not keep Node alive.
