@@ -43,6 +43,8 @@ const holding = new Set<object>()
  *
  * Like a listening `net.Server`, an open engine keeps the process alive (it serves its
  * memory to peers, and a `notifications()` loop waits on it) until `close()`, or `unref()`.
+ * Every engine listens, so one that only initiates holds the process too, as a connected
+ * `net.Socket` does: whether a process ends never depends on whether a peer opened it.
  */
 export class Engine extends EventEmitter {
   readonly #native: Native.NativeEngine
