@@ -124,8 +124,11 @@ export declare class NativeEngine {
   registerMemory(memory: ArrayBufferView, readOnly?: boolean | undefined | null): RegionInfo
   /** Releases a region. */
   release(handle: number): void
-  /** Opens a remote segment; resolves with an `OpenResult`. */
-  openSegment(name: string): Promise<OpenResult>
+  /**
+   * Opens a remote segment; resolves with an `OpenResult`. With `abort`, the call's id
+   * for `abort_call`, which ends it (an empty `OpenResult`).
+   */
+  openSegment(name: string, abort?: number | undefined | null): Promise<OpenResult>
   /** Closes a segment. */
   closeSegment(handle: number): void
   /** An open segment as this engine knows it now (the peer's incarnation and buffers). */
@@ -163,6 +166,8 @@ export declare class NativeEngine {
   transferOne(opcode: number, local: number, localOffset: number, segment: number, remoteBuffer: number, remoteOffset: number, length: number, transport: number, requireTransport: number): number | TaskStatusJs | Promise<number | TaskStatusJs>
   /** Cancels a pending transfer; returns whether it was pending. */
   cancel(op: number): boolean
+  /** Ends call `id` (see `open_segment`) now; false when it had ended already. */
+  abortCall(id: number): boolean
   /** Sets the function that receives engine events. It does not keep Node alive. */
   setEventHandler(callback: (arg: EngineEventJs) => void): void
   /** Engine counters. */
@@ -171,8 +176,17 @@ export declare class NativeEngine {
   spread(): EngineSpreadJs
   /** Engine counters in the Prometheus text exposition format. */
   metricsText(): string
-  /** Closes the engine: pending work is canceled, threads stop, memory is released. */
+  /**
+   * Closes the engine: pending work is canceled, threads stop, memory is released, and
+   * the engine no longer holds the event loop.
+   */
   close(): void
+  /**
+   * Whether this engine keeps Node alive (`Engine.ref`/`unref`, as a listening
+   * `net.Server`): one hold on the thread's port (`settle::hold`), taken or given back
+   * only when this changes; never held once closed.
+   */
+  setHeld(held: boolean): void
   /** Whether the engine is closed. */
   get closed(): boolean
 }

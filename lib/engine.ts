@@ -1,6 +1,8 @@
 /** The engine: memory, segments, transfers, block lists, notifications, and its events. */
 import { EventEmitter } from 'node:events'
 import type * as Native from './native'
+import './dispose'
+import { untilAborted } from './abort'
 import { startBench, type Bench } from './bench'
 import { blockOpcode, blocksOutcome, toNativeBlocks, toSubmission, type BatchBlockList, type BlocksRequest, type BlocksResult, type BlockSubmission } from './blocks'
 import { checkBytes, checkNumber, checkOptions, checkSignal, describe, invalid } from './checks'
@@ -34,16 +36,29 @@ export interface Engine {
 }
 
 /**
+ * The engines that hold the event loop, kept reachable as a listening server is by its
+ * handle: one that holds the loop is never collected unclosed.
+ */
+const holding = new Set<object>()
+
+/**
  * A Ferry engine: owns memory, opens peers' segments, moves bytes. An EventEmitter of
  * `peerLost`, `peerRecovered`, `failover` and `transportDisabled` (typed by `EngineEvents`).
  * `transportDisabled` events that arrive while nobody listens to them (those of a transport
  * that failed to install at start, typically) are kept and delivered to the first listener.
+ *
+ * Like a listening `net.Server`, an open engine keeps the process alive (it serves its
+ * memory to peers, and a `notifications()` loop waits on it) until `close()`, or `unref()`.
+ * Every engine listens, so one that only initiates holds the process too, as a connected
+ * `net.Socket` does: whether a process ends never depends on whether a peer opened it.
  */
 export class Engine extends EventEmitter {
   readonly #native: Native.NativeEngine
   #closing?: Promise<void>
   readonly #events: EventRelay
   readonly #notifications: NotificationRelay
+  /** The last id given to a call that a signal may abort (`openSegment`). */
+  #abortable = 0
 
   private constructor(n: Native.NativeEngine, queueSize: number) {
     super()
@@ -56,22 +71,34 @@ export class Engine extends EventEmitter {
     n.setNotificationHandler((s: Native.NotifySignalJs) => this.#notifications.signal(s))
     super.on('newListener', (name: string | symbol) => this.#events.listenerAdded(name))
     n.setEventHandler((raw: Native.EngineEventJs) => this.#events.deliver(raw))
+    this.ref()
   }
 
   /**
    * Starts an engine. Binding, starting threads and registering in etcd happen off the JS
-   * thread, so a slow or unreachable etcd never blocks the event loop.
+   * thread, so a slow or unreachable etcd never blocks the event loop. `signal` aborts the
+   * start: a signal that already fired rejects with an `AbortError` before anything starts;
+   * one that fires while the engine starts rejects at once, and the engine, should it start
+   * all the same, is closed.
    */
-  static async create(options: EngineOptions = {}): Promise<Engine> {
+  static async create(options: EngineOptions & CallOptions = {}): Promise<Engine> {
     if (typeof options !== 'object' || options === null || Array.isArray(options)) {
       throw invalid(`options must be an object, got ${describe(options)}`)
     }
-    const nativeOptions = toNativeOptions(options)
+    const { signal: signalArg, ...engineOptions } = options
+    const signal = checkSignal(signalArg)
+    if (signal?.aborted) throw abortError(signal.reason)
+    const nativeOptions = toNativeOptions(engineOptions)
     // The start task resolves to the engine, or to why it did not start (a task's
     // rejection cannot carry a code).
-    const started = await call(() => native.startEngine(nativeOptions))
+    const starting = call(() => native.startEngine(nativeOptions))
+    const started = await untilAborted(starting, signal, {
+      late: (engine) => {
+        if (engine instanceof native.NativeEngine) engine.close()
+      },
+    })
     if (!(started instanceof native.NativeEngine)) throw failureError(started, ['ERR_FERRY_INTERNAL', 'the engine did not start'])
-    const engine = new Engine(started, notifyQueueSize(options))
+    const engine = new Engine(started, notifyQueueSize(engineOptions))
     const warning = engine.#native.exposureWarning
     if (warning) process.emitWarning(warning, { code: 'FERRY_UNAUTHENTICATED' })
     return engine
@@ -90,6 +117,33 @@ export class Engine extends EventEmitter {
   /** Whether the engine is closed. */
   get closed(): boolean {
     return this.#native.closed
+  }
+
+  /**
+   * Lets this engine keep the process alive again (the default), as `net.Server.ref()`:
+   * while it is open, Node does not exit. Harmless after `close()`, which lets go for good.
+   */
+  ref(): this {
+    this.#hold(true)
+    return this
+  }
+
+  /**
+   * Lets the process exit while this engine is open, as `net.Server.unref()`: it still
+   * serves and delivers notifications while something else keeps the process alive. A
+   * call in flight (`read`, `openSegment`, …) holds the process until it settles, whatever
+   * this says, as Node's own Promise APIs do.
+   */
+  unref(): this {
+    this.#hold(false)
+    return this
+  }
+
+  #hold(held: boolean): void {
+    if (this.closed) return
+    this.native((n) => n.setHeld(held))
+    if (held) holding.add(this)
+    else holding.delete(this)
   }
 
   /**
@@ -120,10 +174,19 @@ export class Engine extends EventEmitter {
     return new Region(this, r.handle, r.id, r.length, bytes)
   }
 
-  /** Opens (or refreshes) a peer's segment by name (`host:port`, or its name in etcd). */
-  async openSegment(name: string): Promise<Segment> {
+  /**
+   * Opens (or refreshes) a peer's segment by name (`host:port`, or its name in etcd).
+   * `signal` aborts the call: fired already, it rejects with an `AbortError` before any
+   * connection is made; fired later, it rejects at once and the attempt stops (a segment
+   * it had opened by then stays open, and the next `openSegment(name)` finds it).
+   */
+  async openSegment(name: string, options: CallOptions = {}): Promise<Segment> {
     if (typeof name !== 'string') throw invalid(`segment name must be a string, got ${describe(name)}`)
-    const r = await this.native((n) => n.openSegment(name))
+    const signal = checkSignal(checkOptions('openSegment', options, ['signal']).signal)
+    if (signal?.aborted) throw abortError(signal.reason)
+    const id = signal ? ++this.#abortable : undefined
+    const opening = this.native((n) => n.openSegment(name, id))
+    const r = await untilAborted(opening, signal, { stop: () => void this.#native.abortCall(id ?? 0) })
     if (!r.segment) throw failureError(r.error, ['ERR_FERRY_CONNECT', 'openSegment failed'])
     return toSegment(this, r.segment)
   }
@@ -344,11 +407,14 @@ export class Engine extends EventEmitter {
    * Sends a notification without data to `segment`. Notifications from this engine reach a
    * target in the order of the calls that sent them (these and the ones riding on transfers,
    * in the order those completed). Resolves with what the target did with it: `queued`, or
-   * `dropped` when its queue was full.
+   * `dropped` when its queue was full. `signal` aborts the call: fired already, it rejects
+   * with an `AbortError` and nothing is sent; fired later, it rejects at once, and the
+   * notification, already on its way, may still arrive.
    */
   async notify(
     segment: Segment,
     data: NotifyData,
+    options: CallOptions = {},
   ): Promise<{
     /** What the target did with it. */
     outcome: 'queued' | 'dropped'
@@ -356,7 +422,9 @@ export class Engine extends EventEmitter {
     if (!(segment instanceof Segment)) throw invalid(`notify takes a Segment, got ${describe(segment)}`)
     if (segment.engine !== this) throw new FerryError('ERR_FERRY_FOREIGN_HANDLE', 'notify: a Segment of another engine')
     const bytes = call(() => notifyBytes('notify: data', data))
-    const r = await this.native((n) => n.notify(segment.handle, bytes))
+    const signal = checkSignal(checkOptions('notify', options, ['signal']).signal)
+    if (signal?.aborted) throw abortError(signal.reason)
+    const r = await untilAborted(this.native((n) => n.notify(segment.handle, bytes)), signal)
     if (r.outcome === 'queued' || r.outcome === 'dropped') return { outcome: r.outcome }
     throw failureError(r.error, ['ERR_FERRY_NOTIFY_FAILED', 'notification not delivered'])
   }
@@ -398,12 +466,13 @@ export class Engine extends EventEmitter {
 
   /**
    * Closes the engine: pending work rejects with ERR_FERRY_CLOSED, threads stop, memory is
-   * released. Idempotent.
+   * released, and the engine no longer keeps the process alive. Idempotent.
    */
   close(): Promise<void> {
     if (!this.#closing) {
       // Synchronous underneath: calls made after close() returns already see ERR_FERRY_CLOSED.
       this.#native.close()
+      holding.delete(this)
       this.#notifications.end()
       this.removeAllListeners()
       this.#closing = Promise.resolve()

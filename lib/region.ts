@@ -1,6 +1,7 @@
 /** Local memory registered with an engine, and the views over it. */
 import { constants as bufferConstants } from 'node:buffer'
 import { describe, invalid } from './checks'
+import './dispose'
 // A type only (the region's owner); engine.ts imports this module, not the reverse.
 import type { Engine } from './engine'
 import { FerryError } from './errors'
@@ -101,6 +102,21 @@ export class Region {
   release(): void {
     this.engine.native((n) => n.release(this.handle))
     this.#released = true
+  }
+
+  /**
+   * `using region = engine.allocate(n)` releases the region at the end of the scope: as
+   * `release()`, except that a region already released, or of a closed engine, is left
+   * as it is.
+   */
+  [Symbol.dispose](): void {
+    if (!this.#released && !this.engine.closed) this.release()
+  }
+
+  /** `await using region = …`: as `[Symbol.dispose]()`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    this[Symbol.dispose]()
+    return Promise.resolve()
   }
 }
 

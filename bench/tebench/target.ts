@@ -65,12 +65,9 @@ export async function runTarget(cfg: Config, out: Output, info: RunInfo, script:
     const where = whereFrom(script, packageRoot(), process.cwd())
     process.stdout.write(initiatorCommand(where, info.version, initiatorFlags(cfg, engine.segmentName)) + '\n')
     progress.show(`tebench: target ${engine.segmentName} ready (${cfg.totalBufferSize} B); Ctrl-C to stop`)
+    // The open engine keeps the process alive while it serves.
     await new Promise<void>((resolve) => {
-      const keepAlive = setInterval(() => {}, 1 << 30)
-      const done = () => {
-        clearInterval(keepAlive)
-        resolve()
-      }
+      const done = () => resolve()
       interrupt.onStop.add(done)
       // Started by --local: leave when the parent goes away.
       if (process.env.FERRY_TEBENCH_CHILD === '1') {

@@ -4,6 +4,7 @@
 
 #![deny(clippy::all)]
 
+mod abort;
 mod bench;
 mod blocks;
 mod buffer;
@@ -23,6 +24,7 @@ mod tables;
 // them reachable in builds without that registration, such as `cargo test`).
 pub use bench::{bench_mooncake_header, bench_mooncake_line};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
 use ferry_core::handle::HandleKind;
@@ -61,6 +63,10 @@ fn init_logging() {
 #[napi]
 pub struct NativeEngine {
     engine: Engine,
+    /// Whether this engine holds its thread's event loop (`set_held`).
+    held: AtomicBool,
+    /// Its calls that an AbortSignal may end (`abort_call`).
+    aborts: std::sync::Arc<abort::Aborts>,
 }
 
 impl NativeEngine {
@@ -81,7 +87,11 @@ impl NativeEngine {
             engine.close();
             return Err(internal(e));
         }
-        Ok(Self { engine })
+        Ok(Self {
+            engine,
+            held: AtomicBool::new(false),
+            aborts: std::sync::Arc::default(),
+        })
     }
 }
 
@@ -233,26 +243,38 @@ impl NativeEngine {
         self.engine.release(id).map_err(js_error)
     }
 
-    /// Opens a remote segment; resolves with an `OpenResult`.
+    /// Opens a remote segment; resolves with an `OpenResult`. With `abort`, the call's id
+    /// for `abort_call`, which ends it (an empty `OpenResult`).
     #[napi(catch_unwind, ts_return_type = "Promise<OpenResult>")]
     pub fn open_segment<'env>(
         &self,
         env: &'env Env,
         name: String,
+        abort: Option<f64>,
     ) -> napi::Result<Object<'env>, String> {
+        let armed = match abort {
+            Some(id) => Some(self.aborts.arm(to_u64(id, "abort").map_err(js_error)?)),
+            None => None,
+        };
         let (settle, promise) = Settle::<OpenResult>::new(env).map_err(internal)?;
         let engine = self.engine.clone();
         let handles = self.engine.handles();
         let spawned = self.engine.spawn(async move {
-            let result = match engine.open_segment(&name).await {
-                Ok(info) => OpenResult {
+            let open = engine.open_segment(&name);
+            let opened = match armed {
+                Some(armed) => armed.run(open).await,
+                None => Some(open.await),
+            };
+            let result = match opened {
+                Some(Ok(info)) => OpenResult {
                     segment: Some(SegmentDesc::new(info, &handles)),
                     error: None,
                 },
-                Err(e) => OpenResult {
+                Some(Err(e)) => OpenResult {
                     segment: None,
                     error: Some(FailureJs::from(&e)),
                 },
+                None => OpenResult::default(),
             };
             settle.resolve(result);
         });
@@ -453,6 +475,13 @@ impl NativeEngine {
         Ok(self.engine.cancel(op))
     }
 
+    /// Ends call `id` (see `open_segment`) now; false when it had ended already.
+    #[napi(catch_unwind)]
+    pub fn abort_call(&self, id: f64) -> napi::Result<bool, String> {
+        let id = to_u64(id, "id").map_err(js_error)?;
+        Ok(self.aborts.abort(id))
+    }
+
     /// Sets the function that receives engine events. It does not keep Node alive.
     #[napi(catch_unwind)]
     pub fn set_event_handler(
@@ -485,10 +514,27 @@ impl NativeEngine {
         self.engine.metrics().to_prometheus()
     }
 
-    /// Closes the engine: pending work is canceled, threads stop, memory is released.
+    /// Closes the engine: pending work is canceled, threads stop, memory is released, and
+    /// the engine no longer holds the event loop.
     #[napi(catch_unwind)]
-    pub fn close(&self) {
+    pub fn close(&self, env: &Env) -> napi::Result<(), String> {
         self.engine.close();
+        self.set_held(env, false)
+    }
+
+    /// Whether this engine keeps Node alive (`Engine.ref`/`unref`, as a listening
+    /// `net.Server`): one hold on the thread's port (`settle::hold`), taken or given back
+    /// only when this changes; never held once closed.
+    #[napi(catch_unwind)]
+    pub fn set_held(&self, env: &Env, held: bool) -> napi::Result<(), String> {
+        let held = held && !self.engine.is_closed();
+        if self.held.swap(held, Ordering::Relaxed) == held {
+            return Ok(());
+        }
+        settle::hold(env, held).map_err(|e| {
+            self.held.store(!held, Ordering::Relaxed);
+            internal(e)
+        })
     }
 
     /// Whether the engine is closed.

@@ -6,8 +6,12 @@
 //! meanwhile. An outcome produced on the JS thread itself while its event loop calls the
 //! engine back (a reply the loop read, `uv_loop`) settles when that callback ends, inside a
 //! callback scope of its own: no queue, no wake-up, and the Promise's reactions run before
-//! the loop polls again. The threadsafe function keeps Node alive only while Promises wait.
-//! The napi calls behind all this are `ffi::JsThread`'s.
+//! the loop polls again. The threadsafe function keeps Node alive only while Promises wait
+//! or an engine of the thread holds the loop (`hold`: one that is open and ref'd, as a
+//! listening `net.Server`). So holding costs nothing per call: the handle's state changes
+//! only when the first Promise starts waiting or the last one settles with no engine held,
+//! and when an engine is ref'd, unref'd or closed. The napi calls behind all this are
+//! `ffi::JsThread`'s.
 //!
 //! A Promise that is dropped without settling keeps Node's event loop alive forever, so the
 //! guard resolves it with a default value when the operation it belonged to was never
@@ -38,6 +42,10 @@ struct Port {
     next_id: Cell<u64>,
     /// Outcomes produced during a loop callback, settled when it ends.
     ready: RefCell<Vec<(u64, Job)>>,
+    /// Engines of this thread that hold the event loop (`hold`).
+    holds: Cell<usize>,
+    /// Whether the threadsafe function is ref'd now.
+    kept: Cell<bool>,
 }
 
 thread_local! {
@@ -62,6 +70,8 @@ fn port(env: &Env) -> napi::Result<Rc<Port>> {
         waiting: RefCell::default(),
         next_id: Cell::new(0),
         ready: RefCell::default(),
+        holds: Cell::new(0),
+        kept: Cell::new(false),
     });
     PORT.with(|p| *p.borrow_mut() = Some(port.clone()));
     Ok(port)
@@ -77,8 +87,15 @@ impl Port {
             Ok(value) => self.thread.resolve(deferred, value),
             Err(e) => self.thread.reject(deferred, &e.reason),
         }
-        if self.waiting.borrow().is_empty() {
-            self.thread.keep_alive(false);
+        self.refresh();
+    }
+
+    /// Refs the threadsafe function while Promises wait or an engine holds the loop, and
+    /// unrefs it otherwise; touches it only when that changes.
+    fn refresh(&self) {
+        let keep = self.holds.get() > 0 || !self.waiting.borrow().is_empty();
+        if keep != self.kept.replace(keep) {
+            self.thread.keep_alive(keep);
         }
     }
 
@@ -132,6 +149,21 @@ pub(crate) fn in_loop_callback<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// One more (`held`) or one fewer engine of this thread holds the event loop: while any
+/// does, Node stays alive (as with a listening `net.Server`). The caller keeps count of its
+/// own hold, taking and giving it back once each.
+pub(crate) fn hold(env: &Env, held: bool) -> napi::Result<()> {
+    let port = port(env)?;
+    let holds = port.holds.get();
+    port.holds.set(if held {
+        holds + 1
+    } else {
+        holds.saturating_sub(1)
+    });
+    port.refresh();
+    Ok(())
+}
+
 pub(crate) struct Settle<T: ToNapiValue + Default + Send + 'static> {
     queue: Option<Arc<Queue>>,
     id: u64,
@@ -145,14 +177,8 @@ impl<T: ToNapiValue + Default + Send + 'static> Settle<T> {
         let (deferred, promise) = port.thread.promise(env)?;
         let id = port.next_id.get().wrapping_add(1);
         port.next_id.set(id);
-        let first = {
-            let mut waiting = port.waiting.borrow_mut();
-            waiting.insert(id, deferred);
-            waiting.len() == 1
-        };
-        if first {
-            port.thread.keep_alive(true);
-        }
+        port.waiting.borrow_mut().insert(id, deferred);
+        port.refresh();
         Ok((
             Self {
                 queue: Some(port.queue.clone()),
