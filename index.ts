@@ -25,7 +25,7 @@ export type {
 } from './lib/events'
 export type { BytesByTransport, EngineMetrics, EngineSpread } from './lib/metrics'
 export type { NotifyData, NotifyOptions } from './lib/notifications'
-export type { EngineOptions, FaultOptions, RdmaOptions } from './lib/options'
+export type { CreateOptions, EngineOptions, FaultOptions, RdmaOptions } from './lib/options'
 export { MAX_VIEW_BYTES, Region } from './lib/region'
 export type { CallOptions, IoRequest, TransferRequest, TransferResult } from './lib/requests'
 export { Segment } from './lib/segment'

@@ -11,7 +11,7 @@ import { EventRelay, type Emit, type EngineEvents, type Notification } from './e
 import { toMetrics, toSpread, type EngineMetrics, type EngineSpread } from './metrics'
 import { native } from './native'
 import { notifyBytes, NotificationRelay, type NotifyData, type NotifyOptions } from './notifications'
-import { notifyQueueSize, toNativeOptions, type EngineOptions } from './options'
+import { notifyQueueSize, toNativeOptions, type CreateOptions } from './options'
 import { MAX_VIEW_BYTES, Region, registerOptions } from './region'
 import { toNativeRequest, toNativeRequests, transferOutcome, type CallOptions, type IoRequest, type TransferRequest, type TransferResult } from './requests'
 import { Segment, toSegment } from './segment'
@@ -81,7 +81,7 @@ export class Engine extends EventEmitter {
    * one that fires while the engine starts rejects at once, and the engine, should it start
    * all the same, is closed.
    */
-  static async create(options: EngineOptions & CallOptions = {}): Promise<Engine> {
+  static async create(options: CreateOptions = {}): Promise<Engine> {
     if (typeof options !== 'object' || options === null || Array.isArray(options)) {
       throw invalid(`options must be an object, got ${describe(options)}`)
     }

@@ -15,6 +15,15 @@ export type EngineOptions = Omit<Native.EngineOptions, 'authSecret' | 'authSecre
   authSecret?: string | Uint8Array
 }
 /**
+ * What `Engine.create` takes: the engine's settings and, for the start itself, an
+ * AbortSignal (`signal`).
+ * @interface
+ */
+export type CreateOptions = EngineOptions & {
+  /** Aborts the start: the call rejects with an `AbortError` and no engine is left running. */
+  signal?: AbortSignal
+}
+/**
  * RDMA transport settings. Every field is optional.
  * @interface
  */
