@@ -2,7 +2,7 @@
 //! (`handle.rs`: engine tag and kind) whose payload packs a generation and a slot, so a
 //! freed, stale or foreign id is refused, never dereferenced.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -317,8 +317,9 @@ struct Slot {
 const TASKS_RESERVED: usize = 1024;
 /// Spare batches one shard keeps.
 const SPARES_PER_SHARD: usize = 16;
-/// A freed batch is kept as a spare only if its task list is at most this long: a spare
-/// holds that buffer while it waits.
+/// A freed batch is kept as a spare only if its capacity (what its task list grows to, at
+/// most twice over) or its task list is at most this long: a spare holds that buffer while
+/// it waits.
 const SPARE_TASKS_MAX: usize = 256;
 
 /// One lane's slots, the indices of its free ones, and its spare batches.
@@ -447,8 +448,8 @@ impl BatchTable {
     }
 
     /// Frees a batch. One that nobody else holds and that has no task (every request was
-    /// completed at submission) is emptied and kept as a spare at once, under the one lock
-    /// taken here: nothing can wait on it or be cancelled. Otherwise it is handed back, for
+    /// completed at submission) is kept as a spare at once, under the one lock taken here
+    /// (emptied when handed out again): nothing can wait on it or be cancelled. Otherwise it is handed back, for
     /// the caller to cancel what is still pending and then [`BatchTable::recycle`] it.
     pub fn free(&self, id: u64) -> Result<Freed> {
         let (lane, index, generation) = self.locate(id)?;
@@ -456,25 +457,26 @@ impl BatchTable {
         let shard = &mut *guard;
         match shard.slots.get_mut(index) {
             Some(slot) if slot.generation == generation => {
-                let Some(mut batch) = slot.batch.take() else {
+                let Some(batch) = slot.batch.take() else {
                     return Err(Error::InvalidBatch(id));
                 };
                 shard.free.push(index);
-                // Unique under the shard's lock, where every other reference is taken.
-                if shard.spares.len() < SPARES_PER_SHARD {
-                    if let Some(b) = Arc::get_mut(&mut batch) {
-                        let entries = b.entries.get_mut().unwrap_or_else(|p| p.into_inner());
-                        if entries.capacity() <= SPARE_TASKS_MAX
-                            && entries.iter().all(|e| e.task().is_none())
-                        {
-                            entries.clear();
-                            *b.len.get_mut() = 0;
-                            *b.all_done.get_mut() = AllDone::NO;
-                            *b.freed.get_mut() = true;
-                            shard.spares.push(batch);
-                            return Ok(Freed::Kept);
-                        }
-                    }
+                // Unique under the shard's lock, where every other reference is taken (no
+                // weak one is ever made): a count of one proves it, and what the last
+                // other holder did before it let go is seen after the fence. Nobody can
+                // wait on it, and with no task nothing is cancelled: kept as it is, and
+                // emptied when handed out again (`renew`).
+                let unique = Arc::strong_count(&batch) == 1;
+                fence(Ordering::Acquire);
+                let no_task = batch.len.load(Ordering::Relaxed) == 0
+                    || AllDone::unpack(batch.all_done.load(Ordering::Relaxed)).is_some();
+                if shard.spares.len() < SPARES_PER_SHARD
+                    && unique
+                    && no_task
+                    && batch.capacity <= SPARE_TASKS_MAX
+                {
+                    shard.spares.push(batch);
+                    return Ok(Freed::Kept);
                 }
                 Ok(Freed::Taken(batch))
             }

@@ -162,7 +162,6 @@ impl Inner {
             return None;
         }
         let counters = &self.stats.counters;
-        counters.submitted(1);
         counters.completed_at_submit(transport, v.opcode, v.length);
         self.rail_succeeded(v.peer.handle(), transport);
         Some(Entry::Done {
@@ -215,7 +214,9 @@ impl Inner {
     /// A lone polled request that the first transport of its plan completes on this thread
     /// at once (`complete_now`), checked and planned on the tables' own entries with no
     /// reference taken: region, peer and descriptor references taken and let go would cost
-    /// a 4 KiB copy a tenth of its time. Returns the index of its entry, entered done.
+    /// a 4 KiB copy a tenth of its time. Runs under the batch table's lock (the batch's
+    /// shard; taken before the region and segment tables' lanes and the batch's own lock,
+    /// the order every path takes them in). Returns the index of its entry, entered done.
     /// `None` for anything else — a failed check or plan, a copy not made now, a full
     /// batch — which then goes the usual way (`prepare`, `submit_polled`), where its error
     /// or its task is made: this path ends only in success, so nothing fails differently.
@@ -284,17 +285,19 @@ impl Inner {
         then: Option<crate::task::Then>,
     ) -> Result<usize> {
         self.check_open()?;
-        let b = self.batches.get(batch).map_err(|e| self.or_closed(e))?;
-        b.check_room(batch, requests.len())?;
         let now = LazyNow::new();
         if let ([one], None) = (requests, &then) {
-            let done = one
-                .one()
-                .and_then(|r| self.submit_lone_done(batch, &b, r, &now));
-            if let Some(first) = done {
+            // Under the batch table's lock, which finds the batch: no reference taken.
+            let lone = |b: &Arc<Batch>| {
+                b.check_room(batch, 1).ok()?;
+                self.submit_lone_done(batch, b, one.one()?, &now)
+            };
+            if let Ok(Some(first)) = self.batches.with(batch, lone) {
                 return Ok(first);
             }
         }
+        let b = self.batches.get(batch).map_err(|e| self.or_closed(e))?;
+        b.check_room(batch, requests.len())?;
         let prepared = self.prepare(requests, &now)?;
         let Some((holder, run)) = then.map(crate::task::hook) else {
             return self.submit_polled(batch, &b, prepared, &now);
