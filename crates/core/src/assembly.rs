@@ -261,6 +261,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         deadline: config.peer_timeout + config.tcp.connect_timeout,
     };
     let notifier = Notifier::new(outbox, stats.notify.clone(), shutdown.child_token());
+    let batches = Arc::new(BatchTable::new(handles));
     let inner = Arc::new(Inner {
         state: AtomicU8::new(OPEN),
         engine_id,
@@ -271,7 +272,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         shutdown,
         regions,
         segments: SegmentTable::default(),
-        batches: BatchTable::new(handles),
+        batches: batches.clone(),
         transports,
         not_enabled: not_enabled_messages(&config, &disabled),
         deadlines,
@@ -309,6 +310,8 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         stats,
         handles,
         live: arc_swap::ArcSwapOption::new(Some(inner)),
+        batches,
+        closed: std::sync::atomic::AtomicBool::new(false),
     })
 }
 

@@ -2,7 +2,7 @@
 //! (`handle.rs`: engine tag and kind) whose payload packs a generation and a slot, so a
 //! freed, stale or foreign id is refused, never dereferenced.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -89,6 +89,10 @@ pub struct Batch {
     /// How many entries there are, stored under the lock as they change: read without it
     /// by the early room check, which `fill` repeats under the lock.
     len: AtomicUsize,
+    /// While every entry was done at submission: how many and their bytes ([`AllDone`]),
+    /// stored under the lock as entries are added, so that a status read of such a batch
+    /// (a poller's, in a loop) takes no lock.
+    all_done: AtomicU64,
     /// Rung by each of its tasks as it ends, and when the batch is freed.
     wake: Arc<Wake>,
     /// Set once its tasks were taken out (freed, or the engine closed).
@@ -101,6 +105,7 @@ impl Batch {
             capacity,
             entries: Mutex::new(Vec::with_capacity(capacity.min(TASKS_RESERVED))),
             len: AtomicUsize::new(0),
+            all_done: AtomicU64::new(AllDone::NO),
             wake: Arc::default(),
             freed: AtomicBool::new(false),
         })
@@ -115,6 +120,7 @@ impl Batch {
         b.capacity = capacity;
         *b.freed.get_mut() = false;
         *b.len.get_mut() = 0;
+        *b.all_done.get_mut() = AllDone::NO;
         let tasks = b.entries.get_mut().unwrap_or_else(|p| p.into_inner());
         tasks.clear();
         tasks.reserve(capacity.min(TASKS_RESERVED));
@@ -154,10 +160,10 @@ impl Batch {
         .map(|(first, ())| first)
     }
 
-    /// Has `fill` append `count` entries under the batch's lock, if they fit: what `fill`
-    /// does happens only for a submission the batch takes, and no other submission comes
-    /// between the check and the entries. Returns the index of the first and what `fill`
-    /// returned. Status reads wait meanwhile.
+    /// Has `fill` append `count` entries (or none) under the batch's lock, if they fit:
+    /// what `fill` does happens only for a submission the batch takes, and no other
+    /// submission comes between the check and the entries. Returns the index of the first
+    /// and what `fill` returned. Status reads of a batch with a task wait meanwhile.
     pub(crate) fn fill<R>(
         &self,
         id: u64,
@@ -174,7 +180,16 @@ impl Batch {
         }
         let first = all.len();
         let r = fill(&mut all);
-        debug_assert_eq!(all.len(), first + count, "fill appends what it said");
+        debug_assert!(
+            all.len() == first + count || all.len() == first,
+            "fill appends what it said, or nothing"
+        );
+        let before = match first {
+            0 => AllDone::EMPTY,
+            _ => self.all_done.load(Ordering::Relaxed),
+        };
+        self.all_done
+            .store(AllDone::adding(before, &all[first..]), Ordering::Release);
         self.len.store(all.len(), Ordering::Relaxed);
         Ok((first, r))
     }
@@ -215,6 +230,10 @@ impl Batch {
     /// The aggregate status and bytes moved. Reads each task's atomics under the batch's
     /// lock: no snapshot, no copy of the task list (this is what pollers call in a loop).
     pub fn status(&self) -> (TransferStatus, u64, usize) {
+        // Entries done at submission never change: their summary is the status.
+        if let Some((count, bytes)) = AllDone::read(self.all_done.load(Ordering::Acquire)) {
+            return (TransferStatus::Completed, bytes, count);
+        }
         let all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = all.iter().map(Entry::transferred).sum();
         (aggregate(all.iter().map(Entry::status)), bytes, all.len())
@@ -225,10 +244,59 @@ impl Batch {
         let mut all = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         let tasks = std::mem::take(&mut *all);
         self.len.store(0, Ordering::Relaxed);
+        self.all_done.store(AllDone::NO, Ordering::Release);
         drop(all);
         self.freed.store(true, Ordering::Release);
         self.wake.ring();
         tasks
+    }
+}
+
+/// The summary of a batch whose every entry was done at submission, packed in one word so
+/// that it is read whole: a flag (bit 63), the entries' count (21 bits: up to
+/// [`MAX_BATCH_CAPACITY`]) and their bytes (42 bits). [`AllDone::NO`] once any entry is a
+/// task, or the bytes outgrow their bits: such a batch's status is read under its lock.
+struct AllDone;
+
+impl AllDone {
+    const FLAG: u64 = 1 << 63;
+    const BYTES_BITS: u32 = 42;
+    const BYTES_MASK: u64 = (1 << Self::BYTES_BITS) - 1;
+    const COUNT_MASK: u64 = (1 << 21) - 1;
+    /// Not (or no longer) a batch of entries done at submission.
+    const NO: u64 = 0;
+    /// No entry yet.
+    const EMPTY: u64 = Self::FLAG;
+
+    /// The summary `before` (of the entries already there) with `added` appended.
+    fn adding(before: u64, added: &[Entry]) -> u64 {
+        let Some((mut count, mut bytes)) = Self::unpack(before) else {
+            return Self::NO;
+        };
+        for entry in added {
+            let Entry::Done { length, .. } = entry else {
+                return Self::NO;
+            };
+            count += 1;
+            bytes = bytes.saturating_add(*length);
+        }
+        if count as u64 > Self::COUNT_MASK || bytes > Self::BYTES_MASK {
+            return Self::NO;
+        }
+        Self::FLAG | ((count as u64) << Self::BYTES_BITS) | bytes
+    }
+
+    fn unpack(word: u64) -> Option<(usize, u64)> {
+        (word & Self::FLAG != 0).then(|| {
+            let count = (word >> Self::BYTES_BITS) & Self::COUNT_MASK;
+            (count as usize, word & Self::BYTES_MASK)
+        })
+    }
+
+    /// How many entries and bytes, when there is at least one entry and all were done at
+    /// submission.
+    fn read(word: u64) -> Option<(usize, u64)> {
+        Self::unpack(word).filter(|&(count, _)| count > 0)
     }
 }
 
@@ -249,8 +317,9 @@ struct Slot {
 const TASKS_RESERVED: usize = 1024;
 /// Spare batches one shard keeps.
 const SPARES_PER_SHARD: usize = 16;
-/// A freed batch is kept as a spare only if its task list is at most this long: a spare
-/// holds that buffer while it waits.
+/// A freed batch is kept as a spare only if its capacity (what its task list grows to, at
+/// most twice over) or its task list is at most this long: a spare holds that buffer while
+/// it waits.
 const SPARE_TASKS_MAX: usize = 256;
 
 /// One lane's slots, the indices of its free ones, and its spare batches.
@@ -379,8 +448,8 @@ impl BatchTable {
     }
 
     /// Frees a batch. One that nobody else holds and that has no task (every request was
-    /// completed at submission) is emptied and kept as a spare at once, under the one lock
-    /// taken here: nothing can wait on it or be cancelled. Otherwise it is handed back, for
+    /// completed at submission) is kept as a spare at once, under the one lock taken here
+    /// (emptied when handed out again): nothing can wait on it or be cancelled. Otherwise it is handed back, for
     /// the caller to cancel what is still pending and then [`BatchTable::recycle`] it.
     pub fn free(&self, id: u64) -> Result<Freed> {
         let (lane, index, generation) = self.locate(id)?;
@@ -388,24 +457,26 @@ impl BatchTable {
         let shard = &mut *guard;
         match shard.slots.get_mut(index) {
             Some(slot) if slot.generation == generation => {
-                let Some(mut batch) = slot.batch.take() else {
+                let Some(batch) = slot.batch.take() else {
                     return Err(Error::InvalidBatch(id));
                 };
                 shard.free.push(index);
-                // Unique under the shard's lock, where every other reference is taken.
-                if shard.spares.len() < SPARES_PER_SHARD {
-                    if let Some(b) = Arc::get_mut(&mut batch) {
-                        let entries = b.entries.get_mut().unwrap_or_else(|p| p.into_inner());
-                        if entries.capacity() <= SPARE_TASKS_MAX
-                            && entries.iter().all(|e| e.task().is_none())
-                        {
-                            entries.clear();
-                            *b.len.get_mut() = 0;
-                            *b.freed.get_mut() = true;
-                            shard.spares.push(batch);
-                            return Ok(Freed::Kept);
-                        }
-                    }
+                // Unique under the shard's lock, where every other reference is taken (no
+                // weak one is ever made): a count of one proves it, and what the last
+                // other holder did before it let go is seen after the fence. Nobody can
+                // wait on it, and with no task nothing is cancelled: kept as it is, and
+                // emptied when handed out again (`renew`).
+                let unique = Arc::strong_count(&batch) == 1;
+                fence(Ordering::Acquire);
+                let no_task = batch.len.load(Ordering::Relaxed) == 0
+                    || AllDone::unpack(batch.all_done.load(Ordering::Relaxed)).is_some();
+                if shard.spares.len() < SPARES_PER_SHARD
+                    && unique
+                    && no_task
+                    && batch.capacity <= SPARE_TASKS_MAX
+                {
+                    shard.spares.push(batch);
+                    return Ok(Freed::Kept);
                 }
                 Ok(Freed::Taken(batch))
             }
@@ -648,6 +719,54 @@ mod tests {
         assert!(!ran, "what a refused submission would do never ran");
         assert_eq!(batch.fill(id, 1, |all| all.push(done(1))), Ok((1, ())));
         assert_eq!(batch.status(), (TransferStatus::Completed, 2, 2));
+    }
+
+    #[test]
+    fn a_status_read_of_a_batch_done_at_submission_takes_no_lock() {
+        let table = BatchTable::default();
+        let id = table.allocate(4).expect("alloc");
+        let batch = table.get(id).expect("get");
+        let filled = batch.fill(id, 2, |all| all.extend([done(5), done(7)]));
+        assert_eq!(filled, Ok((0, ())));
+        // Read from another thread while this one holds the batch's lock: answered at once.
+        let answer = batch.with_entries(|_| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let b = batch.clone();
+            let reader = std::thread::spawn(move || {
+                let _ = tx.send(b.status());
+            });
+            let answer = rx.recv_timeout(std::time::Duration::from_secs(10));
+            (answer, reader)
+        });
+        let (answer, reader) = answer;
+        reader.join().expect("reader");
+        assert_eq!(answer, Ok((TransferStatus::Completed, 12, 2)));
+        // Taken out (freed): read under the lock again, as an empty batch.
+        assert_eq!(batch.take_entries().len(), 2);
+        assert_eq!(batch.status(), (TransferStatus::Completed, 0, 0));
+    }
+
+    #[test]
+    fn the_summary_of_entries_done_at_submission_counts_them_and_their_bytes() {
+        let sum = AllDone::adding(AllDone::EMPTY, &[done(5), done(7)]);
+        assert_eq!(AllDone::read(sum), Some((2, 12)));
+        assert_eq!(
+            AllDone::read(AllDone::adding(sum, &[done(1)])),
+            Some((3, 13))
+        );
+        // No entry yet: nothing to read without the lock.
+        assert_eq!(AllDone::read(AllDone::EMPTY), None);
+        assert_eq!(AllDone::read(AllDone::adding(AllDone::EMPTY, &[])), None);
+        // Once given up, never taken up again by later entries.
+        assert_eq!(AllDone::adding(AllDone::NO, &[done(1)]), AllDone::NO);
+        // Bytes past the packing: read under the lock.
+        let big = AllDone::adding(AllDone::EMPTY, &[done(1 << 41)]);
+        assert_eq!(AllDone::read(big), Some((1, 1 << 41)));
+        assert_eq!(AllDone::adding(big, &[done(1 << 41)]), AllDone::NO);
+        assert_eq!(
+            AllDone::adding(AllDone::EMPTY, &[done(u64::MAX)]),
+            AllDone::NO
+        );
     }
 
     #[test]

@@ -324,7 +324,7 @@ impl Engine {
 
     /// Allocates a batch for up to `capacity` tasks.
     pub fn allocate_batch(&self, capacity: usize) -> Result<u64> {
-        self.with_live(|l| l.batches.allocate(capacity))
+        self.shell.open_batches()?.allocate(capacity)
     }
 
     /// Validates every request, then submits them as tasks of `batch`. Returns the index
@@ -350,11 +350,11 @@ impl Engine {
 
     /// Aggregate status of a batch.
     pub fn batch_status(&self, batch: u64) -> Result<BatchSnapshot> {
-        let (status, transferred, tasks) = self.with_live(|l| {
-            l.batches
-                .with(batch, |b| b.status())
-                .map_err(|e| l.or_closed(e))
-        })?;
+        let (status, transferred, tasks) = self
+            .shell
+            .open_batches()?
+            .with(batch, |b| b.status())
+            .map_err(|e| self.shell.or_closed(e))?;
         Ok(BatchSnapshot {
             status,
             transferred,
@@ -379,21 +379,20 @@ impl Engine {
 
     /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
     pub fn free_batch(&self, batch: u64) -> Result<()> {
-        self.with_live(|l| {
-            let crate::batch::Freed::Taken(b) =
-                l.batches.free(batch).map_err(|e| l.or_closed(e))?
-            else {
-                return Ok(());
-            };
-            let entries = b.take_entries();
-            // Most were polled to their end: no error is made (and dropped) for those.
-            let live = entries.iter().filter_map(|e| e.task());
-            for t in live.filter(|t| !t.status().is_terminal()) {
-                t.finish(TransferStatus::Canceled, Some(Error::Canceled));
-            }
-            l.batches.recycle(b, entries);
-            Ok(())
-        })
+        let batches = self.shell.open_batches()?;
+        let crate::batch::Freed::Taken(b) =
+            batches.free(batch).map_err(|e| self.shell.or_closed(e))?
+        else {
+            return Ok(());
+        };
+        let entries = b.take_entries();
+        // Most were polled to their end: no error is made (and dropped) for those.
+        let live = entries.iter().filter_map(|e| e.task());
+        for t in live.filter(|t| !t.status().is_terminal()) {
+            t.finish(TransferStatus::Canceled, Some(Error::Canceled));
+        }
+        batches.recycle(b, entries);
+        Ok(())
     }
 
     /// Submits `requests` and calls `on_done` once with every task's final snapshot.
@@ -554,6 +553,7 @@ impl Engine {
     /// engine-owned region then reads zeros); handles and regions that outlive it are inert.
     /// Calls in flight on other threads finish first with what they hold, and release it.
     pub fn close(&self) {
+        self.shell.closed.store(true, Ordering::Release);
         if let Some(inner) = self.shell.live.swap(None) {
             inner.close();
             // `inner` is dropped here: the last reference unless a call on another thread

@@ -51,7 +51,8 @@ pub(crate) struct Inner {
     pub(crate) shutdown: CancellationToken,
     pub(crate) regions: Arc<RegionTable>,
     pub(crate) segments: SegmentTable,
-    pub(crate) batches: BatchTable,
+    /// The shell's (`Shell::batches`).
+    pub(crate) batches: Arc<BatchTable>,
     /// The enabled transports (built and installed), in the order of `config.transports`.
     pub(crate) transports: Vec<(TransportKind, Arc<dyn Transport>)>,
     /// For each transport that is not enabled, the message that says so (and why).
@@ -107,6 +108,32 @@ pub(crate) struct Shell {
     /// Kept past close, so a handle is still told apart from a foreign one then.
     pub(crate) handles: Handles,
     pub(crate) live: ArcSwapOption<Inner>,
+    /// The batch table, here as well as in `Inner`: a poller's calls on its batches
+    /// (allocate, status, free) need nothing else of the live engine, so they take no
+    /// reference to it. `close` empties it.
+    pub(crate) batches: Arc<BatchTable>,
+    /// Set by `Engine::close` before it takes the live engine away: the batch calls answer
+    /// `Closed` from then on.
+    pub(crate) closed: AtomicBool,
+}
+
+impl Shell {
+    /// The batch table, while the engine is open.
+    pub(crate) fn open_batches(&self) -> Result<&BatchTable> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(&self.batches)
+    }
+
+    /// A batch lookup that failed once close began reports `Closed`, not the empty table.
+    pub(crate) fn or_closed(&self, e: Error) -> Error {
+        if self.closed.load(Ordering::Acquire) {
+            Error::Closed
+        } else {
+            e
+        }
+    }
 }
 
 impl Drop for Shell {

@@ -158,6 +158,21 @@ impl<K: Eq + Hash + Clone, T> LentTable<K, T> {
         self.lend_in(current(), key)
     }
 
+    /// Runs `f` on the calling thread's loan of the value under `key`, taking no reference
+    /// (its lane's lock is held meanwhile: `f` must not lend from this table again); a lane
+    /// that has no loan of it yet makes one first. `None` if there is no such key.
+    pub(crate) fn with_loan<R>(&self, key: &K, f: impl FnOnce(&Lent<T>) -> R) -> Option<R> {
+        let lane = current();
+        {
+            let loans = self.loans(lane).read().unwrap_or_else(|p| p.into_inner());
+            if let Some(l) = loans.get(key) {
+                return Some(f(l));
+            }
+        }
+        let l = self.lend_in(lane, key)?;
+        Some(f(&l))
+    }
+
     fn lend_in(&self, lane: usize, key: &K) -> Option<Lent<T>> {
         let loans = self.loans(lane);
         if let Some(l) = loans.read().unwrap_or_else(|p| p.into_inner()).get(key) {
@@ -265,6 +280,22 @@ mod tests {
         // Handed out round robin: LANES threads in a row get LANES lanes, unless other
         // tests' threads took some in between (then at least two differ).
         assert!(all.len() >= 2, "{others:?} and {here}");
+    }
+
+    #[test]
+    fn a_loan_used_in_place_takes_no_reference() {
+        let t: LentTable<u32, &str> = LentTable::default();
+        t.insert(1, Arc::new("a"));
+        assert_eq!(t.with_loan(&2, |_| ()), None, "no such key");
+        // The first use in this lane makes its loan (and holds it for that use); later
+        // uses take no reference to it.
+        let counts = || t.with_loan(&1, |l| (***l, sync::Arc::strong_count(&l.0)));
+        assert_eq!(counts().map(|(v, _)| v), Some("a"));
+        assert_eq!(counts(), Some(("a", 1)));
+        assert_eq!(counts(), Some(("a", 1)));
+        assert_eq!(t.loans_in(current()), 1);
+        t.remove(&1);
+        assert_eq!(t.with_loan(&1, |_| ()), None, "removed from every lane");
     }
 
     #[test]

@@ -447,6 +447,12 @@ impl RegionTable {
         Ok(region)
     }
 
+    /// Runs `f` on the region `id`, taking no reference (`LentTable::with_loan`): `f` must
+    /// not look regions up again. `None` if there is none.
+    pub(crate) fn with_region<R>(&self, id: RegionId, f: impl FnOnce(&Region) -> R) -> Option<R> {
+        self.regions.with_loan(&id, |r| f(r))
+    }
+
     /// Removes a region from the table. In-flight users keep it alive until they finish.
     pub fn release(&self, id: RegionId) -> Result<()> {
         self.regions

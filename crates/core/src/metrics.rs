@@ -56,6 +56,18 @@ impl TaskCounters {
         }
     }
 
+    /// Adds `bytes` moved by `transport` for `op`, of a request counted apart (completed
+    /// at submission: `completed_n` adds their count when they are summed).
+    pub(crate) fn moved(&self, transport: TransportKind, op: Opcode, bytes: u64) {
+        self.bytes[transport.index()][op_index(op)].fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Adds `n` completed tasks.
+    pub(crate) fn completed_n(&self, n: u64) {
+        let completed = usize::from(TransferStatus::Completed.raw());
+        self.by_status[completed].fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Adds every count of `other` to this one's.
     pub fn add(&self, other: &TaskCounters) {
         for (mine, theirs) in self.by_status.iter().zip(&other.by_status) {

@@ -85,6 +85,9 @@ pub(crate) trait Validate {
     /// The segment handle it goes to.
     fn segment(&self) -> u64;
 
+    /// It as one plain request, when it is one (not a gather).
+    fn one(&self) -> Option<&Request>;
+
     /// Resolves and checks it (`region` and `segment` look ids up in the engine's tables).
     fn validate(
         &self,
@@ -96,6 +99,10 @@ pub(crate) trait Validate {
 impl Validate for Request {
     fn segment(&self) -> u64 {
         self.segment
+    }
+
+    fn one(&self) -> Option<&Request> {
+        Some(self)
     }
 
     fn validate(
@@ -112,6 +119,13 @@ impl Validate for Unit {
         match self {
             Self::One(r) => r.segment,
             Self::Gather(g) => g.segment,
+        }
+    }
+
+    fn one(&self) -> Option<&Request> {
+        match self {
+            Self::One(r) => Some(r),
+            Self::Gather(_) => None,
         }
     }
 
@@ -163,7 +177,48 @@ pub struct ValidatedRequest {
     spans: Spans,
 }
 
+/// A validated request's parts, borrowed: what planning and a transport that moves it on
+/// the submitting thread (`Transport::complete_now`) read. A lone polled request is checked
+/// into one of these straight from the tables (`check_lone`), taking no reference; a
+/// [`ValidatedRequest`] lends one out ([`ValidatedRequest::view`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestView<'a> {
+    /// Read or write.
+    pub opcode: Opcode,
+    /// The local region.
+    pub local: &'a Region,
+    /// The peer.
+    pub peer: &'a Peer,
+    /// The descriptor the request was checked against.
+    pub descriptor: &'a SegmentDescriptor,
+    /// Buffer id inside the segment.
+    pub remote_buffer: u64,
+    /// Bytes to move, all spans together.
+    pub length: u64,
+    /// What the request asks of the transport choice.
+    pub hint: TransportHint,
+    /// The ranges to move, each checked against the region and the buffer.
+    pub spans: &'a [Span],
+    /// Whether it is a gather (several spans moved as one request).
+    pub gathered: bool,
+}
+
 impl ValidatedRequest {
+    /// Its parts, borrowed.
+    pub fn view(&self) -> RequestView<'_> {
+        RequestView {
+            opcode: self.opcode,
+            local: &self.local,
+            peer: &self.peer,
+            descriptor: &self.descriptor,
+            remote_buffer: self.remote_buffer,
+            length: self.length,
+            hint: self.hint,
+            spans: self.spans(),
+            gathered: self.gathered().is_some(),
+        }
+    }
+
     /// The ranges to move, each checked against the region and the buffer.
     pub fn spans(&self) -> &[Span] {
         self.spans.as_slice()
@@ -225,13 +280,38 @@ fn resolve(
         hint,
     } = head;
     let local = region(local_id)?;
+    let length = check_local(local_id, &local, spans.as_slice())?;
+    let (peer, descriptor) = segment(segment_handle)?;
+    check_remote(
+        opcode,
+        (local_id, &local),
+        &peer,
+        &descriptor,
+        remote_buffer,
+        spans.as_slice(),
+    )?;
+    Ok(ValidatedRequest {
+        opcode,
+        local,
+        peer,
+        descriptor,
+        remote_buffer,
+        length,
+        hint,
+        spans,
+    })
+}
+
+/// The checks of the local side: every span is non-empty and inside the region. Returns
+/// the spans' total length.
+fn check_local(local_id: RegionId, local: &Region, spans: &[Span]) -> Result<u64> {
     let local_len = local.len() as u64;
     let local_error = |e| match e {
         Error::OutOfRange(m) => Error::OutOfRange(format!("local region {local_id}: {m}")),
         other => other,
     };
     let mut length = 0u64;
-    for s in spans.as_slice() {
+    for s in spans {
         if s.length == 0 {
             return Err(Error::InvalidArgument("length must be > 0".into()));
         }
@@ -240,14 +320,26 @@ fn resolve(
             .checked_add(s.length)
             .ok_or_else(|| Error::InvalidArgument("lengths add up past 2^64".into()))?;
     }
-    let (peer, descriptor) = segment(segment_handle)?;
+    Ok(length)
+}
+
+/// The checks of the remote side, once the local one passed: the buffer is in the
+/// descriptor, every span inside it, and the opcode may write where it writes.
+fn check_remote(
+    opcode: Opcode,
+    (local_id, local): (RegionId, &Region),
+    peer: &Peer,
+    descriptor: &SegmentDescriptor,
+    remote_buffer: u64,
+    spans: &[Span],
+) -> Result<()> {
     let buffer = descriptor
         .buffer(remote_buffer)
         .ok_or_else(|| Error::UnknownBuffer {
             segment: peer.name().to_string(),
             buffer: remote_buffer,
         })?;
-    for s in spans.as_slice() {
+    for s in spans {
         check_range(s.remote_offset, s.length, buffer.length).map_err(|e| match e {
             Error::OutOfRange(m) => Error::OutOfRange(format!(
                 "remote buffer {remote_buffer} of {}: {m}",
@@ -267,16 +359,51 @@ fn resolve(
             "local region {local_id} is read-only; it cannot receive a READ"
         )));
     }
-    Ok(ValidatedRequest {
-        opcode,
+    Ok(())
+}
+
+/// A lone request checked as [`validate`] checks it, against a region, a peer and its
+/// descriptor the caller looked up and holds: its view, or the first failed check (the
+/// caller that wants the error's exact form validates again the usual way).
+pub(crate) fn check_lone<'a>(
+    req: &'a Request,
+    span: &'a Span,
+    local: &'a Region,
+    peer: &'a Peer,
+    descriptor: &'a SegmentDescriptor,
+) -> Result<RequestView<'a>> {
+    let spans = std::slice::from_ref(span);
+    let length = check_local(req.local, local, spans)?;
+    check_remote(
+        req.opcode,
+        (req.local, local),
+        peer,
+        descriptor,
+        req.remote_buffer,
+        spans,
+    )?;
+    Ok(RequestView {
+        opcode: req.opcode,
         local,
         peer,
         descriptor,
-        remote_buffer,
+        remote_buffer: req.remote_buffer,
         length,
-        hint,
+        hint: req.hint,
         spans,
+        gathered: false,
     })
+}
+
+impl Request {
+    /// Its one span.
+    pub(crate) fn span(&self) -> Span {
+        Span {
+            local_offset: self.local_offset,
+            remote_offset: self.remote_offset,
+            length: self.length,
+        }
+    }
 }
 
 /// Resolves and checks a request. `region` and `segment` look ids up in the engine's tables.

@@ -267,6 +267,11 @@ impl Peer {
     pub fn descriptor(&self) -> Arc<SegmentDescriptor> {
         self.descriptor.local().load_full()
     }
+    /// The current descriptor, borrowed for a moment (no reference taken: hold it only
+    /// for a call, as `arc_swap`'s guards are meant to be).
+    pub(crate) fn descriptor_now(&self) -> arc_swap::Guard<Arc<SegmentDescriptor>> {
+        self.descriptor.local().load()
+    }
     pub(crate) fn set_descriptor(&self, desc: SegmentDescriptor) {
         for lane in self.descriptor.iter() {
             lane.store(Arc::new(desc.clone()));
@@ -385,6 +390,11 @@ impl SegmentTable {
         self.by_handle
             .lend(&handle)
             .ok_or_else(|| Error::UnknownSegment(format!("handle {handle}")))
+    }
+    /// Runs `f` on the peer under `handle`, taking no reference (`LentTable::with_loan`):
+    /// `f` must not look segments up again. `None` if there is none.
+    pub(crate) fn with_peer<R>(&self, handle: u64, f: impl FnOnce(&Peer) -> R) -> Option<R> {
+        self.by_handle.with_loan(&handle, |p| f(p))
     }
     /// Looks a segment up by name.
     pub fn by_name(&self, name: &str) -> Option<Arc<Peer>> {

@@ -74,6 +74,10 @@ pub struct Told {
 #[derive(Debug, Default)]
 struct LaneCounts {
     submitted: AtomicU64,
+    /// Requests completed at submission (no task made): each counts as a task submitted
+    /// and completed, added in when read; their bytes are in `tasks`. One counter written
+    /// for both, not two.
+    done_at_submit: AtomicU64,
     /// Ended tasks by status, bytes by transport and op. The totals (completed, failed,
     /// bytes) are sums of these, made when read: a task that ends writes two counters,
     /// not four more.
@@ -173,17 +177,19 @@ impl Counters {
         opcode: crate::kind::Opcode,
         length: u64,
     ) {
-        self.lanes
-            .local()
-            .counts
-            .ended(TransferStatus::Completed, Some(transport), opcode, length);
+        let counts = &self.lanes.local().counts;
+        counts.done_at_submit.fetch_add(1, Ordering::Relaxed);
+        counts.tasks.moved(transport, opcode, length);
     }
 
     /// Tasks submitted.
     pub fn submitted_total(&self) -> u64 {
         self.lanes
             .iter()
-            .map(|l| l.counts.submitted.load(Ordering::Relaxed))
+            .map(|l| {
+                let c = &l.counts;
+                c.submitted.load(Ordering::Relaxed) + c.done_at_submit.load(Ordering::Relaxed)
+            })
             .sum()
     }
 
@@ -207,6 +213,7 @@ impl Counters {
         let total = crate::metrics::TaskCounters::default();
         for lane in self.lanes.iter() {
             total.add(&lane.counts.tasks);
+            total.completed_n(lane.counts.done_at_submit.load(Ordering::Relaxed));
         }
         total
     }

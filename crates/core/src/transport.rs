@@ -99,7 +99,7 @@ pub trait Transport: Send + Sync {
     /// task, no attempt and no report. The default does nothing now.
     fn complete_now(
         &self,
-        _request: &crate::request::ValidatedRequest,
+        _request: &crate::request::RequestView<'_>,
         _more_follow: bool,
     ) -> Option<Result<()>> {
         None

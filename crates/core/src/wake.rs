@@ -26,6 +26,21 @@ impl Wake {
         }
     }
 
+    /// Whether anyone waits, for a caller that reads it under a lock that every waiter's
+    /// `done` check takes too (a batch's entries lock), after making the change that check
+    /// looks for: then no fence is needed. A waiter that took that lock before the caller
+    /// counted itself before, and the lock orders that count before this read; one that
+    /// takes it after sees the change. Pair with [`Wake::wake_all`] once the lock is let go.
+    pub fn has_waiters(&self) -> bool {
+        self.waiters.load(Ordering::Relaxed) > 0
+    }
+
+    /// Wakes every waiter (after [`Wake::has_waiters`] said there were some).
+    pub fn wake_all(&self) {
+        let _held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.cv.notify_all();
+    }
+
     /// How many threads wait (tests: to act once a waiter is asleep, or about to be).
     #[cfg(test)]
     pub(crate) fn waiting(&self) -> u32 {

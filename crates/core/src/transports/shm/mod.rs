@@ -42,7 +42,7 @@ use crate::deadlines::Deadlines;
 use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::linux::RemoteMapping;
-use crate::request::ValidatedRequest;
+use crate::request::RequestView;
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::task::{Observer, Task};
 use crate::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
@@ -51,7 +51,7 @@ use copy::{copy_spans, Copy};
 use copy_plan::{Caller, CopyPolicy, CopyRequest, Machine, Plan};
 use copy_threads::CopyThreads;
 use large_copiers::LargeCopiers;
-use peer::{watch, DeathHook, ShmPeer};
+use peer::{watch, DeathHook, Mappings, ShmPeer};
 use serve::{bind, serve, Gate};
 use shared_copy::Shared;
 
@@ -66,8 +66,9 @@ pub struct ShmTransport {
     /// The abstract socket's name once `install` bound it.
     socket: std::sync::OnceLock<String>,
     /// Read on every request, without a lock or a reference taken (two threads submitting
-    /// must write no cache line in common); replaced whole on the rare attach and forget.
-    peers: ArcSwap<FxHashMap<u64, Arc<ShmPeer>>>,
+    /// must write no cache line in common): one load finds the peer and its mappings.
+    /// Replaced whole on the rare attach, map and forget.
+    peers: ArcSwap<FxHashMap<u64, Mapped>>,
     /// How copies are made on this machine.
     policy: CopyPolicy,
     copy_threads: CopyThreads,
@@ -88,6 +89,15 @@ pub struct ShmTransport {
     /// The engine's attempt deadlines: a copy queued for the copy threads is timed from
     /// when one of them takes it, not from its submission (`None`: no deadline).
     deadlines: Option<Arc<Deadlines<Task>>>,
+}
+
+/// A peer as the transport's table holds it: the peer, and its buffers mapped (by buffer
+/// id). A peer taken out of the table lets go of its mappings with it: copies in flight
+/// hold their own.
+#[derive(Clone)]
+struct Mapped {
+    peer: Arc<ShmPeer>,
+    maps: Arc<Mappings>,
 }
 
 impl ShmTransport {
@@ -134,12 +144,12 @@ impl ShmTransport {
     }
 
     fn peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
-        self.peers.load().get(&handle).cloned()
+        self.peers.load().get(&handle).map(|m| m.peer.clone())
     }
 
     /// Puts `peer` under `handle` in the table (`None`: takes it out); returns the peer it
     /// replaced.
-    fn replace_peer(&self, handle: u64, peer: Option<Arc<ShmPeer>>) -> Option<Arc<ShmPeer>> {
+    fn replace_peer(&self, handle: u64, peer: Option<Mapped>) -> Option<Arc<ShmPeer>> {
         let mut old = None;
         self.peers.rcu(|peers| {
             let mut peers = FxHashMap::clone(peers);
@@ -149,7 +159,24 @@ impl ShmTransport {
             };
             peers
         });
-        old
+        old.map(|m| m.peer)
+    }
+
+    /// Adds the mappings of buffers `peer` (under `handle`) allocated since it was
+    /// attached, while the table still holds that peer.
+    fn add_maps(&self, handle: u64, peer: &Arc<ShmPeer>, more: &Mappings) {
+        self.peers.rcu(|peers| {
+            let mut peers = FxHashMap::clone(peers);
+            if let Some(m) = peers
+                .get_mut(&handle)
+                .filter(|m| Arc::ptr_eq(&m.peer, peer))
+            {
+                let mut maps = Mappings::clone(&m.maps);
+                maps.extend(more.iter().map(|(id, m)| (*id, m.clone())));
+                m.maps = Arc::new(maps);
+            }
+            peers
+        });
     }
 
     /// Connects to a same-host peer and maps its buffers; on refresh, maps the buffers of
@@ -165,10 +192,13 @@ impl ShmTransport {
         }
         let token = desc.token_bytes()?;
         let current = self
-            .peer(peer.handle())
-            .filter(|p| p.engine_id == desc.engine_id && p.known_alive());
+            .peers
+            .load()
+            .get(&peer.handle())
+            .filter(|m| m.peer.engine_id == desc.engine_id && m.peer.known_alive())
+            .cloned();
         if let Some(current) = current {
-            let mapped = current.maps.load();
+            let mapped = &current.maps;
             let missing: Vec<_> = desc
                 .buffers
                 .iter()
@@ -186,7 +216,7 @@ impl ShmTransport {
             // A connection of its own for them, let go once they are mapped: the first
             // connection still watches the target's life.
             let more = connect_and_map(&socket, self.local_engine_id, &token, &only_missing);
-            current.add_maps(more.await?.maps);
+            self.add_maps(peer.handle(), &current.peer, &more.await?.maps);
             return Ok(());
         }
         let attached = connect_and_map(&socket, self.local_engine_id, &token, &desc).await?;
@@ -201,10 +231,13 @@ impl ShmTransport {
             desc.engine_id,
             pidfd,
             life,
-            maps,
             self.shutdown.child_token(),
         ));
-        if let Some(old) = self.replace_peer(peer.handle(), Some(shm_peer.clone())) {
+        let mapped = Mapped {
+            peer: shm_peer.clone(),
+            maps: Arc::new(maps),
+        };
+        if let Some(old) = self.replace_peer(peer.handle(), Some(mapped)) {
             old.let_go();
         }
         self.rt
@@ -241,7 +274,7 @@ impl ShmTransport {
     /// mapping; why not otherwise. Borrowed from the tables: no reference taken.
     fn with_target<R>(
         &self,
-        req: &ValidatedRequest,
+        req: &RequestView<'_>,
         f: impl FnOnce(&Arc<ShmPeer>, &Arc<RemoteMapping>) -> R,
     ) -> Result<R> {
         if self.closed.load(Ordering::Acquire) {
@@ -251,7 +284,7 @@ impl ShmTransport {
             return Err(req.peer.closed_error());
         }
         let peers = self.peers.load();
-        let peer = peers.get(&req.peer.handle()).ok_or_else(|| {
+        let Mapped { peer, maps } = peers.get(&req.peer.handle()).ok_or_else(|| {
             Error::TransportUnavailable(format!("no shared memory with {}", req.peer.name()))
         })?;
         if peer.engine_id != req.descriptor.engine_id {
@@ -268,7 +301,6 @@ impl ShmTransport {
         if !peer.known_alive() {
             return Err(req.peer.lost_error_or("target process exited"));
         }
-        let maps = peer.maps.load();
         let mapping = maps.get(&req.remote_buffer).ok_or_else(|| {
             let why = format!(
                 "buffer {} of {} is not mapped",
@@ -276,13 +308,13 @@ impl ShmTransport {
                 req.peer.name()
             );
             // Mapping it ran out of memory: the limit is the news.
-            match self.limit_towards(&req.peer) {
+            match self.limit_towards(req.peer) {
                 Some(limit) => Error::ResourceLimit(format!("{why}: {limit}")),
                 None => Error::TransportUnavailable(why),
             }
         })?;
         if let Some(s) = req
-            .spans()
+            .spans
             .iter()
             .find(|s| mapping.range_ptr(s.remote_offset, s.length).is_none())
         {
@@ -300,7 +332,7 @@ impl ShmTransport {
     /// Copies attempt `a` as the copy plan says: on this thread, or split with the copy
     /// threads.
     fn submit_attempt(&self, a: &Attempt) -> Result<()> {
-        let req = a.task.request();
+        let req = &a.task.request().view();
         let caller = match a.task.observer() {
             Observer::Poll => Caller::Polled,
             Observer::Progress => Caller::Promise,
@@ -322,8 +354,8 @@ impl ShmTransport {
                     peer,
                     mapping,
                     opcode: req.opcode,
-                    region: &req.local,
-                    spans: req.spans(),
+                    region: req.local,
+                    spans: req.spans,
                 }
                 .run();
                 return Ok(());
@@ -354,10 +386,10 @@ impl ShmTransport {
 }
 
 /// What the copy plan reads of `req`.
-fn copy_request(req: &ValidatedRequest, more_follow: bool, caller: Caller) -> CopyRequest {
+fn copy_request(req: &RequestView<'_>, more_follow: bool, caller: Caller) -> CopyRequest {
     CopyRequest {
         length: req.length,
-        gathered: req.gathered().is_some(),
+        gathered: req.gathered,
         more_follow,
         caller,
     }
@@ -439,7 +471,7 @@ impl Transport for ShmTransport {
             .peers
             .load()
             .get(&peer.handle())
-            .map(|p| p.known_alive());
+            .map(|m| m.peer.known_alive());
         match alive {
             Some(true) => Ok(()),
             Some(false) => Err("the target process exited".into()),
@@ -479,7 +511,7 @@ impl Transport for ShmTransport {
     /// nor handed off), made now. Whatever would stop an attempt before its copy (no
     /// mapping, a target known dead, a range outside the mapping) is left to the attempt
     /// to report: `None`, nothing copied.
-    fn complete_now(&self, request: &ValidatedRequest, more_follow: bool) -> Option<Result<()>> {
+    fn complete_now(&self, request: &RequestView<'_>, more_follow: bool) -> Option<Result<()>> {
         // Only a polled submission asks (`Transport::complete_now`).
         let plan = self
             .policy
@@ -488,13 +520,7 @@ impl Transport for ShmTransport {
             return None;
         }
         let copy = |peer: &Arc<ShmPeer>, mapping: &Arc<RemoteMapping>| {
-            copy_spans(
-                peer,
-                mapping,
-                &request.local,
-                request.opcode,
-                request.spans(),
-            )
+            copy_spans(peer, mapping, request.local, request.opcode, request.spans)
         };
         self.with_target(request, copy)
             .ok()
@@ -528,9 +554,9 @@ impl Transport for ShmTransport {
         self.closed.store(true, Ordering::Release);
         self.shutdown.cancel();
         let peers = self.peers.swap(Arc::default());
-        for p in peers.values() {
-            p.mark_dead();
-            p.let_go();
+        for m in peers.values() {
+            m.peer.mark_dead();
+            m.peer.let_go();
         }
         self.copy_threads.stop();
     }

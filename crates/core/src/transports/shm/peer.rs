@@ -6,7 +6,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use rustc_hash::FxHashMap;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
@@ -34,22 +33,18 @@ pub(super) struct ShmPeer {
     /// The target's life word, when it sent one: read after each copy instead of polling
     /// `pidfd`.
     life: Option<PeerLifeWord>,
-    /// Read on every copy without a lock or a reference taken (`ArcSwap`: nothing another
-    /// submitting thread writes); emptied when the peer goes.
-    pub(super) maps: ArcSwap<Mappings>,
     dead: AtomicBool,
     cancel: CancellationToken,
 }
 
 impl ShmPeer {
-    /// `peer`, attached: its pidfd, its life word if it sent one, its buffers mapped;
-    /// `cancel` stops its watcher.
+    /// `peer`, attached: its pidfd, its life word if it sent one (its buffers' mappings
+    /// are the transport's table's); `cancel` stops its watcher.
     pub(super) fn new(
         peer: Arc<Peer>,
         engine_id: u64,
         pidfd: Pidfd,
         life: Option<PeerLifeWord>,
-        maps: Mappings,
         cancel: CancellationToken,
     ) -> Self {
         Self {
@@ -57,7 +52,6 @@ impl ShmPeer {
             engine_id,
             pidfd,
             life,
-            maps: ArcSwap::from_pointee(maps),
             dead: AtomicBool::new(false),
             cancel,
         }
@@ -91,25 +85,16 @@ impl ShmPeer {
         false
     }
 
-    /// Adds the mappings of buffers the peer allocated since it was attached.
-    pub(super) fn add_maps(&self, more: Mappings) {
-        self.maps.rcu(|maps| {
-            let mut maps = Mappings::clone(maps);
-            maps.extend(more.iter().map(|(id, m)| (*id, m.clone())));
-            maps
-        });
-    }
-
     /// Records the target's death: every later copy fails.
     pub(super) fn mark_dead(&self) {
         self.dead.store(true, Ordering::Release);
     }
 
-    /// Lets go of the peer: its watcher stops and its buffers are unmapped once the copies
-    /// in flight (which hold their mapping) end.
+    /// Lets go of the peer: its watcher stops. Its buffers are unmapped once the
+    /// transport's table let go of them and the copies in flight (which hold their
+    /// mapping) end.
     pub(super) fn let_go(&self) {
         self.cancel.cancel();
-        self.maps.store(Arc::default());
     }
 }
 
