@@ -19,11 +19,13 @@
 //! A split copy (shared or handed off) is made inline after all when other submitting
 //! threads copying large blocks already keep every core busy, or the memory's bandwidth,
 //! and the submitting thread may copy it whole ([`CopyPolicy::inline_after_all`]): a copy
-//! thread would only take turns with them.
+//! thread would only take turns with them. So is one too small to repay waking a copy
+//! thread while none is awake ([`wake_min`]).
 //!
 //! Pure: the machine is measured once by the transport ([`Machine`]), the request described
-//! by the submitting thread ([`CopyRequest`]), and how many other threads copy large blocks
-//! now is counted by `large_copiers`.
+//! by the submitting thread ([`CopyRequest`]), how many other threads copy large blocks
+//! now is counted by `large_copiers`, and how many copy threads are awake by
+//! `copy_threads`.
 
 use std::time::Duration;
 
@@ -37,10 +39,22 @@ pub(super) struct Machine {
     /// Bytes per nanosecond one core copies within its own cache (`copy_speed`); `None`
     /// where it could not be measured.
     pub(super) copy_rate: Option<f64>,
-    /// Bytes per nanosecond all cores together copy from memory to memory (beyond their
-    /// caches); `None` where it is not known, and [`SATURATING_COPIERS_UNKNOWN`] copiers
-    /// are taken to fill it.
-    pub(super) memory_bandwidth: Option<f64>,
+    /// How fast copies beyond the caches go (`memory_speed`, measured once per process
+    /// off the engine's start); `None` until then, or where it could not be measured, and
+    /// [`SATURATING_COPIERS_UNKNOWN`] copiers are taken to fill the memory's bandwidth.
+    pub(super) memory: Option<MemorySpeed>,
+}
+
+/// How fast copies of blocks larger than the caches go, as measured (`memory_speed`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct MemorySpeed {
+    /// Bytes per nanosecond one core copies alone.
+    pub(super) one_core: f64,
+    /// Bytes per nanosecond `copiers` cores copy together: the memory's bandwidth, or as
+    /// much of it as they fill.
+    pub(super) all_cores: f64,
+    /// How many cores copied together.
+    pub(super) copiers: usize,
 }
 
 /// Who waits for a copy's task.
@@ -88,6 +102,9 @@ pub(super) struct Split {
     /// Larger than the caches: its copiers share the memory's bandwidth with every other
     /// large copy's.
     memory_bound: bool,
+    /// Large enough to repay waking a sleeping copy thread ([`wake_min`]); a smaller one is
+    /// shared only with a copy thread already awake.
+    wakes: bool,
 }
 
 /// What a Promise's submitting thread copies itself: a copy up to this size runs on it as
@@ -111,6 +128,16 @@ const MIN_SHARE_MIN: u64 = 64 << 10;
 const MAX_SHARE_MIN: u64 = 1 << 20;
 /// The threshold where the system does not tell the L2's size.
 const PLAIN_SHARE_MIN_UNKNOWN_L2: u64 = 128 << 10;
+/// A copy that one core takes longer than this for is worth waking a sleeping copy thread
+/// for ([`wake_min`]): waking one costs microseconds on bare metal, tens on a VM, and a
+/// helper that comes that late finds little left of a shorter copy, while the submitting
+/// thread pays the wake-up and, when the helper took a job and then lost its core, waits
+/// for it.
+const WAKE_COPY_TIME: Duration = Duration::from_micros(20);
+/// The size above which a sleeping copy thread is woken where the system does not tell the
+/// L2's size (half of a common 1 MiB).
+const WAKE_MIN_UNKNOWN_L2: u64 = 512 << 10;
+
 /// A copy that one core takes longer than this for is worth sharing with another; a
 /// shorter one gains less from a second core than the hand-off costs. The threshold is the
 /// largest power of two copied within this time, so the shared copies are those that take
@@ -157,17 +184,21 @@ pub(super) struct CopyPolicy {
     memory_bound_min: u64,
     /// Copiers that fill the memory's bandwidth.
     saturating_copiers: usize,
+    /// Split copies above this size wake sleeping copy threads.
+    wake_min: u64,
 }
 
 impl CopyPolicy {
     /// The policy for `machine`.
     pub(super) fn new(machine: &Machine) -> Self {
+        let plain_share_min = plain_share_min(machine.cores, machine.l2, machine.copy_rate);
         Self {
             cores: machine.cores,
             copy_threads: copy_thread_count(machine.cores),
-            plain_share_min: plain_share_min(machine.cores, machine.l2, machine.copy_rate),
+            plain_share_min,
             memory_bound_min: memory_bound_min(machine.l2),
-            saturating_copiers: saturating_copiers(machine.memory_bandwidth, machine.copy_rate),
+            saturating_copiers: saturating_copiers(machine.memory),
+            wake_min: wake_min(plain_share_min, machine.l2, machine.copy_rate),
         }
     }
 
@@ -203,27 +234,47 @@ impl CopyPolicy {
             own_bytes,
             fits_own: copy.length <= own_bytes,
             memory_bound,
+            // A gather's runs are latency-bound: a helper repays its wake-up on all of them.
+            wakes: copy.gathered || hand_off || copy.length > self.wake_min,
         })
     }
 
     /// Whether `split` is copied inline after all, with `other_copiers` other threads that
-    /// copied a large block within [`BUSY_WINDOW`]: where those and this one take every
-    /// core, or fill the memory's bandwidth with a copy larger than the caches, a copy
-    /// thread would only take turns with them, so a copy the submitting thread may make
-    /// whole it makes alone.
-    pub(super) fn inline_after_all(&self, split: &Split, other_copiers: usize) -> bool {
+    /// copied a large block within [`BUSY_WINDOW`] and `awake` copy threads looking for
+    /// work: where those and this one take every core, or fill the memory's bandwidth with
+    /// a copy larger than the caches, a copy thread would only take turns with them; where
+    /// every copy thread sleeps and the copy does not repay waking one, the submitting
+    /// thread would pay the wake-up and wait for a late helper. So a copy the submitting
+    /// thread may make whole it then makes alone.
+    pub(super) fn inline_after_all(
+        &self,
+        split: &Split,
+        other_copiers: usize,
+        awake: usize,
+    ) -> bool {
         let saturated = split.memory_bound && other_copiers + 1 >= self.saturating_copiers;
-        split.fits_own && (cores_taken(other_copiers, self.cores) || saturated)
+        let asleep = !split.wakes && awake == 0;
+        split.fits_own && (cores_taken(other_copiers, self.cores) || saturated || asleep)
     }
 
     /// How many copy threads are asked to help with a split copy of `jobs` jobs, with
-    /// `other_copiers` other threads copying large blocks: all of them, but no more than
-    /// there are jobs the submitting thread leaves, nor, on a copy larger than the caches,
-    /// than fill the memory's bandwidth beside the others; and at least one (a helper that
-    /// finds none left returns at once).
-    pub(super) fn helpers(&self, split: &Split, jobs: usize, other_copiers: usize) -> usize {
+    /// `other_copiers` other threads copying large blocks and `awake` copy threads looking
+    /// for work: all of them, but no more than there are jobs the submitting thread leaves,
+    /// nor, on a copy that does not repay a wake-up, than are awake, nor, on a copy larger
+    /// than the caches, than fill the memory's bandwidth beside the others; and at least one
+    /// (a helper that finds none left returns at once).
+    pub(super) fn helpers(
+        &self,
+        split: &Split,
+        jobs: usize,
+        other_copiers: usize,
+        awake: usize,
+    ) -> usize {
         let submitter_copies = usize::from(split.own_bytes > 0);
         let mut helpers = self.copy_threads.min(jobs.saturating_sub(submitter_copies));
+        if !split.wakes {
+            helpers = helpers.min(awake);
+        }
         if split.memory_bound {
             let room = self
                 .saturating_copiers
@@ -298,11 +349,17 @@ fn plain_share_min(cores: usize, l2: Option<u64>, copy_rate: Option<f64>) -> u64
 /// The largest power of two one core copies within [`SHARE_COPY_TIME`] at `copy_rate`;
 /// no bound where the rate is not a positive number (it tells nothing).
 fn by_time(copy_rate: Option<f64>) -> u64 {
+    largest_power_of_two_within(copy_rate, SHARE_COPY_TIME)
+}
+
+/// The largest power of two one core copies within `time` at `copy_rate`; no bound where
+/// the rate is not a positive number (it tells nothing).
+fn largest_power_of_two_within(copy_rate: Option<f64>, time: Duration) -> u64 {
     copy_rate
         .filter(|r| r.is_finite() && *r > 0.0)
         .map_or(u64::MAX, |bytes_per_ns| {
             // `as` saturates.
-            let bytes = (bytes_per_ns * SHARE_COPY_TIME.as_nanos() as f64) as u64;
+            let bytes = (bytes_per_ns * time.as_nanos() as f64) as u64;
             bytes.checked_ilog2().map_or(0, |log| 1 << log)
         })
 }
@@ -315,17 +372,34 @@ fn memory_bound_min(l2: Option<u64>) -> u64 {
     })
 }
 
-/// How many cores copying fill the memory's bandwidth: the bandwidth over what one core
-/// copies at most (its rate within its cache; beyond it a core copies no faster), rounded
-/// up, and at least two (a copy larger than the caches always may take a second core).
-/// [`SATURATING_COPIERS_UNKNOWN`] where either figure is not a positive number.
-fn saturating_copiers(memory_bandwidth: Option<f64>, copy_rate: Option<f64>) -> usize {
-    let positive = |r: Option<f64>| r.filter(|r| r.is_finite() && *r > 0.0);
-    match (positive(memory_bandwidth), positive(copy_rate)) {
-        // `as` saturates.
-        (Some(bandwidth), Some(rate)) => ((bandwidth / rate).ceil() as usize).max(2),
+/// How many cores copying fill the memory's bandwidth: what the measured copiers moved
+/// together over what one core moves alone beyond the caches, rounded up, at least two (a
+/// copy larger than the caches always may take a second core) and no more than copied
+/// (more were not seen to add). [`SATURATING_COPIERS_UNKNOWN`] where it was not measured
+/// or either figure is not a positive number.
+fn saturating_copiers(memory: Option<MemorySpeed>) -> usize {
+    let positive = |r: f64| r.is_finite() && r > 0.0;
+    match memory {
+        Some(m) if positive(m.one_core) && positive(m.all_cores) => {
+            // `as` saturates.
+            let fill = ((m.all_cores / m.one_core).ceil() as usize).min(m.copiers);
+            fill.max(2)
+        }
         _ => SATURATING_COPIERS_UNKNOWN,
     }
+}
+
+/// Split copies above this size wake a sleeping copy thread; smaller ones are shared only
+/// with one already awake (a stream of shared copies keeps them awake). The threshold,
+/// never below the sharing threshold, is the smaller of:
+/// - what one core copies in [`WAKE_COPY_TIME`] (the largest power of two within it);
+/// - half the L2: beyond it source and destination no longer fit one core's cache, and the
+///   submitting thread alone falls to the shared cache's rate, so a late helper still
+///   repays its wake-up.
+fn wake_min(share_min: u64, l2: Option<u64>, copy_rate: Option<f64>) -> u64 {
+    let by_time = largest_power_of_two_within(copy_rate, WAKE_COPY_TIME);
+    let by_size = l2.map_or(WAKE_MIN_UNKNOWN_L2, |l2| l2 / 2);
+    by_time.min(by_size).max(share_min)
 }
 
 /// Whether a copy of `length` bytes is handed to the copy threads whole ([`HAND_OFF_MIN`]):
@@ -351,9 +425,12 @@ mod tests {
             cores,
             l2,
             copy_rate,
-            memory_bandwidth: None,
+            memory: None,
         }
     }
+
+    /// Copy threads looking for work: as many as there are.
+    const ALL_AWAKE: usize = usize::MAX;
 
     fn plain(length: u64, caller: Caller) -> CopyRequest {
         CopyRequest {
@@ -382,10 +459,10 @@ mod tests {
     fn copiers(policy: &CopyPolicy, length: u64, others: usize) -> usize {
         match policy.plan(&plain(length, Caller::Polled)) {
             Plan::Inline => 1,
-            Plan::Split(s) if policy.inline_after_all(&s, others) => 1,
+            Plan::Split(s) if policy.inline_after_all(&s, others, ALL_AWAKE) => 1,
             Plan::Split(s) => {
                 let jobs = usize::try_from(length.div_ceil(s.job)).expect("jobs");
-                1 + policy.helpers(&s, jobs, others)
+                1 + policy.helpers(&s, jobs, others, ALL_AWAKE)
             }
         }
     }
@@ -439,7 +516,12 @@ mod tests {
                     copiers(&policy, MIB, 0) >= 4,
                     "{cores} cores {l2:?} {rate:?}"
                 );
-                assert!(!policy.inline_after_all(&s, 0));
+                // Even with every copy thread asleep: 1 MiB repays waking them.
+                assert!(
+                    copiers_with(&policy, MIB, 0) >= 4,
+                    "{cores} cores {l2:?} {rate:?} asleep"
+                );
+                assert!(!policy.inline_after_all(&s, 0, ALL_AWAKE));
             }
         }
         // 2 cores: halves, as before.
@@ -465,34 +547,81 @@ mod tests {
         }
     }
 
+    /// A machine whose memory was measured: `one_core` bytes/ns alone beyond the caches,
+    /// `all_cores` with `copiers` copying together.
+    fn measured(cores: usize, one_core: f64, all_cores: f64, copiers: usize) -> Machine {
+        Machine {
+            memory: Some(MemorySpeed {
+                one_core,
+                all_cores,
+                copiers,
+            }),
+            ..machine(cores, Some(2 * MIB), Some(25.0))
+        }
+    }
+
     #[test]
     fn copiers_stop_where_the_memory_bandwidth_is_full() {
-        // 16 cores, 2 MiB L2s, 25 bytes/ns a core, 47 bytes/ns of memory: two copiers fill
-        // it. A lone 16 MiB copy takes two cores, not nine.
-        let measured = Machine {
-            memory_bandwidth: Some(47.0),
-            ..machine(16, Some(2 * MIB), Some(25.0))
-        };
-        let policy = CopyPolicy::new(&measured);
-        assert_eq!(copiers(&policy, 16 * MIB, 0), 2);
-        // With others copying large blocks, the submitting thread copies alone: the same
-        // rate, and no copy thread taking turns with the others'.
-        for others in [1, 3, 7] {
+        // 16 cores, one core copying 12 bytes/ns beyond the caches, nine together 47: four
+        // fill the memory. A lone 16 MiB copy takes four cores, not nine.
+        let policy = CopyPolicy::new(&measured(16, 12.0, 47.0, 9));
+        assert_eq!(copiers(&policy, 16 * MIB, 0), 4);
+        assert_eq!(copiers(&policy, 64 * MIB, 0), 4);
+        // Beside others copying large blocks, only what is left of the four; with three or
+        // more others the submitting thread copies alone: no copy thread taking turns with
+        // theirs, so 16 MiB does not fall from 4 threads to 8.
+        assert_eq!(copiers(&policy, 16 * MIB, 1), 3);
+        for others in [3, 7, 15] {
             assert_eq!(copiers(&policy, 16 * MIB, others), 1, "{others} others");
             assert_eq!(copiers(&policy, 64 * MIB, others), 1, "{others} others");
         }
         // A copy within the caches still takes the idle cores.
         assert!(copiers(&policy, MIB, 0) >= 4);
-        // Bandwidth unknown: four copiers in all.
+        // A memory that nine copiers do not fill: all of them.
+        let wide = CopyPolicy::new(&measured(16, 12.0, 9.0 * 12.0, 9));
+        assert_eq!(copiers(&wide, 16 * MIB, 0), 9);
+        // Bandwidth not measured (yet): four copiers in all.
         let estimated = CopyPolicy::new(&machine(16, Some(2 * MIB), Some(25.0)));
         assert_eq!(copiers(&estimated, 16 * MIB, 0), 4);
         assert_eq!(copiers(&estimated, 16 * MIB, 1), 3);
         assert_eq!(copiers(&estimated, 16 * MIB, 3), 1);
         assert_eq!(copiers(&estimated, 16 * MIB, 7), 1);
         // 64 cores: the same cap, whatever the copy threads.
-        let wide = CopyPolicy::new(&machine(64, None, None));
-        assert_eq!(copiers(&wide, 64 * MIB, 0), 4);
-        assert_eq!(copiers(&wide, 64 * MIB, 3), 1);
+        let sixty_four = CopyPolicy::new(&machine(64, None, None));
+        assert_eq!(copiers(&sixty_four, 64 * MIB, 0), 4);
+        assert_eq!(copiers(&sixty_four, 64 * MIB, 3), 1);
+    }
+
+    #[test]
+    fn the_measured_bandwidth_sets_the_copiers_on_every_machine() {
+        // (cores, one core alone, all together, copiers measured) → copiers that fill it.
+        let cases = [
+            (8, 10.0, 20.0, 8, 2),
+            (8, 10.0, 35.0, 8, 4),
+            (16, 12.0, 47.0, 9, 4),
+            (16, 12.0, 200.0, 9, 9),
+            (64, 20.0, 130.0, 9, 7),
+            (64, 20.0, 10.0, 9, 2),
+        ];
+        for (cores, one, all, copied, fill) in cases {
+            let policy = CopyPolicy::new(&measured(cores, one, all, copied));
+            let lone = copiers(&policy, 64 * MIB, 0);
+            assert_eq!(lone, fill, "{cores} cores {one} {all}");
+            // No more copiers than fill it, whoever copies: the others and this one's.
+            for others in 0..16 {
+                let now = copiers(&policy, 64 * MIB, others);
+                assert!(
+                    now == 1 || others + now <= fill,
+                    "{cores} cores, {others} others: {now}"
+                );
+            }
+        }
+        // Two cores, whatever the memory: a copy larger than the caches takes both.
+        for (one, all) in [(10.0, 10.0), (10.0, 40.0)] {
+            let two = CopyPolicy::new(&measured(2, one, all, 2));
+            assert_eq!(copiers(&two, 64 * MIB, 0), 2);
+            assert_eq!(copiers(&two, 64 * MIB, 1), 1);
+        }
     }
 
     #[test]
@@ -501,19 +630,86 @@ mod tests {
         assert_eq!(memory_bound_min(Some(512 * KIB)), 4 * MIB);
         assert_eq!(memory_bound_min(None), 4 * MIB);
         assert_eq!(memory_bound_min(Some(u64::MAX)), u64::MAX);
-        assert_eq!(saturating_copiers(Some(47.0), Some(25.0)), 2);
-        assert_eq!(saturating_copiers(Some(200.0), Some(25.0)), 8);
-        assert_eq!(saturating_copiers(Some(10.0), Some(25.0)), 2);
-        for nonsense in [
-            None,
-            Some(0.0),
-            Some(-1.0),
-            Some(f64::NAN),
-            Some(f64::INFINITY),
-        ] {
-            assert_eq!(saturating_copiers(nonsense, Some(25.0)), 4);
-            assert_eq!(saturating_copiers(Some(47.0), nonsense), 4);
+        let speed = |one_core, all_cores, copiers| {
+            Some(MemorySpeed {
+                one_core,
+                all_cores,
+                copiers,
+            })
+        };
+        assert_eq!(saturating_copiers(speed(12.0, 47.0, 9)), 4);
+        assert_eq!(saturating_copiers(speed(12.0, 48.0, 9)), 4);
+        assert_eq!(saturating_copiers(speed(12.0, 48.1, 9)), 5);
+        // Never more than measured together, never fewer than two.
+        assert_eq!(saturating_copiers(speed(10.0, 200.0, 9)), 9);
+        assert_eq!(saturating_copiers(speed(25.0, 10.0, 9)), 2);
+        assert_eq!(saturating_copiers(None), 4);
+        for nonsense in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(saturating_copiers(speed(nonsense, 47.0, 9)), 4);
+            assert_eq!(saturating_copiers(speed(12.0, nonsense, 9)), 4);
         }
+    }
+
+    /// How many threads copy a lone polled thread's plain copy of `length` bytes with
+    /// `awake` copy threads looking for work (none other copying).
+    fn copiers_with(policy: &CopyPolicy, length: u64, awake: usize) -> usize {
+        match policy.plan(&plain(length, Caller::Polled)) {
+            Plan::Inline => 1,
+            Plan::Split(s) if policy.inline_after_all(&s, 0, awake) => 1,
+            Plan::Split(s) => {
+                let jobs = usize::try_from(length.div_ceil(s.job)).expect("jobs");
+                1 + policy.helpers(&s, jobs, 0, awake)
+            }
+        }
+    }
+
+    #[test]
+    fn a_sleeping_copy_thread_is_woken_only_for_copies_that_repay_it() {
+        // 2 cores, 1 MiB L2s, a core copying 137 bytes/ns within them (this VM): shared
+        // above 256 KiB; a sleeping copy thread is woken above 512 KiB only, where source
+        // and destination leave the L2 (one core would copy 2 MiB in 20 µs).
+        let two = CopyPolicy::new(&machine(2, Some(MIB), Some(137.0)));
+        assert_eq!(two.plain_share_min(), 256 * KIB);
+        assert_eq!(copiers_with(&two, 512 * KIB, 0), 1);
+        assert_eq!(copiers_with(&two, 512 * KIB, 1), 2);
+        assert_eq!(copiers_with(&two, 512 * KIB + 4096, 0), 2);
+        assert_eq!(copiers_with(&two, MIB, 0), 2);
+        // A Xeon with 2 MiB L2s, 39 bytes/ns: shared above 128 KiB with a copy thread
+        // awake, woken above 512 KiB (what it copies in 20 µs).
+        let xeon = CopyPolicy::new(&machine(16, Some(2 * MIB), Some(39.0)));
+        assert_eq!(copiers_with(&xeon, 256 * KIB, 0), 1);
+        assert!(copiers_with(&xeon, 256 * KIB, 1) == 2);
+        assert_eq!(copiers_with(&xeon, 512 * KIB, 0), 1);
+        assert!(copiers_with(&xeon, MIB, 0) >= 4);
+        // Below a wake-up's worth, only the copy threads awake help.
+        assert_eq!(copiers_with(&xeon, 512 * KIB, 2), 3);
+        // Gathers and hand-offs wake them whatever their size.
+        let gather = CopyRequest {
+            gathered: true,
+            ..plain(256 * KIB, Caller::Polled)
+        };
+        assert!(!xeon.inline_after_all(&split(xeon.plan(&gather)), 0, 0));
+        let batch = CopyRequest {
+            more_follow: true,
+            ..plain(384 * KIB, Caller::Polled)
+        };
+        assert!(!xeon.inline_after_all(&split(xeon.plan(&batch)), 0, 0));
+    }
+
+    #[test]
+    fn the_wake_threshold_follows_the_machine() {
+        // (share threshold, L2, rate) → wake threshold: never below the sharing threshold;
+        // the smaller of half the L2 and what one core copies in 20 µs.
+        assert_eq!(wake_min(256 * KIB, Some(MIB), Some(137.0)), 512 * KIB);
+        assert_eq!(wake_min(128 * KIB, Some(2 * MIB), Some(39.0)), 512 * KIB);
+        assert_eq!(wake_min(128 * KIB, Some(2 * MIB), Some(25.0)), 256 * KIB);
+        assert_eq!(wake_min(256 * KIB, Some(MIB), Some(95.0)), 512 * KIB);
+        assert_eq!(wake_min(128 * KIB, None, None), 512 * KIB);
+        assert_eq!(wake_min(128 * KIB, None, Some(39.0)), 512 * KIB);
+        assert_eq!(wake_min(512 * KIB, Some(256 * KIB), Some(1.0)), 512 * KIB);
+        // One core shares nothing, so wakes nothing.
+        let one = CopyPolicy::new(&machine(1, Some(MIB), Some(39.0)));
+        assert_eq!(one.plain_share_min(), u64::MAX);
     }
 
     #[test]
@@ -526,14 +722,16 @@ mod tests {
                 (None, None),
             ] {
                 let policy = CopyPolicy::new(&machine(cores, l2, rate));
-                let mut last = 1;
-                for len in sweep().filter(|&len| len <= memory_bound_min(l2)) {
-                    let now = copiers(&policy, len, 0);
-                    assert!(
-                        now >= last,
-                        "{cores} cores {l2:?}: {len} takes {now} < {last}"
-                    );
-                    last = now;
+                for awake in [0, 1, ALL_AWAKE] {
+                    let mut last = 1;
+                    for len in sweep().filter(|&len| len <= memory_bound_min(l2)) {
+                        let now = copiers_with(&policy, len, awake);
+                        assert!(
+                            now >= last,
+                            "{cores} cores {l2:?} {awake} awake: {len} takes {now} < {last}"
+                        );
+                        last = now;
+                    }
                 }
             }
         }
@@ -704,31 +902,31 @@ mod tests {
         // 2 cores: one other large copier takes the free core.
         let two = CopyPolicy::new(&machine(2, Some(MIB), Some(95.0)));
         let promised = split(two.plan(&plain(mb(1), Caller::Promise)));
-        assert!(!two.inline_after_all(&promised, 0));
-        assert!(two.inline_after_all(&promised, 1));
+        assert!(!two.inline_after_all(&promised, 0, ALL_AWAKE));
+        assert!(two.inline_after_all(&promised, 1, ALL_AWAKE));
         // A copy above what the submitting thread copies itself is split anyway.
         let larger = split(two.plan(&plain(mb(1) + 1, Caller::Promise)));
-        assert!(!two.inline_after_all(&larger, 1));
+        assert!(!two.inline_after_all(&larger, 1, ALL_AWAKE));
         let polled = split(two.plan(&plain(mb(4), Caller::Polled)));
-        assert!(two.inline_after_all(&polled, 1));
+        assert!(two.inline_after_all(&polled, 1, ALL_AWAKE));
         // A handed-off copy is never made inline.
         let handed = split(two.plan(&CopyRequest {
             more_follow: true,
             ..plain(mb(1), Caller::Promise)
         }));
-        assert!(!two.inline_after_all(&handed, 100));
+        assert!(!two.inline_after_all(&handed, 100, ALL_AWAKE));
         // 16 cores: only fifteen others take every core.
         let sixteen = CopyPolicy::new(&machine(16, Some(MIB), None));
         let s = split(sixteen.plan(&plain(mb(1), Caller::Promise)));
-        assert!(!sixteen.inline_after_all(&s, 14));
-        assert!(sixteen.inline_after_all(&s, 15));
+        assert!(!sixteen.inline_after_all(&s, 14, ALL_AWAKE));
+        assert!(sixteen.inline_after_all(&s, 15, ALL_AWAKE));
         // One core: a Promise's batch copy is handed off, never made inline.
         let one = CopyPolicy::new(&machine(1, Some(MIB), None));
         let batch = split(one.plan(&CopyRequest {
             more_follow: true,
             ..plain(mb(1), Caller::Promise)
         }));
-        assert!(!one.inline_after_all(&batch, 0));
+        assert!(!one.inline_after_all(&batch, 0, ALL_AWAKE));
     }
 
     #[test]
@@ -736,17 +934,17 @@ mod tests {
         let sixty_four = CopyPolicy::new(&machine(64, None, None));
         assert_eq!(sixty_four.copy_threads(), 8);
         let shared = split(sixty_four.plan(&plain(MIB, Caller::Polled)));
-        assert_eq!(sixty_four.helpers(&shared, 2, 0), 1);
-        assert_eq!(sixty_four.helpers(&shared, 100, 0), 8);
-        assert_eq!(sixty_four.helpers(&shared, 0, 0), 1);
+        assert_eq!(sixty_four.helpers(&shared, 2, 0, ALL_AWAKE), 1);
+        assert_eq!(sixty_four.helpers(&shared, 100, 0, ALL_AWAKE), 8);
+        assert_eq!(sixty_four.helpers(&shared, 0, 0, ALL_AWAKE), 1);
         let handed = split(sixty_four.plan(&CopyRequest {
             more_follow: true,
             ..plain(MIB, Caller::Polled)
         }));
-        assert_eq!(sixty_four.helpers(&handed, 2, 0), 2);
+        assert_eq!(sixty_four.helpers(&handed, 2, 0, ALL_AWAKE), 2);
         let two = CopyPolicy::new(&machine(2, None, None));
         let shared = split(two.plan(&plain(MIB, Caller::Polled)));
-        assert_eq!(two.helpers(&shared, 16, 0), 1);
+        assert_eq!(two.helpers(&shared, 16, 0, ALL_AWAKE), 1);
     }
 
     #[test]

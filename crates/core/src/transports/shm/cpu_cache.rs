@@ -7,12 +7,23 @@ use std::path::Path;
 /// The per-core (unified or data) level-2 cache of CPU 0, in bytes; `None` where sysfs does
 /// not say (another OS, a container without `/sys`).
 pub(super) fn l2_bytes() -> Option<u64> {
+    cache_bytes("2")
+}
+
+/// The last-level (level-3) cache CPU 0 shares with others, in bytes: what a block must
+/// exceed to be copied from memory (`memory_speed`); `None` where sysfs does not say.
+pub(super) fn l3_bytes() -> Option<u64> {
+    cache_bytes("3")
+}
+
+/// CPU 0's (unified or data) cache of `level`, in bytes.
+fn cache_bytes(level: &str) -> Option<u64> {
     let dir = Path::new("/sys/devices/system/cpu/cpu0/cache");
     std::fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
         let read = |name: &str| std::fs::read_to_string(entry.path().join(name)).ok();
-        let is_l2 = read("level")?.trim() == "2";
+        let is_level = read("level")?.trim() == level;
         let holds_data = matches!(read("type")?.trim(), "Unified" | "Data");
-        (is_l2 && holds_data)
+        (is_level && holds_data)
             .then(|| read("size"))
             .flatten()
             .and_then(|s| parse_size(&s))
@@ -59,6 +70,9 @@ mod tests {
         // Whatever the machine, a size read is between 64 KiB and 64 MiB.
         if let Some(l2) = l2_bytes() {
             assert!((64 << 10..=64 << 20).contains(&l2), "L2 of {l2} bytes");
+        }
+        if let (Some(l2), Some(l3)) = (l2_bytes(), l3_bytes()) {
+            assert!(l3 >= l2, "L3 of {l3} bytes below the L2's {l2}");
         }
     }
 }

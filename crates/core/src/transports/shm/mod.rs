@@ -13,8 +13,8 @@
 //! after it finishes (the one syscall of a copy: the checks before it read a flag), so no
 //! attempt completes into a dead target.
 //!
-//! Modules: `copy_plan` (the copy policy, pure), `cpu_cache` and `copy_speed` (the machine
-//! it reads), `serve` (the target's side), `attach` (the initiator's: connecting, receiving
+//! Modules: `copy_plan` (the copy policy, pure), `cpu_cache`, `copy_speed` and
+//! `memory_speed` (the machine it reads), `serve` (the target's side), `attach` (the initiator's: connecting, receiving
 //! fds, mapping), `peer` (an attached peer and its death), `copy` (one copy, checked),
 //! `shared_copy` (a copy cut into jobs), `copy_threads` (the threads and their queue),
 //! `large_copiers` (which threads copy large blocks now).
@@ -26,6 +26,7 @@ mod copy_speed;
 mod copy_threads;
 mod cpu_cache;
 mod large_copiers;
+mod memory_speed;
 mod peer;
 mod serve;
 mod shared_copy;
@@ -69,8 +70,12 @@ pub struct ShmTransport {
     /// must write no cache line in common): one load finds the peer and its mappings.
     /// Replaced whole on the rare attach, map and forget.
     peers: ArcSwap<FxHashMap<u64, Mapped>>,
-    /// How copies are made on this machine.
+    /// How copies are made on this machine, with the memory's bandwidth estimated.
     policy: CopyPolicy,
+    /// The machine `policy` was made for.
+    machine: Machine,
+    /// The policy with the memory's speed as measured, once `memory_speed` has it.
+    measured_policy: std::sync::OnceLock<CopyPolicy>,
     copy_threads: CopyThreads,
     rt: Handle,
     shutdown: CancellationToken,
@@ -109,12 +114,14 @@ impl ShmTransport {
             cores = machine.cores,
             l2 = machine.l2,
             copy_rate_bytes_per_ns = machine.copy_rate,
-            memory_bandwidth_bytes_per_ns = machine.memory_bandwidth,
+            memory = ?machine.memory,
             copy_threads = policy.copy_threads(),
             share_min = policy.plain_share_min(),
             "shm: plain copies above share_min bytes are shared with the copy threads"
         );
         let copy_threads = CopyThreads::start(policy.copy_threads())?;
+        // Off this thread: until it lands, large copies take the estimate.
+        memory_speed::start_probe(policy.copy_threads() + 1, cpu_cache::l3_bytes());
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
             machine_id: context.machine_id,
@@ -133,6 +140,8 @@ impl ShmTransport {
             peers: ArcSwap::default(),
             closed: AtomicBool::new(false),
             policy,
+            machine,
+            measured_policy: std::sync::OnceLock::new(),
             copy_threads,
             large_copiers: LargeCopiers::new(),
             rt: context.handle,
@@ -329,6 +338,23 @@ impl ShmTransport {
         Ok(f(peer, mapping))
     }
 
+    /// The policy for a split copy: the one with the memory's speed measured once
+    /// `memory_speed` has it (the speed only bounds the copiers of a split copy).
+    fn split_policy(&self) -> &CopyPolicy {
+        if let Some(measured) = self.measured_policy.get() {
+            return measured;
+        }
+        match memory_speed::measured() {
+            Some(memory) => self.measured_policy.get_or_init(|| {
+                CopyPolicy::new(&Machine {
+                    memory: Some(memory),
+                    ..self.machine
+                })
+            }),
+            None => &self.policy,
+        }
+    }
+
     /// Copies attempt `a` as the copy plan says: on this thread, or split with the copy
     /// threads.
     fn submit_attempt(&self, a: &Attempt) -> Result<()> {
@@ -343,10 +369,12 @@ impl ShmTransport {
                 Plan::Split(split) => {
                     // Every split copy counts as a large one, whether or not it stays inline.
                     let others = self.large_copiers.others_copying();
-                    (!self.policy.inline_after_all(&split, others)).then_some((split, others))
+                    let awake = self.copy_threads.awake();
+                    (!self.split_policy().inline_after_all(&split, others, awake))
+                        .then_some((split, others, awake))
                 }
             };
-            let Some((split, others)) = split else {
+            let Some((split, others, awake)) = split else {
                 a.task.expect_slices(a.attempt, 1);
                 Copy {
                     task: &a.task,
@@ -379,7 +407,9 @@ impl ShmTransport {
             {
                 a.task.time_from_start(a.attempt, deadlines);
             }
-            let helpers = self.policy.helpers(&split, shared.jobs(), others);
+            let helpers = self
+                .split_policy()
+                .helpers(&split, shared.jobs(), others, awake);
             self.copy_threads.share(shared, split.own_bytes, helpers)
         })?
     }
@@ -396,14 +426,14 @@ fn copy_request(req: &RequestView<'_>, more_follow: bool, caller: Caller) -> Cop
 }
 
 /// What the copy plan reads of this machine: its cores, a core's L2, how fast one core
-/// copies (measured once per process); the memory's bandwidth is not measured (the plan
-/// estimates it).
+/// copies (measured once per process), and the memory's speed where `memory_speed`
+/// measured it already (else the plan estimates it until it does).
 fn this_machine() -> Machine {
     Machine {
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         l2: cpu_cache::l2_bytes(),
         copy_rate: copy_speed::cached_copy_rate(),
-        memory_bandwidth: None,
+        memory: memory_speed::measured(),
     }
 }
 
