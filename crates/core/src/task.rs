@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Instant;
 
 pub use crate::attempt::AttemptState;
 use crate::deadlines::{AttemptDeadline, DeadlineKey, Deadlines};
@@ -78,6 +79,8 @@ struct LaneCounts {
     /// bytes) are sums of these, made when read: a task that ends writes two counters,
     /// not four more.
     tasks: crate::metrics::TaskCounters,
+    /// Durations of completed tasks, by transport and op.
+    latency: crate::latency::LatencyCounters,
 }
 
 impl LaneCounts {
@@ -179,6 +182,21 @@ impl Counters {
             .ended(TransferStatus::Completed, Some(transport), opcode, length);
     }
 
+    /// The calling thread's lane of the latency histograms (the transfers a submission
+    /// call completed itself are recorded there).
+    pub(crate) fn latency_local(&self) -> &crate::latency::LatencyCounters {
+        &self.lanes.local().counts.latency
+    }
+
+    /// The latency histograms, summed over the lanes.
+    pub fn latency(&self) -> crate::latency::LatencyCounters {
+        let total = crate::latency::LatencyCounters::default();
+        for lane in self.lanes.iter() {
+            total.add(&lane.counts.latency);
+        }
+        total
+    }
+
     /// Tasks submitted.
     pub fn submitted_total(&self) -> u64 {
         self.lanes
@@ -275,6 +293,8 @@ pub struct Task {
     /// Its counters and driver.
     lane: Arc<Lane>,
     request: ValidatedRequest,
+    /// When the call that submitted it began: its duration runs from there.
+    submitted_at: Instant,
 }
 
 impl std::fmt::Debug for Task {
@@ -287,8 +307,10 @@ impl std::fmt::Debug for Task {
 }
 
 impl Task {
-    /// A waiting task for `request`, reporting to `group` when it ends; counted in `lane`,
-    /// whose driver (if connected) decides what its failed attempts lead to.
+    /// A waiting task for `request`, submitted by a call that began at `submitted_at`,
+    /// reporting to `group` when it ends; counted in `lane`, whose driver (if connected)
+    /// decides what its failed attempts lead to.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         request: ValidatedRequest,
         told: Told,
@@ -296,6 +318,7 @@ impl Task {
         observer: Observer,
         candidates: Kinds,
         pinned: bool,
+        submitted_at: Instant,
     ) -> Arc<Self> {
         let Told { group, wake } = told;
         let task = Self {
@@ -319,6 +342,7 @@ impl Task {
             wake,
             lane,
             request,
+            submitted_at,
         };
         crate::task_slots::place(&SPARES, task)
     }
@@ -563,12 +587,17 @@ impl Task {
         }
         // Counted in the lane of the thread that submitted the task: the one that ends it
         // is most often that thread too (a copy done inline).
-        self.lane.counts.ended(
-            status,
-            self.transport(),
-            self.request.opcode,
-            self.request.length,
-        );
+        let transport = self.transport();
+        let counts = &self.lane.counts;
+        counts.ended(status, transport, self.request.opcode, self.request.length);
+        if let (TransferStatus::Completed, Some(t)) = (status, transport) {
+            let ns = crate::latency::nanos_between(self.submitted_at, Instant::now());
+            counts.latency.record(t, self.request.opcode, ns, 1);
+        }
+        self.request
+            .peer
+            .series()
+            .ended(status, self.request.length);
         if let Some(group) = &self.group {
             group.task_finished();
         }
@@ -634,6 +663,7 @@ pub(crate) mod tests {
             Observer::Poll,
             Kinds::default(),
             false,
+            Instant::now(),
         );
         (task, group)
     }
