@@ -78,6 +78,7 @@ mod submit;
 mod sync;
 pub mod task;
 mod task_slots;
+pub mod ticks;
 pub mod transport;
 pub mod transports;
 pub mod user_secret;

@@ -5,7 +5,6 @@
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use smallvec::SmallVec;
 
@@ -13,7 +12,7 @@ use crate::batch::{Batch, Entry};
 use crate::error::{Error, Result};
 use crate::inner::Inner;
 use crate::lanes::Lent;
-use crate::latency::{nanos_between, DoneInCall};
+use crate::latency::DoneInCall;
 use crate::lazy_now::LazyNow;
 use crate::memory::Region;
 use crate::plan::{plan, PeerView, Plan};
@@ -21,6 +20,7 @@ use crate::request::{Validate, ValidatedRequest};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::status::TransferStatus;
 use crate::task::{Group, Lane, Observer, Task, TaskSnapshot, Told};
+use crate::ticks::{self, Stamp};
 use crate::wake::Wake;
 
 /// Requests of one call kept inline (no heap allocation) while validated and made tasks.
@@ -145,7 +145,7 @@ impl Inner {
         group: Option<&Arc<Group>>,
         observer: Observer,
         wake: Option<&Arc<Wake>>,
-        submitted_at: Instant,
+        submitted_at: Stamp,
     ) -> NewTasks {
         let lane = self.stats.counters.lane();
         prepared
@@ -189,7 +189,7 @@ impl Inner {
     ) -> Result<usize> {
         let count = prepared.len();
         let counters = &self.stats.counters;
-        let submitted_at = now.get();
+        let submitted_at = ticks::stamp();
         let mut in_call = DoneInCall::default();
         let (first, (tasks, done)) = b.fill(batch, count, |entries| {
             let mut tasks = NewTasks::new();
@@ -212,7 +212,7 @@ impl Inner {
             (tasks, done)
         })?;
         in_call.record(counters.latency_local(), || {
-            nanos_between(submitted_at, Instant::now())
+            ticks::nanos_between(submitted_at, ticks::stamp())
         });
         // A waiter that came before this submission sleeps until something ends.
         if done {
@@ -265,7 +265,7 @@ impl Inner {
         };
         let group = Group::new(prepared.len(), run);
         let wake = Some(b.wake());
-        let tasks = self.make_tasks(prepared, Some(&group), Observer::Poll, wake, now.get());
+        let tasks = self.make_tasks(prepared, Some(&group), Observer::Poll, wake, ticks::stamp());
         *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.to_vec();
         let first = b.push(batch, &tasks)?;
         self.launch(&tasks, &now);
@@ -282,7 +282,7 @@ impl Inner {
         let op = self.next_op.fetch_add(1, Ordering::Relaxed);
         // A lone request done at once (a same-host copy that stays inline) needs no task,
         // group or entry in the table of operations: its outcome is handed back now.
-        let submitted_at = now.get();
+        let submitted_at = ticks::stamp();
         if let [(v, p)] = &prepared[..] {
             if let Some(done) = self.complete_now(v, p, false) {
                 let mut in_call = DoneInCall::default();
@@ -290,7 +290,7 @@ impl Inner {
                     in_call.add(*transport, v.opcode);
                 }
                 in_call.record(self.stats.counters.latency_local(), || {
-                    nanos_between(submitted_at, Instant::now())
+                    ticks::nanos_between(submitted_at, ticks::stamp())
                 });
                 on_done(vec![done.snapshot()]);
                 return Ok(op);
@@ -354,7 +354,7 @@ fn make_task(
     group: Option<&Arc<Group>>,
     observer: Observer,
     wake: Option<&Arc<Wake>>,
-    submitted_at: Instant,
+    submitted_at: Stamp,
 ) -> Arc<Task> {
     Task::new(
         v,

@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Instant;
 
 pub use crate::attempt::AttemptState;
 use crate::deadlines::{AttemptDeadline, DeadlineKey, Deadlines};
@@ -14,6 +13,7 @@ use crate::lanes::Striped;
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
 use crate::task_slots::Spares;
+use crate::ticks::Stamp;
 use crate::wake::Wake;
 
 /// Runs once when every task of a group is terminal (the Promise path).
@@ -294,7 +294,7 @@ pub struct Task {
     lane: Arc<Lane>,
     request: ValidatedRequest,
     /// When the call that submitted it began: its duration runs from there.
-    submitted_at: Instant,
+    submitted_at: Stamp,
 }
 
 impl std::fmt::Debug for Task {
@@ -318,7 +318,7 @@ impl Task {
         observer: Observer,
         candidates: Kinds,
         pinned: bool,
-        submitted_at: Instant,
+        submitted_at: Stamp,
     ) -> Arc<Self> {
         let Told { group, wake } = told;
         let task = Self {
@@ -591,7 +591,7 @@ impl Task {
         let counts = &self.lane.counts;
         counts.ended(status, transport, self.request.opcode, self.request.length);
         if let (TransferStatus::Completed, Some(t)) = (status, transport) {
-            let ns = crate::latency::nanos_between(self.submitted_at, Instant::now());
+            let ns = crate::ticks::nanos_between(self.submitted_at, crate::ticks::stamp());
             counts.latency.record(t, self.request.opcode, ns, 1);
         }
         self.request
@@ -663,7 +663,7 @@ pub(crate) mod tests {
             Observer::Poll,
             Kinds::default(),
             false,
-            Instant::now(),
+            crate::ticks::stamp(),
         );
         (task, group)
     }
