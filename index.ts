@@ -31,4 +31,6 @@ export type { CallOptions, IoRequest, TransferRequest, TransferResult } from './
 export { Segment } from './lib/segment'
 export type { RemoteBuffer } from './lib/segment'
 export { TransferStatus } from './lib/status'
+export { TRANSFER_CHANNEL, transferChannel } from './lib/tracing'
+export type { TransferTraceContext } from './lib/tracing'
 export type { BatchStatus, TaskStatus, TransportName } from './lib/status'

@@ -1,6 +1,8 @@
 /** engine.metrics(), engine.metricsText() and the scheduler-facing events. */
 import test from 'ava'
 import { Engine, FerryError, type TransportDisabledEvent } from '../index'
+import { readFileSync } from 'node:fs'
+import * as path from 'node:path'
 import { delay, killAll, startTarget } from './helpers'
 
 test.after.always(killAll)
@@ -123,8 +125,12 @@ function checkExposition(text: string): string[] {
       type.set(m[1], m[2])
       if (m[2] === 'counter' && !m[1].endsWith('_total')) problems.push(`counter ${m[1]} does not end in _total`)
     } else if ((m = line.match(sample))) {
-      if (!help.has(m[1]) || !type.has(m[1])) problems.push(`sample of ${m[1]} before its HELP/TYPE`)
-      sampled.add(m[1])
+      // A histogram's samples are its name with _bucket (labelled le), _sum and _count.
+      const base = m[1].replace(/_(bucket|sum|count)$/, '')
+      const family = base !== m[1] && type.get(base) === 'histogram' ? base : m[1]
+      if (!help.has(family) || !type.has(family)) problems.push(`sample of ${m[1]} before its HELP/TYPE`)
+      if (m[1] === `${family}_bucket` && !/[{,]le="[^"]+"}$/.test(m[2] ?? '')) problems.push(`bucket without le: ${line}`)
+      sampled.add(family)
     } else {
       problems.push(`bad line: ${JSON.stringify(line)}`)
     }
@@ -149,6 +155,11 @@ test('metricsText is valid Prometheus text exposition, with every documented fam
     'ferry_transports_disabled_total',
     'ferry_segments_open',
     'ferry_regions',
+    'ferry_build_info',
+    'ferry_transfer_duration_seconds',
+    'ferry_peer_transfers_total',
+    'ferry_peer_transfer_failures_total',
+    'ferry_peer_bytes_total',
   ]) {
     t.true(text.includes(`# TYPE ${family} `), family)
   }
@@ -156,6 +167,70 @@ test('metricsText is valid Prometheus text exposition, with every documented fam
   t.true(checkExposition('ferry_x 1\n').length > 0)
   t.true(checkExposition('# HELP ferry_y y\n# TYPE ferry_y counter\nferry_y 1\n').length > 0)
   t.true(checkExposition('# HELP ferry_z_total z\n# TYPE ferry_z_total counter\nferry_z_total{a=b} 1\n').length > 0)
+  t.true(checkExposition('# HELP ferry_h_seconds h\n# TYPE ferry_h_seconds histogram\nferry_h_seconds_bucket 1\n').length > 0)
+  t.true(checkExposition('# HELP ferry_c_total c\n# TYPE ferry_c_total counter\nferry_c_total_sum 1\n').length > 0)
   await engine.close()
   t.deepEqual(checkExposition(engine.metricsText()), [], 'the final counters stay readable after close')
+})
+
+/** The samples of `name` in `text`: their labels, parsed, and their value. */
+function samplesOf(text: string, name: string): { labels: Record<string, string>; value: number }[] {
+  const out: { labels: Record<string, string>; value: number }[] = []
+  for (const line of text.split('\n')) {
+    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/)
+    if (!m || m[1] !== name) continue
+    const labels: Record<string, string> = {}
+    for (const l of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2].replace(/\\(.)/g, (_, c: string) => (c === 'n' ? '\n' : c))
+    out.push({ labels, value: m[3] === '+Inf' ? Infinity : Number(m[3]) })
+  }
+  return out
+}
+
+test('metricsText: latency histograms by transport and op, per-peer series, ferry_build_info', async (t) => {
+  t.timeout(60_000)
+  const target = await startTarget({ FERRY_TARGET_BYTES: String(MiB) })
+  t.teardown(() => target.kill())
+  const engine = await Engine.create({ transports: ['tcp'] })
+  t.teardown(() => engine.close())
+  const local = engine.allocate(MiB)
+  const seg = await engine.openSegment(target.segment)
+  for (let i = 0; i < 3; i++) await engine.write({ local, remote: seg, remoteBuffer: target.buffer, length: 4096 })
+  await engine.read({ local, remote: seg, remoteBuffer: target.buffer, length: 8192 })
+  const text = engine.metricsText()
+  t.deepEqual(checkExposition(text), [])
+  t.true(text.includes('# TYPE ferry_transfer_duration_seconds histogram\n'))
+
+  const name = 'ferry_transfer_duration_seconds'
+  const series = (transport: string, op: string) => (s: { labels: Record<string, string> }) => s.labels.transport === transport && s.labels.op === op
+  const buckets = samplesOf(text, `${name}_bucket`).filter(series('tcp', 'write'))
+  t.true(buckets.length > 10, `${buckets.length} buckets`)
+  const bounds = buckets.map((b) => (b.labels.le === '+Inf' ? Infinity : Number(b.labels.le)))
+  t.true(bounds.every((b, i) => i === 0 || b > bounds[i - 1]), 'le ascending')
+  t.is(bounds.at(-1), Infinity, 'the last bucket is +Inf')
+  t.true(bounds[0] <= 1e-6, `the first bound (${bounds[0]} s) tells sub-microsecond ops apart`)
+  t.true(
+    buckets.every((b, i) => i === 0 || b.value >= buckets[i - 1].value),
+    'cumulative',
+  )
+  t.is(buckets.at(-1)!.value, 3)
+  t.is(samplesOf(text, `${name}_count`).find(series('tcp', 'write'))!.value, 3)
+  const sum = samplesOf(text, `${name}_sum`).find(series('tcp', 'write'))!.value
+  t.true(sum > 0 && sum < 30, `sum ${sum} s`)
+  t.is(samplesOf(text, `${name}_count`).find(series('tcp', 'read'))!.value, 1)
+  t.is(samplesOf(text, `${name}_count`).find(series('shm', 'write'))!.value, 0, 'every transport and op, zeros too')
+
+  const peer = (family: string) => samplesOf(text, family).find((s) => s.labels.peer === seg.name)?.value
+  t.is(peer('ferry_peer_transfers_total'), 4)
+  t.is(peer('ferry_peer_transfer_failures_total'), 0)
+  t.is(peer('ferry_peer_bytes_total'), 3 * 4096 + 8192)
+  t.is(samplesOf(text, 'ferry_peer_transfers_total').find((s) => s.labels.peer === 'other')?.value, 0)
+
+  const info = samplesOf(text, 'ferry_build_info')
+  t.is(info.length, 1)
+  const pkg = JSON.parse(readFileSync(path.join(__dirname, '..', 'package.json'), 'utf8')) as { version: string }
+  t.is(info[0].labels.version, pkg.version)
+  t.is(info[0].labels.node, process.versions.node)
+  t.regex(info[0].labels.rustc, /^\d+\.\d+\.\d+/)
+  t.true(typeof info[0].labels.commit === 'string' && info[0].labels.commit.length > 0)
+  t.is(info[0].value, 1)
 })

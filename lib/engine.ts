@@ -18,6 +18,7 @@ import { Segment, toSegment } from './segment'
 import { settled } from './settle'
 import { completedTask, toBatchStatus, toTaskStatus, type BatchStatus, type TaskStatus } from './status'
 import { OPCODE_NUMBERS, type OpcodeName } from './tables'
+import { blocksContext, ioContext, traced, transferContext } from './tracing'
 
 /** Typed `on`/`once`/`off`/`emit` for the engine's events (see `EngineEvents`). */
 export interface Engine {
@@ -250,12 +251,12 @@ export class Engine extends EventEmitter {
    * `AbortError`.
    */
   async readBlocks(blocks: BlocksRequest): Promise<BlocksResult> {
-    return this.blocks('read', blocks)
+    return traced(() => blocksContext(this.segmentName, 'readBlocks', blocks), () => this.blocks('read', blocks))
   }
 
   /** Writes many blocks (see `readBlocks`). */
   async writeBlocks(blocks: BlocksRequest): Promise<BlocksResult> {
-    return this.blocks('write', blocks)
+    return traced(() => blocksContext(this.segmentName, 'writeBlocks', blocks), () => this.blocks('write', blocks))
   }
 
   private async blocks(opcode: OpcodeName, blocks: BlocksRequest): Promise<BlocksResult> {
@@ -320,12 +321,12 @@ export class Engine extends EventEmitter {
 
   /** Reads remote bytes into local memory. Bad input rejects (never throws). */
   async read(request: IoRequest): Promise<TransferResult> {
-    return this.io('read', request)
+    return traced(() => ioContext(this.segmentName, 'read', request), () => this.io('read', request))
   }
 
   /** Writes local bytes into remote memory. Bad input rejects (never throws). */
   async write(request: IoRequest): Promise<TransferResult> {
-    return this.io('write', request)
+    return traced(() => ioContext(this.segmentName, 'write', request), () => this.io('write', request))
   }
 
   private async io(opcode: OpcodeName, request: IoRequest): Promise<TransferResult> {
@@ -366,6 +367,10 @@ export class Engine extends EventEmitter {
    * (a FerryError whose `tasks` holds every task's status).
    */
   async transfer(requests: TransferRequest[], options: CallOptions & NotifyOptions = {}): Promise<TransferResult> {
+    return traced(() => transferContext(this.segmentName, requests), () => this.#transfer(requests, options))
+  }
+
+  async #transfer(requests: TransferRequest[], options: CallOptions & NotifyOptions): Promise<TransferResult> {
     const o = checkOptions('transfer', options, ['signal', 'notify'])
     const notify = o.notify === undefined ? undefined : notifyBytes('transfer: notify', o.notify)
     return this.run(call(() => toNativeRequests(this, requests)), o.signal, notify)

@@ -28,6 +28,10 @@ if ! command -v cargo-zigbuild >/dev/null || ! { command -v zig >/dev/null || py
   PATH="$(pwd)/$venv/bin:$PATH"
 fi
 
+# ferry_build_info names the commit built (FERRY_COMMIT, read by ferry-core at compile time).
+FERRY_COMMIT=${FERRY_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+export FERRY_COMMIT
+
 # rdma-sys's bindings are committed (vendor/rdma-sys), so no bindgen runs: no system header
 # is needed here beyond what zig brings.
 node_modules/.bin/napi build --platform --release --strip --cross-compile \

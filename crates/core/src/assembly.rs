@@ -101,6 +101,8 @@ fn build_transports(config: &EngineConfig, context: &TransportContext) -> (Enabl
 /// Starts an engine.
 pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
     config.validate()?;
+    // The latency stamps' source is calibrated once per process, here, not on a transfer.
+    crate::ticks::prepare();
     let threads = Arc::new(AtomicUsize::new(0));
     let (started, stopped) = (threads.clone(), threads.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -525,9 +525,12 @@ impl Engine {
                 &s.notify,
                 self.notifications_queued() as u64,
             ),
+            peers: s.peers.read(),
+            build: crate::metrics::BuildInfo::of_this_build(),
             ..Metrics::default()
         }
         .with_tasks(&tasks)
+        .with_latency(&c.latency())
     }
 
     /// Notifications this engine sent whose delivery has not ended yet: handed to a peer's

@@ -88,6 +88,8 @@ pub(crate) struct Stats {
     pub(crate) attempt_timeouts: AtomicU64,
     pub(crate) transports_disabled: AtomicU64,
     pub(crate) notify: Arc<crate::metrics::NotifyCounters>,
+    /// Transfers per peer name, a bounded number of series (`peer_series`).
+    pub(crate) peers: crate::peer_series::PeerSeriesTable,
 }
 
 /// How long `close` waits for futures started with `Engine::spawn` to end once the engine

@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::kind::Opcode;
 use crate::kind::TransportKind;
+use crate::latency::{LatencyCounters, LatencyHistogram};
+use crate::metric_families::Family;
+use crate::peer_series::PeerFigures;
 use crate::status::TransferStatus;
 
 /// Transports in the order the per-transport counters are kept ([`TransportKind::index`]).
@@ -170,6 +173,12 @@ pub struct Metrics {
     pub connections_refused: Vec<(&'static str, u64)>,
     /// Notifications sent, received, dropped and waiting.
     pub notifications: NotifyMetrics,
+    /// Durations of completed transfers by transport and op (every one, zeros too).
+    pub latency: Vec<LatencyHistogram>,
+    /// Transfers per peer: the named series, then `other`.
+    pub peers: Vec<PeerFigures>,
+    /// What this build is.
+    pub build: BuildInfo,
 }
 
 /// Notification counters (`notify`).
@@ -264,171 +273,198 @@ impl Metrics {
         self
     }
 
+    /// Fills the latency histograms from `c` (every transport and op).
+    pub fn with_latency(mut self, c: &LatencyCounters) -> Self {
+        self.latency = TRANSPORTS
+            .iter()
+            .flat_map(|t| [Opcode::Read, Opcode::Write].map(|op| c.read(*t, op)))
+            .collect();
+        self
+    }
+
     /// The Prometheus text exposition format (0.0.4): `# HELP` and `# TYPE` before each
-    /// family, counters named `*_total`.
+    /// family, every family of [`FAMILIES`](crate::metric_families::FAMILIES) in its order.
     pub fn to_prometheus(&self) -> String {
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, u64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, v) in samples {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
-        };
-        let bytes: Vec<(String, u64)> = self
+        use crate::metric_families as f;
+        let mut out = Exposition::default();
+        let b = &self.build;
+        let node = b.node.as_deref().unwrap_or("none");
+        out.family(&f::BUILD_INFO, &[([b.version, b.commit, b.rustc, node], 1)]);
+        let bytes: Vec<([&str; 2], u64)> = self
             .bytes_by
             .iter()
-            .map(|b| {
-                let op = match b.op {
-                    Opcode::Read => "read",
-                    Opcode::Write => "write",
-                };
-                (
-                    format!("{{transport=\"{}\",op=\"{op}\"}}", b.transport.name()),
-                    b.bytes,
-                )
-            })
+            .map(|b| ([b.transport.name(), op_name(b.op)], b.bytes))
             .collect();
-        family(
-            "ferry_bytes_total",
-            "counter",
-            "Bytes moved by completed transfers, by transport and operation.",
-            &bytes,
-        );
-        let statuses: Vec<(String, u64)> = self
+        out.family(&f::BYTES, &bytes);
+        out.histograms(&f::TRANSFER_DURATION, &self.latency);
+        let statuses: Vec<([String; 1], u64)> = self
             .transfers_by_status
             .iter()
-            .map(|(s, n)| {
-                (
-                    format!("{{status=\"{}\"}}", s.name().to_ascii_lowercase()),
-                    *n,
-                )
-            })
+            .map(|(s, n)| ([s.name().to_ascii_lowercase()], *n))
             .collect();
-        family(
-            "ferry_transfers_total",
-            "counter",
-            "Transfer tasks that ended, by final status.",
-            &statuses,
-        );
-        let plain = |v: u64| vec![(String::new(), v)];
-        family(
-            "ferry_transfers_submitted_total",
-            "counter",
-            "Transfer tasks submitted.",
-            &plain(self.tasks_submitted),
-        );
-        family(
-            "ferry_inflight_transfers",
-            "gauge",
-            "Transfer tasks submitted and not yet ended.",
-            &plain(self.inflight),
-        );
-        family(
-            "ferry_failovers_total",
-            "counter",
-            "Attempts that failed and moved to another transport or attempt.",
-            &plain(self.failovers),
-        );
-        family(
-            "ferry_attempt_timeouts_total",
-            "counter",
-            "Attempts that ran past their deadline (attemptTimeoutMs).",
-            &plain(self.attempt_timeouts),
-        );
-        family(
-            "ferry_peer_losses_total",
-            "counter",
-            "Times a peer was declared lost.",
-            &plain(self.peers_lost),
-        );
-        family(
-            "ferry_peer_recoveries_total",
-            "counter",
-            "Times a lost peer answered again.",
-            &plain(self.peers_recovered),
-        );
-        family(
-            "ferry_transports_disabled_total",
-            "counter",
-            "Times a transport was taken out of use towards a peer by the rail monitor.",
-            &plain(self.transports_disabled),
-        );
-        family(
-            "ferry_segments_open",
-            "gauge",
-            "Remote segments open.",
-            &plain(self.segments_open),
-        );
-        family(
-            "ferry_regions",
-            "gauge",
-            "Local memory regions registered.",
-            &plain(self.regions),
-        );
-        let by_reason = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
-            v.iter()
-                .map(|(r, n)| (format!("{{reason=\"{r}\"}}"), *n))
+        out.family(&f::TRANSFERS, &statuses);
+        out.plain(&f::SUBMITTED, self.tasks_submitted);
+        out.plain(&f::INFLIGHT, self.inflight);
+        let per_peer = |v: fn(&PeerFigures) -> u64| -> Vec<([&str; 1], u64)> {
+            self.peers
+                .iter()
+                .map(|p| ([p.peer.as_str()], v(p)))
                 .collect()
         };
-        family(
-            "ferry_auth_failures_total",
-            "counter",
-            "Connections whose handshake failed, by reason.",
-            &by_reason(&self.auth_failures),
-        );
-        family(
-            "ferry_connections_refused_total",
-            "counter",
-            "Connections refused by maxConnections or maxConnectionsPerAddress, or pushed out of the full handshake budget (evicted).",
+        out.family(&f::PEER_TRANSFERS, &per_peer(|p| p.completed));
+        out.family(&f::PEER_FAILURES, &per_peer(|p| p.failed));
+        out.family(&f::PEER_BYTES, &per_peer(|p| p.bytes));
+        out.plain(&f::FAILOVERS, self.failovers);
+        out.plain(&f::ATTEMPT_TIMEOUTS, self.attempt_timeouts);
+        out.plain(&f::PEER_LOSSES, self.peers_lost);
+        out.plain(&f::PEER_RECOVERIES, self.peers_recovered);
+        out.plain(&f::TRANSPORTS_DISABLED, self.transports_disabled);
+        out.plain(&f::SEGMENTS_OPEN, self.segments_open);
+        out.plain(&f::REGIONS, self.regions);
+        let by_reason = |v: &[(&'static str, u64)]| -> Vec<([&'static str; 1], u64)> {
+            v.iter().map(|(r, n)| ([*r], *n)).collect()
+        };
+        out.family(&f::AUTH_FAILURES, &by_reason(&self.auth_failures));
+        out.family(
+            &f::CONNECTIONS_REFUSED,
             &by_reason(&self.connections_refused),
         );
         let n = &self.notifications;
-        family(
-            "ferry_notifications_sent_total",
-            "counter",
-            "Notifications handed to a peer's outbox.",
-            &plain(n.sent),
-        );
-        family(
-            "ferry_notifications_delivered_total",
-            "counter",
-            "Notifications their target acknowledged (queued or dropped there).",
-            &plain(n.delivered),
-        );
-        family(
-            "ferry_notifications_failed_total",
-            "counter",
-            "Notifications whose delivery failed (peer lost, closed, refused, timed out).",
-            &plain(n.failed),
-        );
-        family(
-            "ferry_notifications_received_total",
-            "counter",
-            "Notifications queued here for the application.",
-            &plain(n.received),
-        );
-        family(
-            "ferry_notifications_dropped_total",
-            "counter",
-            "Notifications dropped here because the receive queue (notifyQueueSize) was full.",
-            &plain(n.dropped),
-        );
-        family(
-            "ferry_notifications_refused_total",
-            "counter",
-            "Notifications refused here: planned for another incarnation of this engine, \
-             a sequence number outside its session's window, or a superseded connection.",
-            &plain(n.refused),
-        );
-        family(
-            "ferry_notifications_queued",
-            "gauge",
-            "Notifications waiting in the receive queue.",
-            &plain(n.queued),
-        );
-        out
+        out.plain(&f::NOTIFY_SENT, n.sent);
+        out.plain(&f::NOTIFY_DELIVERED, n.delivered);
+        out.plain(&f::NOTIFY_FAILED, n.failed);
+        out.plain(&f::NOTIFY_RECEIVED, n.received);
+        out.plain(&f::NOTIFY_DROPPED, n.dropped);
+        out.plain(&f::NOTIFY_REFUSED, n.refused);
+        out.plain(&f::NOTIFY_QUEUED, n.queued);
+        out.text
     }
+}
+
+fn op_name(op: Opcode) -> &'static str {
+    match op {
+        Opcode::Read => "read",
+        Opcode::Write => "write",
+    }
+}
+
+/// What this build is, for `ferry_build_info`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BuildInfo {
+    /// The package version.
+    pub version: &'static str,
+    /// The git commit, when `FERRY_COMMIT` named it at build time; else `unknown`.
+    pub commit: &'static str,
+    /// The compiler's version.
+    pub rustc: &'static str,
+    /// The Node.js version of the process, when the binding says it.
+    pub node: Option<String>,
+}
+
+impl BuildInfo {
+    /// This build's facts (no Node version: the binding adds it).
+    pub fn of_this_build() -> Self {
+        Self {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: option_env!("FERRY_COMMIT")
+                .filter(|c| !c.is_empty())
+                .unwrap_or("unknown"),
+            rustc: option_env!("FERRY_RUSTC_VERSION").unwrap_or("unknown"),
+            node: None,
+        }
+    }
+}
+
+/// The exposition being written.
+#[derive(Default)]
+struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    fn head(&mut self, f: &Family) {
+        let _ = writeln!(self.text, "# HELP {} {}", f.name, f.help);
+        let _ = writeln!(self.text, "# TYPE {} {}", f.name, f.kind.name());
+    }
+
+    /// `name{labels} value`, the label values escaped.
+    fn sample(
+        &mut self,
+        name: &str,
+        f: &Family,
+        values: &[&str],
+        extra: Option<(&str, &str)>,
+        v: impl std::fmt::Display,
+    ) {
+        self.text.push_str(name);
+        let mut pairs = f
+            .labels
+            .iter()
+            .copied()
+            .zip(values.iter().copied())
+            .chain(extra);
+        if let Some((l, v)) = pairs.next() {
+            let _ = write!(self.text, "{{{l}=\"{}\"", escape_label(v));
+            for (l, v) in pairs {
+                let _ = write!(self.text, ",{l}=\"{}\"", escape_label(v));
+            }
+            self.text.push('}');
+        }
+        let _ = writeln!(self.text, " {v}");
+    }
+
+    /// A family of samples, each its label values (as many as the family's labels) and value.
+    fn family<L: AsRef<str>, const N: usize>(&mut self, f: &Family, samples: &[([L; N], u64)]) {
+        debug_assert_eq!(f.labels.len(), N, "{}", f.name);
+        self.head(f);
+        for (labels, v) in samples {
+            let values: [&str; N] = std::array::from_fn(|i| labels[i].as_ref());
+            self.sample(f.name, f, &values, None, v);
+        }
+    }
+
+    /// A family of one sample without labels.
+    fn plain(&mut self, f: &Family, v: u64) {
+        self.family::<&str, 0>(f, &[([], v)]);
+    }
+
+    /// A histogram family by transport and op: cumulative buckets in seconds, sum, count.
+    fn histograms(&mut self, f: &Family, hs: &[LatencyHistogram]) {
+        self.head(f);
+        let bucket = format!("{}_bucket", f.name);
+        let (sum, count) = (format!("{}_sum", f.name), format!("{}_count", f.name));
+        for h in hs {
+            let labels = [h.transport.name(), op_name(h.op)];
+            let mut cumulative = 0u64;
+            for (i, n) in h.buckets.iter().enumerate() {
+                cumulative += n;
+                let le = if i < crate::latency::FINITE_BUCKETS {
+                    seconds(crate::latency::bound_ns(i))
+                } else {
+                    "+Inf".to_string()
+                };
+                self.sample(&bucket, f, &labels, Some(("le", &le)), cumulative);
+            }
+            self.sample(&sum, f, &labels, None, seconds(h.sum_ns));
+            self.sample(&count, f, &labels, None, cumulative);
+        }
+    }
+}
+
+/// Nanoseconds as seconds, the shortest decimal that reads back the same.
+fn seconds(ns: u64) -> String {
+    format!("{}", ns as f64 / 1e9)
+}
+
+/// A label value as the exposition format writes it: `\`, `"` and newlines escaped.
+fn escape_label(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+        .into()
 }
 
 #[cfg(test)]
@@ -482,8 +518,128 @@ mod tests {
                 typed.insert(name.to_string(), kind.to_string());
             } else if !line.starts_with('#') {
                 let name = line.split(['{', ' ']).next().unwrap();
-                assert!(typed.contains_key(name), "{line}");
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .filter_map(|s| name.strip_suffix(s))
+                    .find(|base| typed.get(*base).is_some_and(|k| k == "histogram"))
+                    .unwrap_or(name);
+                assert!(typed.contains_key(family), "{line}");
             }
         }
+        // Exactly the listed families, in their order.
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| l.split(' ').next().unwrap())
+            .collect();
+        let listed: Vec<&str> = crate::metric_families::FAMILIES
+            .iter()
+            .map(|f| f.name)
+            .collect();
+        assert_eq!(families, listed);
+    }
+
+    /// The samples of `name` in `text`: their labels as written, and their values.
+    fn samples<'a>(text: &'a str, name: &str) -> Vec<(&'a str, &'a str)> {
+        text.lines()
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                let labels = series.strip_prefix(name)?;
+                (labels.is_empty() || labels.starts_with('{')).then_some((labels, value))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn latency_histograms_are_cumulative_buckets_in_seconds_with_sum_and_count() {
+        let c = crate::latency::LatencyCounters::default();
+        c.record(TransportKind::Shm, Opcode::Write, 300, 3);
+        c.record(TransportKind::Shm, Opcode::Write, 2_000_000_000, 1);
+        let text = Metrics::default().with_latency(&c).to_prometheus();
+        assert!(text.contains("# TYPE ferry_transfer_duration_seconds histogram\n"));
+        let buckets = samples(&text, "ferry_transfer_duration_seconds_bucket");
+        assert_eq!(
+            buckets.len(),
+            6 * crate::latency::BUCKETS,
+            "every transport and op"
+        );
+        let shm_write: Vec<(f64, u64)> = buckets
+            .iter()
+            .filter(|(l, _)| l.starts_with("{transport=\"shm\",op=\"write\",le=\""))
+            .map(|(l, v)| {
+                let le = l.split("le=\"").nth(1).unwrap().trim_end_matches("\"}");
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().unwrap()
+                };
+                (le, v.parse().unwrap())
+            })
+            .collect();
+        assert_eq!(shm_write.len(), crate::latency::BUCKETS);
+        assert_eq!(shm_write[0], (2.56e-7, 0));
+        assert_eq!(shm_write[1], (5.12e-7, 3));
+        assert!(shm_write
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+        assert_eq!(shm_write.last(), Some(&(f64::INFINITY, 4)));
+        assert_eq!(
+            shm_write[shm_write.len() - 2].1,
+            4,
+            "2 s is under the last bound"
+        );
+        let sum = samples(&text, "ferry_transfer_duration_seconds_sum");
+        assert!(sum.contains(&("{transport=\"shm\",op=\"write\"}", "2.0000009")));
+        let count = samples(&text, "ferry_transfer_duration_seconds_count");
+        assert!(count.contains(&("{transport=\"shm\",op=\"write\"}", "4")));
+        assert!(count.contains(&("{transport=\"tcp\",op=\"read\"}", "0")));
+    }
+
+    #[test]
+    fn build_info_and_per_peer_series_with_escaped_names() {
+        let m = Metrics {
+            build: BuildInfo {
+                node: Some("20.1.0".into()),
+                ..BuildInfo::of_this_build()
+            },
+            peers: vec![
+                PeerFigures {
+                    peer: "a\"b\\c\nd:1".into(),
+                    completed: 2,
+                    failed: 1,
+                    bytes: 64,
+                },
+                PeerFigures {
+                    peer: crate::peer_series::OTHER_PEERS.into(),
+                    ..PeerFigures::default()
+                },
+            ],
+            ..Metrics::default()
+        };
+        let text = m.to_prometheus();
+        let info = samples(&text, "ferry_build_info");
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(info.len(), 1);
+        assert!(
+            info[0]
+                .0
+                .starts_with(&format!("{{version=\"{version}\",commit=\"")),
+            "{info:?}"
+        );
+        assert!(info[0].0.ends_with(",node=\"20.1.0\"}"), "{info:?}");
+        assert_eq!(info[0].1, "1");
+        assert!(!info[0].0.contains("rustc=\"unknown\""), "{info:?}");
+        assert_eq!(
+            samples(&text, "ferry_peer_transfers_total"),
+            [
+                ("{peer=\"a\\\"b\\\\c\\nd:1\"}", "2"),
+                ("{peer=\"other\"}", "0")
+            ]
+        );
+        assert_eq!(
+            samples(&text, "ferry_peer_transfer_failures_total")[0].1,
+            "1"
+        );
+        assert_eq!(samples(&text, "ferry_peer_bytes_total")[0].1, "64");
     }
 }

@@ -39,7 +39,8 @@ impl Inner {
                 name.to_string(),
                 desc.clone(),
                 self.shutdown.child_token(),
-            );
+            )
+            .with_series(self.stats.peers.series(name));
             peer.set_addr(&addr);
             peer
         });

@@ -124,6 +124,8 @@ pub struct Peer {
     heard_elsewhere: AtomicBool,
     /// The link's connection as notifications use it (`link_port`).
     pub(crate) link_port: Arc<crate::link_port::LinkPort>,
+    /// Its transfer counters: its name's series in the engine's table (`peer_series`).
+    series: Arc<crate::peer_series::PeerSeries>,
 }
 
 /// What a held failure learns: `Some(loss)` once the loss is announced, `None` when the
@@ -171,7 +173,19 @@ impl Peer {
             fetching_new: AtomicBool::new(false),
             heard_elsewhere: AtomicBool::new(false),
             link_port: Arc::default(),
+            series: Arc::default(),
         }
+    }
+
+    /// The peer, counting its transfers in `series` (its name's in the engine's table).
+    pub(crate) fn with_series(mut self, series: Arc<crate::peer_series::PeerSeries>) -> Self {
+        self.series = series;
+        self
+    }
+
+    /// Its transfer counters.
+    pub(crate) fn series(&self) -> &crate::peer_series::PeerSeries {
+        &self.series
     }
 
     /// A connection to incarnation `engine_id` of the peer got an authenticated reply

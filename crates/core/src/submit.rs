@@ -12,6 +12,7 @@ use crate::batch::{Batch, Entry};
 use crate::error::{Error, Result};
 use crate::inner::Inner;
 use crate::lanes::Lent;
+use crate::latency::DoneInCall;
 use crate::lazy_now::LazyNow;
 use crate::memory::Region;
 use crate::plan::{plan, PeerView, Plan};
@@ -19,6 +20,7 @@ use crate::request::{check_lone, Request, RequestView, Validate, ValidatedReques
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::status::TransferStatus;
 use crate::task::{Group, Lane, Observer, Task, TaskSnapshot, Told};
+use crate::ticks::{self, Stamp};
 use crate::wake::Wake;
 
 /// Requests of one call kept inline (no heap allocation) while validated and made tasks.
@@ -143,11 +145,12 @@ impl Inner {
         group: Option<&Arc<Group>>,
         observer: Observer,
         wake: Option<&Arc<Wake>>,
+        submitted_at: Stamp,
     ) -> NewTasks {
         let lane = self.stats.counters.lane();
         prepared
             .into_iter()
-            .map(|one| make_task(one, &lane, group, observer, wake))
+            .map(|one| make_task(one, &lane, group, observer, wake, submitted_at))
             .collect()
     }
 
@@ -163,6 +166,7 @@ impl Inner {
         }
         let counters = &self.stats.counters;
         counters.completed_at_submit(transport, v.opcode, v.length);
+        v.peer.series().completed(1, v.length);
         self.rail_succeeded(v.peer.handle(), transport);
         Some(Entry::Done {
             length: v.length,
@@ -184,16 +188,22 @@ impl Inner {
     ) -> Result<usize> {
         let count = prepared.len();
         let counters = &self.stats.counters;
+        let submitted_at = ticks::stamp();
+        let mut in_call = DoneInCall::default();
         let (first, (tasks, wake)) = b.fill(batch, count, |entries| {
             let mut tasks = NewTasks::new();
             let mut lane: Option<Arc<Lane>> = None;
             for (i, (v, p)) in prepared.into_iter().enumerate() {
                 if let Some(done) = self.complete_now(&v.view(), &p, i + 1 < count) {
+                    if let Entry::Done { transport, .. } = &done {
+                        in_call.add(*transport, v.opcode);
+                    }
                     entries.push(done);
                     continue;
                 }
                 let lane = lane.get_or_insert_with(|| counters.lane());
-                let task = make_task((v, p), lane, None, Observer::Poll, Some(b.wake()));
+                let (observer, wake) = (Observer::Poll, Some(b.wake()));
+                let task = make_task((v, p), lane, None, observer, wake, submitted_at);
                 entries.push(Entry::Task(task.clone()));
                 tasks.push(task);
             }
@@ -202,6 +212,9 @@ impl Inner {
             let wake = tasks.len() < count && b.wake().has_waiters();
             (tasks, wake)
         })?;
+        in_call.record(counters.latency_local(), || {
+            ticks::nanos_between(submitted_at, ticks::stamp())
+        });
         if wake {
             b.wake().wake_all();
         }
@@ -228,6 +241,8 @@ impl Inner {
         now: &LazyNow,
     ) -> Option<usize> {
         let span = request.span();
+        let submitted_at = ticks::stamp();
+        let mut in_call = DoneInCall::default();
         let done = self.regions.with_region(request.local, |local| {
             self.segments.with_peer(request.segment, |peer| {
                 let descriptor = peer.descriptor_now();
@@ -239,6 +254,9 @@ impl Inner {
                 let (first, wake) = b
                     .fill(batch, 1, |entries| {
                         let done = self.complete_now(&view, &plan, false)?;
+                        if let Entry::Done { transport, .. } = &done {
+                            in_call.add(*transport, view.opcode);
+                        }
                         entries.push(done);
                         Some(b.wake().has_waiters())
                     })
@@ -247,6 +265,9 @@ impl Inner {
             })
         });
         let (first, wake) = done.flatten().flatten()?;
+        in_call.record(self.stats.counters.latency_local(), || {
+            ticks::nanos_between(submitted_at, ticks::stamp())
+        });
         if wake {
             b.wake().wake_all();
         }
@@ -303,7 +324,8 @@ impl Inner {
             return self.submit_polled(batch, &b, prepared, &now);
         };
         let group = Group::new(prepared.len(), run);
-        let tasks = self.make_tasks(prepared, Some(&group), Observer::Poll, Some(b.wake()));
+        let wake = Some(b.wake());
+        let tasks = self.make_tasks(prepared, Some(&group), Observer::Poll, wake, ticks::stamp());
         *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.to_vec();
         let first = b.push(batch, &tasks)?;
         self.launch(&tasks, &now);
@@ -320,8 +342,16 @@ impl Inner {
         let op = self.next_op.fetch_add(1, Ordering::Relaxed);
         // A lone request done at once (a same-host copy that stays inline) needs no task,
         // group or entry in the table of operations: its outcome is handed back now.
+        let submitted_at = ticks::stamp();
         if let [(v, p)] = &prepared[..] {
             if let Some(done) = self.complete_now(&v.view(), p, false) {
+                let mut in_call = DoneInCall::default();
+                if let Entry::Done { transport, .. } = &done {
+                    in_call.add(*transport, v.opcode);
+                }
+                in_call.record(self.stats.counters.latency_local(), || {
+                    ticks::nanos_between(submitted_at, ticks::stamp())
+                });
                 on_done(vec![done.snapshot()]);
                 return Ok(op);
             }
@@ -344,7 +374,13 @@ impl Inner {
                 on_done(tasks.iter().map(|t| t.snapshot()).collect());
             }),
         );
-        let tasks = self.make_tasks(prepared, Some(&group), Observer::Progress, None);
+        let tasks = self.make_tasks(
+            prepared,
+            Some(&group),
+            Observer::Progress,
+            None,
+            submitted_at,
+        );
         *holder.lock().unwrap_or_else(|p| p.into_inner()) = tasks.to_vec();
         self.ops
             .lock()
@@ -378,6 +414,7 @@ fn make_task(
     group: Option<&Arc<Group>>,
     observer: Observer,
     wake: Option<&Arc<Wake>>,
+    submitted_at: Stamp,
 ) -> Arc<Task> {
     Task::new(
         v,
@@ -389,6 +426,7 @@ fn make_task(
         observer,
         p.candidates,
         p.pinned,
+        submitted_at,
     )
 }
 
@@ -497,6 +535,20 @@ mod tests {
             assert_eq!(after.tasks_completed, before.tasks_completed + 1);
             assert_eq!(after.bytes_transferred, before.bytes_transferred + len);
             assert_eq!(after.inflight, 0);
+            let timed = |m: &Metrics| m.latency.iter().map(|h| h.count()).sum::<u64>();
+            assert_eq!(timed(&after), timed(before) + 1, "its duration recorded");
+            let to_peer = |m: &Metrics| {
+                m.peers
+                    .iter()
+                    .map(|p| (p.completed, p.bytes))
+                    .fold((0, 0), |a, p| (a.0 + p.0, a.1 + p.1))
+            };
+            let (n, bytes) = to_peer(before);
+            assert_eq!(
+                to_peer(&after),
+                (n + 1, bytes + len),
+                "counted for its peer"
+            );
             after
         }
 

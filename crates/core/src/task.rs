@@ -13,6 +13,7 @@ use crate::lanes::Striped;
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
 use crate::task_slots::Spares;
+use crate::ticks::Stamp;
 use crate::wake::Wake;
 
 /// Runs once when every task of a group is terminal (the Promise path).
@@ -82,6 +83,8 @@ struct LaneCounts {
     /// bytes) are sums of these, made when read: a task that ends writes two counters,
     /// not four more.
     tasks: crate::metrics::TaskCounters,
+    /// Durations of completed tasks, by transport and op.
+    latency: crate::latency::LatencyCounters,
 }
 
 impl LaneCounts {
@@ -180,6 +183,21 @@ impl Counters {
         let counts = &self.lanes.local().counts;
         counts.done_at_submit.fetch_add(1, Ordering::Relaxed);
         counts.tasks.moved(transport, opcode, length);
+    }
+
+    /// The calling thread's lane of the latency histograms (the transfers a submission
+    /// call completed itself are recorded there).
+    pub(crate) fn latency_local(&self) -> &crate::latency::LatencyCounters {
+        &self.lanes.local().counts.latency
+    }
+
+    /// The latency histograms, summed over the lanes.
+    pub fn latency(&self) -> crate::latency::LatencyCounters {
+        let total = crate::latency::LatencyCounters::default();
+        for lane in self.lanes.iter() {
+            total.add(&lane.counts.latency);
+        }
+        total
     }
 
     /// Tasks submitted.
@@ -282,6 +300,8 @@ pub struct Task {
     /// Its counters and driver.
     lane: Arc<Lane>,
     request: ValidatedRequest,
+    /// When the call that submitted it began: its duration runs from there.
+    submitted_at: Stamp,
 }
 
 impl std::fmt::Debug for Task {
@@ -294,8 +314,10 @@ impl std::fmt::Debug for Task {
 }
 
 impl Task {
-    /// A waiting task for `request`, reporting to `group` when it ends; counted in `lane`,
-    /// whose driver (if connected) decides what its failed attempts lead to.
+    /// A waiting task for `request`, submitted by a call that began at `submitted_at`,
+    /// reporting to `group` when it ends; counted in `lane`, whose driver (if connected)
+    /// decides what its failed attempts lead to.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         request: ValidatedRequest,
         told: Told,
@@ -303,6 +325,7 @@ impl Task {
         observer: Observer,
         candidates: Kinds,
         pinned: bool,
+        submitted_at: Stamp,
     ) -> Arc<Self> {
         let Told { group, wake } = told;
         let task = Self {
@@ -326,6 +349,7 @@ impl Task {
             wake,
             lane,
             request,
+            submitted_at,
         };
         crate::task_slots::place(&SPARES, task)
     }
@@ -570,12 +594,17 @@ impl Task {
         }
         // Counted in the lane of the thread that submitted the task: the one that ends it
         // is most often that thread too (a copy done inline).
-        self.lane.counts.ended(
-            status,
-            self.transport(),
-            self.request.opcode,
-            self.request.length,
-        );
+        let transport = self.transport();
+        let counts = &self.lane.counts;
+        counts.ended(status, transport, self.request.opcode, self.request.length);
+        if let (TransferStatus::Completed, Some(t)) = (status, transport) {
+            let ns = crate::ticks::nanos_between(self.submitted_at, crate::ticks::stamp());
+            counts.latency.record(t, self.request.opcode, ns, 1);
+        }
+        self.request
+            .peer
+            .series()
+            .ended(status, self.request.length);
         if let Some(group) = &self.group {
             group.task_finished();
         }
@@ -641,6 +670,7 @@ pub(crate) mod tests {
             Observer::Poll,
             Kinds::default(),
             false,
+            crate::ticks::stamp(),
         );
         (task, group)
     }

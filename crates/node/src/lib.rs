@@ -12,6 +12,7 @@ mod callback;
 mod convert;
 mod ffi;
 mod js;
+mod logging;
 mod notify;
 mod one;
 mod settle;
@@ -25,7 +26,7 @@ mod tables;
 pub use bench::{bench_mooncake_header, bench_mooncake_line};
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 use ferry_core::handle::HandleKind;
 use ferry_core::{Access, Engine, EngineConfig, ErrorCode, Numbered};
@@ -40,24 +41,6 @@ use crate::convert::{
 };
 use crate::js::to_u64;
 use crate::settle::{Early, Settle};
-
-static LOGGING: Once = Once::new();
-
-/// Logs to stderr when FERRY_LOG (e.g. `debug`, `ferry_core=trace`) is set, in colour only
-/// when stderr is a terminal.
-fn init_logging() {
-    LOGGING.call_once(|| {
-        if let Ok(filter) = std::env::var("FERRY_LOG") {
-            // Colour only on a terminal: escape codes in a pipe or a log file are noise.
-            let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-                .with_ansi(ansi)
-                .with_writer(std::io::stderr)
-                .try_init();
-        }
-    });
-}
 
 /// The native engine. Use the `Engine` class of the package, which wraps this one.
 #[napi]
@@ -138,7 +121,7 @@ pub fn start_engine(
     env: Env,
     options: Option<Unknown>,
 ) -> napi::Result<AsyncTask<StartEngine>, String> {
-    init_logging();
+    logging::init();
     let options: EngineOptions = js::options(&env, options, "options").map_err(js_error)?;
     let config = EngineConfig::try_from(options).map_err(js_error)?;
     Ok(AsyncTask::new(StartEngine {
@@ -508,10 +491,18 @@ impl NativeEngine {
         EngineSpreadJs::from(self.engine.spread())
     }
 
-    /// Engine counters in the Prometheus text exposition format.
+    /// Engine counters in the Prometheus text exposition format, with this process's Node
+    /// version in `ferry_build_info`.
     #[napi(catch_unwind)]
-    pub fn metrics_text(&self) -> String {
-        self.engine.metrics().to_prometheus()
+    pub fn metrics_text(&self, env: Env) -> String {
+        static NODE: OnceLock<Option<String>> = OnceLock::new();
+        let node = NODE.get_or_init(|| {
+            let v = env.get_node_version().ok()?;
+            Some(format!("{}.{}.{}", v.major, v.minor, v.patch))
+        });
+        let mut m = self.engine.metrics();
+        m.build.node = node.clone();
+        m.to_prometheus()
     }
 
     /// Closes the engine: pending work is canceled, threads stop, memory is released, and
