@@ -174,7 +174,10 @@ export declare class NativeEngine {
   metrics(): EngineMetrics
   /** What this engine spreads its work over: I/O threads, tcp lanes, shm copy threads. */
   spread(): EngineSpreadJs
-  /** Engine counters in the Prometheus text exposition format. */
+  /**
+   * Engine counters in the Prometheus text exposition format, with this process's Node
+   * version in `ferry_build_info`.
+   */
   metricsText(): string
   /**
    * Closes the engine: pending work is canceled, threads stop, memory is released, and

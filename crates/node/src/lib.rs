@@ -26,7 +26,7 @@ mod tables;
 pub use bench::{bench_mooncake_header, bench_mooncake_line};
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
 
 use ferry_core::handle::HandleKind;
 use ferry_core::{Access, Engine, EngineConfig, ErrorCode, Numbered};
