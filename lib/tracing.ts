@@ -9,7 +9,7 @@
  * carries the same context object, `TransferTraceContext`; the channel adds `result` or
  * `error` to it. Without subscribers a call costs one check and no object.
  */
-import diagnosticsChannel from 'node:diagnostics_channel'
+import { tracingChannel } from 'node:diagnostics_channel'
 import type { BlocksResult } from './blocks'
 import type { TransferResult } from './requests'
 
@@ -35,7 +35,7 @@ export interface TransferTraceContext {
 }
 
 /** The channel, for subscribers: `transferChannel.subscribe({ start, asyncEnd, error })`. */
-export const transferChannel = diagnosticsChannel.tracingChannel<unknown, TransferTraceContext>(TRANSFER_CHANNEL)
+export const transferChannel = tracingChannel<unknown, TransferTraceContext>(TRANSFER_CHANNEL)
 
 /** Whether anything listens to any of the channel's events. */
 function subscribed(): boolean {

@@ -13,6 +13,8 @@
 
 use std::time::{Duration, Instant};
 
+use ferry_core::ticks::{self, Stamp};
+
 use ferry_core::{Engine, Error, Opcode, RegionId, Request, TransferStatus, TransportKind};
 
 use crate::gate::{Failure, Gate, GateHooks, StopSignal};
@@ -347,12 +349,17 @@ pub fn run_worker_marked(
         return Ok(stats);
     }
     let started = Instant::now();
-    let end = started + spec.duration;
     let bytes = spec.op_bytes();
-    // The clock is read when an operation ends, and that reading is the next check's: a
-    // clock read costs as much as a twentieth of a 4 KiB operation here.
-    let mut now = started;
-    while now < end {
+    // Operations are timed by the engine's stamps (`ferry_core::ticks`: the CPU's counter
+    // where the kernel keeps time by it), not by the clock: two clock reads cost a tenth of
+    // a 4 KiB shm operation, which the figures would count as the engine's. The stamp
+    // taken when an operation ends is the next check's; once the stamps say the duration
+    // has passed, the clock has the last word (the wall time is the clock's, and a run
+    // never ends before it).
+    let first = ticks::stamp();
+    let length = u64::try_from(spec.duration.as_nanos()).unwrap_or(u64::MAX);
+    let mut now = first;
+    while ticks::nanos_between(first, now) < length || started.elapsed() < spec.duration {
         pace(spec);
         if stop.is_raised() {
             break;
@@ -431,7 +438,7 @@ impl<'a> Operation<'a> {
     /// Runs one batch to completion; returns how long it took and when it ended. `Ok(None)`
     /// when `stop` was raised while waiting for notification room or polling (the batch is
     /// freed, which cancels what is left of it).
-    fn run(&mut self, stop: &StopSignal) -> Result<Option<(Duration, Instant)>, Failure> {
+    fn run(&mut self, stop: &StopSignal) -> Result<Option<(Duration, Stamp)>, Failure> {
         if self.spec.notify && !self.notification_room(stop)? {
             return Ok(None);
         }
@@ -444,7 +451,7 @@ impl<'a> Operation<'a> {
             .engine
             .allocate_batch(self.requests.len())
             .map_err(|e| self.engine_failure(&e, "allocate_batch", None))?;
-        let submitted = Instant::now();
+        let submitted = ticks::stamp();
         let submit = if self.spec.notify {
             // Which worker, which submission: 12 bytes, like a small KV-block id.
             let mut note = (self.slot as u32).to_le_bytes().to_vec();
@@ -460,7 +467,8 @@ impl<'a> Operation<'a> {
             return Err(self.engine_failure(&e, "submit_transfer", self.requests.first()));
         }
         let mut backoff = Backoff::default();
-        let mut progress = (0u64, submitted);
+        // Bytes moved so far, and how long after submission they were first seen.
+        let mut progress = (0u64, Duration::ZERO);
         let took = loop {
             let snap = match self.engine.batch_status(batch) {
                 Ok(s) => s,
@@ -470,16 +478,19 @@ impl<'a> Operation<'a> {
                 }
             };
             if snap.status == TransferStatus::Completed {
-                let ended = Instant::now();
-                break (ended - submitted, ended);
+                let ended = ticks::stamp();
+                break (
+                    Duration::from_nanos(ticks::nanos_between(submitted, ended)),
+                    ended,
+                );
             }
             if snap.status.is_terminal() {
                 return Err(self.task_failure(batch, snap.status, None));
             }
-            let now = Instant::now();
+            let waited = Duration::from_nanos(ticks::nanos_between(submitted, ticks::stamp()));
             if snap.transferred > progress.0 {
-                progress = (snap.transferred, now);
-            } else if now.duration_since(progress.1) >= self.spec.stall_timeout {
+                progress = (snap.transferred, waited);
+            } else if waited.saturating_sub(progress.1) >= self.spec.stall_timeout {
                 let why = format!(
                     "no progress for {:.1} s ({} of {} B moved)",
                     self.spec.stall_timeout.as_secs_f64(),
@@ -492,7 +503,7 @@ impl<'a> Operation<'a> {
                 let _ = self.engine.free_batch(batch);
                 return Ok(None);
             }
-            match backoff.next_pause(now.duration_since(submitted)) {
+            match backoff.next_pause(waited) {
                 // Past the spins and yields, the worker sleeps until the batch ends (a task
                 // ending wakes it) rather than for a guessed time: no oversleep added to
                 // the op, no CPU taken from the transport's threads meanwhile. Bounded, so
