@@ -49,6 +49,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod backoff;
 pub mod gate;
 pub mod notify_room;
 pub mod report;
@@ -59,6 +60,7 @@ mod sync;
 pub mod warmup;
 pub mod worker;
 
+pub use backoff::{Backoff, Pause};
 pub use gate::{Failure, Gate, GateHooks, Hook, Retirements, RunError, StopSignal, WorkerFn};
 pub use notify_room::{room_for_notification, NOTIFY_WINDOW};
 pub use report::ReportRow;
@@ -67,6 +69,6 @@ pub use served::{Served, TransportShare};
 pub use stats::{TxSummary, WorkerStats};
 pub use warmup::WarmupMark;
 pub use worker::{
-    bench_gate, run_worker, run_worker_marked, Addressing, Backoff, BenchGate, BenchSpec,
-    OffsetCycle, Pause, Stripe, DEFAULT_STALL_TIMEOUT,
+    bench_gate, run_worker, run_worker_marked, Addressing, BenchGate, BenchSpec, OffsetCycle,
+    Stripe, DEFAULT_STALL_TIMEOUT,
 };

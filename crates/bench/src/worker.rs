@@ -17,6 +17,7 @@ use ferry_core::ticks::{self, Stamp};
 
 use ferry_core::{Engine, Error, Opcode, RegionId, Request, TransferStatus, TransportKind};
 
+use crate::backoff::{typical_after, Backoff, Pause};
 use crate::gate::{Failure, Gate, GateHooks, StopSignal};
 use crate::notify_room::{wait_for_room, Room, NOTIFY_WINDOW};
 pub use crate::stats::WorkerStats;
@@ -218,78 +219,6 @@ impl OffsetCycle {
     }
 }
 
-/// What a poller does before its next poll.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pause {
-    /// Busy-wait this many spin-loop hints.
-    Spin(u32),
-    /// Yield the CPU once.
-    Yield,
-    /// Sleep.
-    Sleep(Duration),
-}
-
-/// Polls spinning first: a few short spins, then yields, then sleeps that double up to
-/// [`Backoff::MAX_SLEEP`]. Never a tight loop that starves the peer on a small machine.
-///
-/// A sleep is also capped at [`Backoff::SLEEP_FRACTION`] of the time already waited, so
-/// that a poller oversleeps a completion by at most about that fraction of the operation
-/// (plus the OS timer slack) instead of up to a whole `MAX_SLEEP`: that keeps measured
-/// operation times and bandwidth honest for operations of a few hundred microseconds.
-#[derive(Debug, Clone, Default)]
-pub struct Backoff {
-    step: u32,
-}
-
-impl Backoff {
-    /// Polls that spin.
-    pub const SPINS: u32 = 6;
-    /// Polls that yield, after the spins.
-    pub const YIELDS: u32 = 16;
-    /// Keep yielding (instead of sleeping) until the operation has waited this long: a
-    /// sleep costs at least the OS timer slack (50 µs on Linux), longer than a whole
-    /// small transfer, while a yield still hands the CPU to any thread that needs it.
-    pub const YIELD_BUDGET: Duration = Duration::from_micros(200);
-    /// First sleep.
-    pub const MIN_SLEEP: Duration = Duration::from_micros(8);
-    /// Longest sleep.
-    pub const MAX_SLEEP: Duration = Duration::from_millis(1);
-    /// A sleep is at most `waited / SLEEP_FRACTION` (but never below `MIN_SLEEP`).
-    pub const SLEEP_FRACTION: u32 = 8;
-
-    /// Starts again from spinning.
-    pub fn reset(&mut self) {
-        self.step = 0;
-    }
-
-    /// The pause before the next poll, `waited` after the operation started.
-    pub fn next_pause(&mut self, waited: Duration) -> Pause {
-        let step = self.step;
-        self.step = self.step.saturating_add(1);
-        if step < Self::SPINS {
-            return Pause::Spin(1 << (step + 2));
-        }
-        if step < Self::SPINS + Self::YIELDS || waited < Self::YIELD_BUDGET {
-            return Pause::Yield;
-        }
-        let doublings = step.saturating_sub(Self::SPINS + Self::YIELDS).min(16);
-        let doubled = Self::MIN_SLEEP
-            .saturating_mul(1 << doublings)
-            .min(Self::MAX_SLEEP);
-        let share = (waited / Self::SLEEP_FRACTION).max(Self::MIN_SLEEP);
-        Pause::Sleep(doubled.min(share))
-    }
-
-    /// Waits before the next poll, `waited` after the operation started.
-    pub fn wait(&mut self, waited: Duration) {
-        match self.next_pause(waited) {
-            Pause::Spin(n) => (0..n).for_each(|_| std::hint::spin_loop()),
-            Pause::Yield => std::thread::yield_now(),
-            Pause::Sleep(d) => std::thread::sleep(d),
-        }
-    }
-}
-
 /// A bench gate: every worker runs [`run_worker`] on `engine` for each [`BenchSpec`].
 pub type BenchGate = Gate<BenchSpec, WorkerStats>;
 
@@ -408,6 +337,9 @@ struct Operation<'a> {
     slot: usize,
     cycle: OffsetCycle,
     requests: Vec<Request>,
+    /// How long this worker's operations take lately (`typical_after`): how its next one
+    /// is waited for (`Backoff::expecting`).
+    typical: Option<Duration>,
 }
 
 impl<'a> Operation<'a> {
@@ -432,6 +364,7 @@ impl<'a> Operation<'a> {
             slot,
             cycle: OffsetCycle::new(spec, slot),
             requests: vec![template; spec.batch_size],
+            typical: None,
         }
     }
 
@@ -466,7 +399,7 @@ impl<'a> Operation<'a> {
             let _ = self.engine.free_batch(batch);
             return Err(self.engine_failure(&e, "submit_transfer", self.requests.first()));
         }
-        let mut backoff = Backoff::default();
+        let mut backoff = Backoff::expecting(self.typical);
         // Bytes moved so far, and how long after submission they were first seen.
         let mut progress = (0u64, Duration::ZERO);
         let took = loop {
@@ -518,6 +451,7 @@ impl<'a> Operation<'a> {
         self.engine
             .free_batch(batch)
             .map_err(|e| self.engine_failure(&e, "free_batch", None))?;
+        self.typical = Some(typical_after(self.typical, took.0));
         Ok(Some(took))
     }
 
@@ -718,61 +652,5 @@ mod tests {
             len: 8192,
         };
         assert!(spec(4096, 1, huge).check(2).is_err());
-    }
-
-    #[test]
-    fn backoff_spins_then_yields_then_sleeps_up_to_a_millisecond() {
-        let long = Duration::from_secs(1);
-        let mut b = Backoff::default();
-        let pauses: Vec<Pause> = (0..60).map(|_| b.next_pause(long)).collect();
-        let spins = pauses
-            .iter()
-            .filter(|p| matches!(p, Pause::Spin(_)))
-            .count();
-        let yields = pauses.iter().filter(|p| **p == Pause::Yield).count();
-        assert_eq!(spins, Backoff::SPINS as usize);
-        assert_eq!(yields, Backoff::YIELDS as usize);
-        assert!(pauses[..spins + yields]
-            .iter()
-            .all(|p| !matches!(p, Pause::Sleep(_))));
-        let sleeps: Vec<Duration> = pauses
-            .iter()
-            .filter_map(|p| match p {
-                Pause::Sleep(d) => Some(*d),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(sleeps.len(), 60 - spins - yields, "sleeps only after that");
-        assert_eq!(sleeps[0], Backoff::MIN_SLEEP);
-        assert_eq!(sleeps[1], Backoff::MIN_SLEEP * 2);
-        assert!(sleeps.windows(2).all(|w| w[1] >= w[0]), "never shrinks");
-        assert_eq!(*sleeps.last().expect("sleeps"), Backoff::MAX_SLEEP);
-        // Far past the schedule it still sleeps the maximum, never spins again.
-        b.step = u32::MAX - 1;
-        assert_eq!(b.next_pause(long), Pause::Sleep(Backoff::MAX_SLEEP));
-        assert_eq!(b.next_pause(long), Pause::Sleep(Backoff::MAX_SLEEP));
-        b.reset();
-        assert_eq!(b.next_pause(long), Pause::Spin(4));
-    }
-
-    #[test]
-    fn backoff_sleeps_at_most_an_eighth_of_the_time_waited() {
-        let mut b = Backoff {
-            step: Backoff::SPINS + Backoff::YIELDS + 10,
-        };
-        assert_eq!(
-            b.next_pause(Duration::from_micros(400)),
-            Pause::Sleep(Duration::from_micros(50))
-        );
-        // Within the yield budget it yields instead of paying the timer slack of a sleep.
-        assert_eq!(b.next_pause(Duration::from_micros(10)), Pause::Yield);
-        assert_eq!(
-            b.next_pause(Duration::from_micros(240)),
-            Pause::Sleep(Duration::from_micros(30))
-        );
-        assert_eq!(
-            b.next_pause(Duration::from_secs(10)),
-            Pause::Sleep(Backoff::MAX_SLEEP)
-        );
     }
 }
