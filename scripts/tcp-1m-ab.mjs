@@ -85,8 +85,8 @@ const cases = new Map(); // op -> { A: [gbps], B: [gbps], rA: [ratio], rB: [rati
 for (let round = 0; round < rounds; round++) {
   for (const op of ops) {
     const steps = baseline ? ['A', 'B', 'iperf3'] : ['A', 'B'];
-    for (let k = 0; k < round % 3; k++) steps.push(steps.shift());
-    if (round % 2) steps.reverse();
+    for (let k = 0; k < round % steps.length; k++) steps.push(steps.shift());
+    if (baseline && round % 2) steps.reverse();
     const got = {};
     for (const step of steps) got[step] = step === 'iperf3' ? await iperf3Run() : engineRun(step, op);
     got.iperf3 ??= NaN;
@@ -97,10 +97,10 @@ for (let round = 0; round < rounds; round++) {
     c.base.push(got.iperf3);
     c.rA.push(got.A / got.iperf3);
     c.rB.push(got.B / got.iperf3);
-    console.error(`round ${round + 1} ${op}: A ${got.A.toFixed(2)} B ${got.B.toFixed(2)} iperf3x${threads} ${got.iperf3.toFixed(2)} GB/s (order ${steps.join(' ')})`);
+    console.error(`round ${round + 1} ${op}: A ${got.A.toPrecision(3)} B ${got.B.toPrecision(3)} iperf3x${threads} ${got.iperf3.toFixed(2)} GB/s (order ${steps.join(' ')})`);
   }
 }
-const f = (x) => (Number.isFinite(x) ? x.toFixed(2) : '-');
+const f = (x) => (Number.isFinite(x) ? x.toPrecision(3) : '-');
 console.log(`${xport} ${size} B, ${threads} threads, batch 1: medians over ${rounds} interleaved rounds of ${duration} s (A = ${a}, B = ${b}); baseline ${threads} x iperf3 -l 1M side by side`);
 console.log('op    | A GB/s | B GB/s | B/A  | iperf3 GB/s | A/iperf3 | B/iperf3');
 for (const [op, v] of cases) {

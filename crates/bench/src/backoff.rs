@@ -65,10 +65,10 @@ impl Backoff {
         self.step = 0;
     }
 
-    /// A backoff for an operation expected to take about `typical` (the worker's recent
-    /// operations, [`typical_after`]; `None` before the first).
-    pub fn expecting(typical: Option<Duration>) -> Self {
-        let outlasts = typical.is_some_and(|t| t > Self::YIELD_BUDGET);
+    /// A backoff for an operation whose wait is expected to take at least `wait` (the
+    /// worker's [`RecentWaits::shortest`]; `None` before the first).
+    pub fn expecting(wait: Option<Duration>) -> Self {
+        let outlasts = wait.is_some_and(|t| t > Self::YIELD_BUDGET);
         Self {
             step: 0,
             yield_budget: if outlasts {
@@ -107,12 +107,43 @@ impl Backoff {
     }
 }
 
-/// The worker's typical operation time after one that took `took`: a moving average that
-/// moves an eighth of the way to each new operation (the first sets it).
-pub fn typical_after(typical: Option<Duration>, took: Duration) -> Duration {
-    match typical {
-        None => took,
-        Some(t) => t - t / 8 + took / 8,
+/// The shortest of a worker's last few waits for an operation (from its submission to its
+/// end, as the backoff's budget counts): what its next wait takes at least. The shortest, not a mean: a
+/// loaded machine only ever lengthens a wait (a preempted poller, a stolen vCPU), and a
+/// short operation taken for a long one would sleep and be slowed by its wake-up.
+#[derive(Debug, Clone, Default)]
+pub struct RecentWaits {
+    waits: [Duration; RecentWaits::KEPT],
+    len: usize,
+    next: usize,
+}
+
+impl RecentWaits {
+    /// Waits kept.
+    pub const KEPT: usize = 8;
+
+    /// Records a wait, forgetting the oldest of [`RecentWaits::KEPT`].
+    pub fn record(&mut self, wait: Duration) {
+        self.waits[self.next] = wait;
+        self.next = (self.next + 1) % Self::KEPT;
+        self.len = (self.len + 1).min(Self::KEPT);
+    }
+
+    /// The shortest wait kept; `None` before the first.
+    pub fn shortest(&self) -> Option<Duration> {
+        self.waits[..self.len].iter().min().copied()
+    }
+
+    /// What to expect of the next wait ([`Backoff::expecting`]): the shortest kept, except
+    /// once every [`RecentWaits::KEPT`] operations, which are waited for as if nothing were
+    /// known (`None`, the whole yield budget). Sleeping lengthens a short operation by its
+    /// wake-up, so a worker that slept because the machine was loaded for a while would
+    /// otherwise keep seeing long waits of its own making; that one finds out.
+    pub fn expected(&self) -> Option<Duration> {
+        if self.next == 0 {
+            return None;
+        }
+        self.shortest()
     }
 }
 
@@ -195,31 +226,52 @@ mod tests {
     #[test]
     fn short_or_unknown_operations_keep_yielding_through_the_budget() {
         let early = Duration::from_micros(20);
-        for typical in [
+        for wait in [
             None,
             Some(Duration::from_micros(30)),
             Some(Backoff::YIELD_BUDGET),
         ] {
-            let mut b = Backoff::expecting(typical);
+            let mut b = Backoff::expecting(wait);
             for _ in 0..Backoff::SPINS + Backoff::YIELDS {
                 b.next_pause(early);
             }
-            assert_eq!(b.next_pause(early), Pause::Yield, "{typical:?}");
+            assert_eq!(b.next_pause(early), Pause::Yield, "{wait:?}");
         }
     }
 
     #[test]
-    fn the_typical_operation_follows_recent_ones_smoothly() {
+    fn recent_waits_are_judged_by_the_shortest_of_the_last_few() {
         let us = Duration::from_micros;
-        assert_eq!(typical_after(None, us(400)), us(400));
-        assert_eq!(typical_after(Some(us(400)), us(400)), us(400));
-        // One slow operation moves it an eighth of the way.
-        assert_eq!(typical_after(Some(us(400)), us(1200)), us(500));
-        // A run of short ones brings it down below the budget.
-        let mut t = Some(us(1000));
-        for _ in 0..40 {
-            t = Some(typical_after(t, us(30)));
+        let mut w = RecentWaits::default();
+        assert_eq!(w.shortest(), None);
+        w.record(us(400));
+        assert_eq!(w.shortest(), Some(us(400)));
+        // Slow waits (a loaded machine) do not hide a short one among the last few.
+        w.record(us(30));
+        for _ in 0..RecentWaits::KEPT - 2 {
+            w.record(us(5000));
         }
-        assert!(t.expect("typical") < Backoff::YIELD_BUDGET);
+        assert_eq!(w.shortest(), Some(us(30)));
+        // Once it is older than the last few, it is forgotten.
+        w.record(us(5000));
+        assert_eq!(w.shortest(), Some(us(30)), "the first one went");
+        w.record(us(5000));
+        assert_eq!(w.shortest(), Some(us(5000)));
+    }
+
+    #[test]
+    fn one_wait_in_every_few_is_expected_blind() {
+        let us = Duration::from_micros;
+        let mut w = RecentWaits::default();
+        assert_eq!(w.expected(), None, "nothing known yet");
+        let mut blind = 0;
+        for _ in 0..RecentWaits::KEPT * 3 {
+            w.record(us(900));
+            match w.expected() {
+                None => blind += 1,
+                Some(d) => assert_eq!(d, us(900)),
+            }
+        }
+        assert_eq!(blind, 3);
     }
 }

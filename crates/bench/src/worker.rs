@@ -17,7 +17,7 @@ use ferry_core::ticks::{self, Stamp};
 
 use ferry_core::{Engine, Error, Opcode, RegionId, Request, TransferStatus, TransportKind};
 
-use crate::backoff::{typical_after, Backoff, Pause};
+use crate::backoff::{Backoff, Pause, RecentWaits};
 use crate::gate::{Failure, Gate, GateHooks, StopSignal};
 use crate::notify_room::{wait_for_room, Room, NOTIFY_WINDOW};
 pub use crate::stats::WorkerStats;
@@ -337,9 +337,9 @@ struct Operation<'a> {
     slot: usize,
     cycle: OffsetCycle,
     requests: Vec<Request>,
-    /// How long this worker's operations take lately (`typical_after`): how its next one
-    /// is waited for (`Backoff::expecting`).
-    typical: Option<Duration>,
+    /// How long this worker's last operations took, from submission to their end: how it
+    /// waits for the next (`Backoff::expecting`).
+    waits: RecentWaits,
 }
 
 impl<'a> Operation<'a> {
@@ -364,7 +364,7 @@ impl<'a> Operation<'a> {
             slot,
             cycle: OffsetCycle::new(spec, slot),
             requests: vec![template; spec.batch_size],
-            typical: None,
+            waits: RecentWaits::default(),
         }
     }
 
@@ -399,7 +399,7 @@ impl<'a> Operation<'a> {
             let _ = self.engine.free_batch(batch);
             return Err(self.engine_failure(&e, "submit_transfer", self.requests.first()));
         }
-        let mut backoff = Backoff::expecting(self.typical);
+        let mut backoff = Backoff::expecting(self.waits.expected());
         // Bytes moved so far, and how long after submission they were first seen.
         let mut progress = (0u64, Duration::ZERO);
         let took = loop {
@@ -451,7 +451,7 @@ impl<'a> Operation<'a> {
         self.engine
             .free_batch(batch)
             .map_err(|e| self.engine_failure(&e, "free_batch", None))?;
-        self.typical = Some(typical_after(self.typical, took.0));
+        self.waits.record(took.0);
         Ok(Some(took))
     }
 
