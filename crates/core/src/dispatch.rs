@@ -33,6 +33,10 @@ impl Driver for Inner {
         });
     }
 
+    fn start_next(&self, task: &Arc<Task>, kind: TransportKind) {
+        self.start_attempt(task, kind);
+    }
+
     fn attempt_succeeded(&self, task: &Task, _attempt: u32) {
         if let Some(kind) = task.transport() {
             self.rail_succeeded(task.request().peer.handle(), kind);
@@ -158,7 +162,20 @@ impl Inner {
                     attempt: switches,
                     reason: error.to_string(),
                 });
-                self.start_attempt(task, to);
+                // The next attempt starts once nothing of this one can land any more: at
+                // once, or on the runtime when the last piece is dropped (wherever that
+                // is, it may hold a transport's lock).
+                let (next, handle) = (task.clone(), self.handle.clone());
+                let later = Box::new(move || {
+                    handle.spawn(async move {
+                        if let Some(driver) = next.driver() {
+                            driver.start_next(&next, to);
+                        }
+                    });
+                });
+                if task.defer_until_fenced(later).is_err() {
+                    self.start_attempt(task, to);
+                }
             }
             Next::Fail(why) if may_mean_peer_died(&error) => {
                 tracing::debug!(?why, %error, "task failed; held until the peer's fate is known");

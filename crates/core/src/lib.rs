@@ -44,6 +44,7 @@ mod etcd_access;
 pub mod event_loop;
 mod events;
 pub mod failover;
+pub mod fence;
 mod farewell;
 pub mod handle;
 mod handshakes;

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 pub use crate::attempt::AttemptState;
 use crate::deadlines::{AttemptDeadline, DeadlineKey, Deadlines};
 use crate::error::Error;
+use crate::fence::{Deferred, Fence};
 pub use crate::failover::Observer;
 use crate::kind::{Kinds, TransportKind};
 use crate::lanes::Striped;
@@ -259,6 +260,9 @@ pub trait Driver: Send + Sync {
     /// Attempt `attempt` of `task` failed with `error`; retry elsewhere or end the task.
     fn attempt_failed(&self, task: &Arc<Task>, attempt: u32, error: Error);
 
+    /// Starts `task`'s next attempt on `kind` (a failover whose start waited for the fence).
+    fn start_next(&self, _task: &Arc<Task>, _kind: TransportKind) {}
+
     /// Attempt `attempt` of `task` completed (health bookkeeping).
     fn attempt_succeeded(&self, _task: &Task, _attempt: u32) {}
 }
@@ -268,6 +272,8 @@ pub trait Driver: Send + Sync {
 struct Locked {
     attempt: AttemptState,
     deadline: Option<AttemptDeadline<Task>>,
+    /// What waits for the fence to clear.
+    deferred: Deferred,
 }
 
 thread_local! {
@@ -293,6 +299,10 @@ pub struct Task {
     /// transport's start report (`started`) checks before it takes the lock.
     timed_from_start: AtomicU32,
     state: Mutex<Locked>,
+    /// Pieces of its attempts that may still land (`fence`).
+    fence: Fence,
+    /// Told: its end was counted and its waiters rung (after its fence cleared).
+    settled: AtomicBool,
     observer: Observer,
     group: Option<Arc<Group>>,
     /// Rung as the task ends: its batch's waiters (`Engine::wait_batch`).
@@ -343,7 +353,10 @@ impl Task {
                     ..AttemptState::default()
                 },
                 deadline: None,
+                deferred: Deferred::default(),
             }),
+            fence: Fence::default(),
+            settled: AtomicBool::new(false),
             observer,
             group,
             wake,
@@ -377,6 +390,61 @@ impl Task {
     /// Current status.
     pub fn status(&self) -> TransferStatus {
         TransferStatus::from_raw(i64::from(self.status.load(Ordering::Acquire)))
+    }
+
+    /// Its status as those who wait on it see it: a cancel or failure decided while
+    /// pieces of an attempt may still land shows as pending until they cannot (`fence`).
+    pub fn shown_status(&self) -> TransferStatus {
+        let s = self.status();
+        if s.is_terminal() && !self.settled.load(Ordering::Acquire) {
+            TransferStatus::Pending
+        } else {
+            s
+        }
+    }
+
+    pub(crate) fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    /// Keeps `then` to run when the last piece of an attempt that may still land is
+    /// dropped (a failover's next attempt); handed back when none is in flight.
+    #[allow(clippy::type_complexity)]
+    pub fn defer_until_fenced(
+        &self,
+        then: Box<dyn FnOnce() + Send>,
+    ) -> std::result::Result<(), Box<dyn FnOnce() + Send>> {
+        let mut st = self.lock();
+        if self.fence.wait() {
+            st.deferred.then = Some(then);
+            Ok(())
+        } else {
+            Err(then)
+        }
+    }
+
+    /// What decides its failed attempts, while the engine lives.
+    pub(crate) fn driver(&self) -> Option<Arc<dyn Driver>> {
+        self.lane.driver.get().and_then(|l| l.driver.upgrade())
+    }
+
+    /// The last piece in flight was dropped while something waited: runs what waited.
+    pub(crate) fn fence_released(&self) {
+        let (settle, then) = {
+            let mut st = self.lock();
+            if !self.fence.is_clear() {
+                return;
+            }
+            self.fence.served();
+            let d = std::mem::take(&mut st.deferred);
+            (d.settle, d.then)
+        };
+        if settle {
+            self.settle(self.status());
+        }
+        if let Some(then) = then {
+            then();
+        }
     }
 
     /// The current attempt number (0 before the first).
@@ -577,21 +645,36 @@ impl Task {
         self.finish(error.status(), Some(error))
     }
 
-    /// Ends the task with an explicit status.
+    /// Ends the task with an explicit status. A completion settles at once (every piece of
+    /// its attempt landed, and no earlier attempt's is left: a retry waits for that); any
+    /// other end settles once no piece of an attempt can land any more (`fence`).
     pub fn finish(&self, status: TransferStatus, error: Option<Error>) -> bool {
         debug_assert!(status.is_terminal());
-        let deadline = {
+        let (deadline, now) = {
             let mut st = self.lock();
             if self.status().is_terminal() {
                 return false;
             }
             st.attempt.error = error;
-            self.status.store(status.raw(), Ordering::Release);
-            st.deadline.take()
+            // SeqCst: a transport that took a `Landing` before it checks the status sees
+            // this end, or this end sees its `Landing` (`fence`).
+            self.status.store(status.raw(), Ordering::SeqCst);
+            let wait = status != TransferStatus::Completed && self.fence.wait();
+            st.deferred.settle = wait;
+            (st.deadline.take(), !wait)
         };
         if let Some(d) = deadline {
             d.remove();
         }
+        if now {
+            self.settle(status);
+        }
+        true
+    }
+
+    /// Counts the task's end and tells who waits on it.
+    fn settle(&self, status: TransferStatus) {
+        self.settled.store(true, Ordering::Release);
         // Counted in the lane of the thread that submitted the task: the one that ends it
         // is most often that thread too (a copy done inline).
         let transport = self.transport();
@@ -611,7 +694,6 @@ impl Task {
         if let Some(wake) = &self.wake {
             wake.ring();
         }
-        true
     }
 
     /// Bytes known to have moved (a lower bound while pending), as [`TaskSnapshot::transferred`].
@@ -623,7 +705,7 @@ impl Task {
 
     /// A consistent-enough view for status reads.
     pub fn snapshot(&self) -> TaskSnapshot {
-        let status = self.status();
+        let status = self.shown_status();
         let error = if status.is_terminal() && status != TransferStatus::Completed {
             self.lock().attempt.error.clone()
         } else {

@@ -28,6 +28,8 @@ pub(super) struct Copy<'a> {
 impl Copy<'_> {
     /// Copies every span, then reports the outcome to the task.
     pub(super) fn run(&self) {
+        // A cancel from another thread meanwhile settles after this copy.
+        let _landing = crate::fence::Landing::new(self.task);
         match copy_spans(
             self.peer,
             self.mapping,

@@ -1,0 +1,156 @@
+//! Fenced cancel: once a cancelled (or freed) transfer has settled, nothing of it lands in
+//! the target any more. Each test starts a 256 MiB WRITE, waits until its first bytes
+//! landed in the target (so it is mid-flight, whatever the machine's speed), cancels it,
+//! waits for it to settle, and then hashes the target's whole buffer at 0, ~100, ~250 and
+//! ~500 ms: the observation window in which a late byte would show.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ferry_core::{
+    Engine, EngineConfig, Opcode, Region, Request, TransferStatus, TransportHint, TransportKind,
+};
+use ferry_testkit::{fill, request};
+
+const SIZE: u64 = 256 << 20;
+
+fn engines(transports: Vec<TransportKind>) -> (Engine, Engine) {
+    let cfg = EngineConfig {
+        transports,
+        peer_timeout: Duration::from_secs(5),
+        ..EngineConfig::default()
+    };
+    (
+        Engine::new(cfg.clone()).expect("target"),
+        Engine::new(cfg).expect("initiator"),
+    )
+}
+
+/// A cheap whole-buffer hash, read word by word with volatile loads: the point of the test
+/// is that nothing writes the buffer meanwhile, and the reads must not assume it.
+fn hash(region: &Region) -> u64 {
+    let len = region.len();
+    let p = region.range_ptr(0, len as u64).expect("whole region") as *const u64;
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for i in 0..len / 8 {
+        // SAFETY: `range_ptr` checked the range against the live region, which the test
+        // holds; the region is page-aligned, so every u64 word is aligned. A transport may
+        // still write it (what the test looks for): volatile loads read whatever is there.
+        let w = unsafe { std::ptr::read_volatile(p.add(i)) };
+        h = (h ^ w).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// Waits (bounded) until some of the write's bytes landed in the target's first MiB.
+fn wait_first_bytes(remote: &Region) {
+    let p = remote.range_ptr(0, 1 << 20).expect("first MiB") as *const u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // SAFETY: as in `hash`: a checked, aligned range of a live region, read volatile.
+        let landed = (0..(1 << 17)).any(|i| unsafe { std::ptr::read_volatile(p.add(i)) } != 0);
+        if landed {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no byte of the write ever landed");
+        std::thread::yield_now();
+    }
+}
+
+/// Hashes the target's buffer at 0, ~100, ~250 and ~500 ms after the transfer settled; all
+/// must be equal.
+fn assert_still(remote: &Region, what: &str) {
+    let start = Instant::now();
+    let first = hash(remote);
+    for at in [100u64, 250, 500] {
+        let due = start + Duration::from_millis(at);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        assert_eq!(
+            hash(remote),
+            first,
+            "{what}: the target's buffer changed {at} ms after the transfer settled"
+        );
+    }
+}
+
+fn write_request(local: &Region, segment: u64, remote: &Region, kind: TransportKind) -> Request {
+    Request {
+        hint: TransportHint::Require(kind),
+        ..request(Opcode::Write, local, segment, remote, 0, SIZE)
+    }
+}
+
+/// A 256 MiB write through `transfer`, cancelled mid-flight: once its callback ran, the
+/// target's buffer stays as it is.
+fn cancelled_write_lands_nothing_after_settling(kind: TransportKind) {
+    let (target, initiator) = engines(vec![kind]);
+    let remote = target.allocate(SIZE).expect("remote");
+    let local = initiator.allocate(SIZE).expect("local");
+    fill(&local, 7);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let (tx, rx) = mpsc::channel();
+    let op = initiator
+        .transfer(&[write_request(&local, seg.handle, &remote, kind)], move |s| {
+            let _ = tx.send(s);
+        })
+        .expect("transfer");
+    wait_first_bytes(&remote);
+    let cancelled = initiator.cancel(op);
+    let snaps = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the cancelled transfer settles");
+    if !cancelled {
+        // The whole write finished before the cancel: nothing to fence.
+        assert_eq!(snaps[0].status, TransferStatus::Completed);
+    } else {
+        assert_eq!(snaps[0].status, TransferStatus::Canceled);
+    }
+    assert_still(&remote, kind.name());
+    initiator.close();
+    target.close();
+}
+
+#[test]
+fn tcp_cancelled_write_lands_nothing_after_settling() {
+    cancelled_write_lands_nothing_after_settling(TransportKind::Tcp);
+}
+
+#[test]
+fn shm_cancelled_write_lands_nothing_after_settling() {
+    cancelled_write_lands_nothing_after_settling(TransportKind::Shm);
+}
+
+/// A polled batch freed before its 256 MiB write completed: once `free_batch` returned,
+/// the target's buffer stays as it is.
+fn freed_batch_lands_nothing_after_free(kind: TransportKind) {
+    let (target, initiator) = engines(vec![kind]);
+    let remote = target.allocate(SIZE).expect("remote");
+    let local = initiator.allocate(SIZE).expect("local");
+    fill(&local, 9);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open");
+    let batch = initiator.allocate_batch(1).expect("batch");
+    initiator
+        .submit_transfer(batch, &[write_request(&local, seg.handle, &remote, kind)])
+        .expect("submit");
+    wait_first_bytes(&remote);
+    initiator.free_batch(batch).expect("free");
+    assert_still(&remote, kind.name());
+    initiator.close();
+    target.close();
+}
+
+#[test]
+fn tcp_freed_batch_lands_nothing_after_free() {
+    freed_batch_lands_nothing_after_free(TransportKind::Tcp);
+}
+
+#[test]
+fn shm_freed_batch_lands_nothing_after_free() {
+    freed_batch_lands_nothing_after_free(TransportKind::Shm);
+}
