@@ -94,3 +94,100 @@ impl std::fmt::Debug for Landing {
         f.write_str("Landing")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::error::Error;
+    use crate::kind::{Kinds, TransportKind};
+    use crate::status::TransferStatus;
+    use crate::task::{Counters, Group, Observer, Told};
+
+    /// A task that has begun its first attempt, and a flag its group raises when told.
+    fn running() -> (Arc<Task>, Arc<AtomicBool>) {
+        let told = Arc::new(AtomicBool::new(false));
+        let flag = told.clone();
+        let group = Group::new(1, Box::new(move || flag.store(true, Ordering::SeqCst)));
+        let task = Task::new(
+            crate::request::tests::sample(),
+            Told {
+                group: Some(group),
+                wake: None,
+            },
+            Counters::default().lane(),
+            Observer::Progress,
+            Kinds::default(),
+            false,
+            crate::ticks::stamp(),
+        );
+        assert_eq!(task.begin_attempt(TransportKind::Tcp), Some(1));
+        (task, told)
+    }
+
+    #[test]
+    fn a_cancel_with_a_piece_in_flight_settles_when_the_piece_is_dropped() {
+        let (task, told) = running();
+        let piece = Landing::new(&task);
+        assert!(task.finish(TransferStatus::Canceled, Some(Error::Canceled)));
+        assert_eq!(task.status(), TransferStatus::Canceled, "transports see the end");
+        assert_eq!(task.shown_status(), TransferStatus::Pending, "waiters do not yet");
+        assert_eq!(task.snapshot().status, TransferStatus::Pending);
+        assert!(!told.load(Ordering::SeqCst));
+        drop(piece);
+        assert_eq!(task.shown_status(), TransferStatus::Canceled);
+        assert!(told.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_cancel_with_nothing_in_flight_settles_at_once() {
+        let (task, told) = running();
+        drop(Landing::new(&task));
+        assert!(task.finish(TransferStatus::Canceled, Some(Error::Canceled)));
+        assert_eq!(task.shown_status(), TransferStatus::Canceled);
+        assert!(told.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_completion_settles_at_once_while_its_last_piece_is_still_held() {
+        let (task, told) = running();
+        let piece = Landing::new(&task);
+        assert!(task.finish(TransferStatus::Completed, None));
+        assert_eq!(task.shown_status(), TransferStatus::Completed);
+        assert!(told.load(Ordering::SeqCst));
+        drop(piece);
+    }
+
+    #[test]
+    fn a_deferred_next_attempt_runs_only_when_the_last_piece_is_dropped() {
+        let (task, _) = running();
+        let no_piece = task.defer_until_fenced(Box::new(|| {}));
+        assert!(no_piece.is_err(), "nothing in flight: handed back to run now");
+        let (a, b) = (Landing::new(&task), Landing::new(&task));
+        let ran = Arc::new(AtomicBool::new(false));
+        let flag = ran.clone();
+        let kept = task.defer_until_fenced(Box::new(move || flag.store(true, Ordering::SeqCst)));
+        assert!(kept.is_ok());
+        drop(a);
+        assert!(!ran.load(Ordering::SeqCst), "one piece still in flight");
+        drop(b);
+        assert!(ran.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn pieces_dropped_on_other_threads_settle_a_cancel_exactly_once() {
+        for _ in 0..200 {
+            let (task, told) = running();
+            let pieces: Vec<_> = (0..4).map(|_| Landing::new(&task)).collect();
+            std::thread::scope(|s| {
+                for p in pieces {
+                    s.spawn(move || drop(p));
+                }
+                task.finish(TransferStatus::Canceled, Some(Error::Canceled));
+            });
+            assert!(told.load(Ordering::SeqCst));
+            assert_eq!(task.shown_status(), TransferStatus::Canceled);
+        }
+    }
+}
