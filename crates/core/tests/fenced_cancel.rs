@@ -2,7 +2,7 @@
 //! the target any more. Each test starts a 256 MiB WRITE, waits until its first bytes
 //! landed in the target (so it is mid-flight, whatever the machine's speed), cancels it,
 //! waits for it to settle, and then hashes the target's whole buffer at 0, ~100, ~250 and
-//! ~500 ms: the observation window in which a late byte would show.
+//! ~500 ms: the observation window in which a late byte would show (`ferry_testkit::still`).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ferry_core::{
     Engine, EngineConfig, Opcode, Region, Request, TransferStatus, TransportHint, TransportKind,
 };
-use ferry_testkit::{fill, request, Proxy};
+use ferry_testkit::{assert_still, fill, request, wait_first_bytes, Proxy};
 
 const SIZE: u64 = 256 << 20;
 
@@ -24,55 +24,6 @@ fn engines(transports: Vec<TransportKind>) -> (Engine, Engine) {
         Engine::new(cfg.clone()).expect("target"),
         Engine::new(cfg).expect("initiator"),
     )
-}
-
-/// A cheap whole-buffer hash, read word by word with volatile loads: the point of the test
-/// is that nothing writes the buffer meanwhile, and the reads must not assume it.
-fn hash(region: &Region) -> u64 {
-    let len = region.len();
-    let p = region.range_ptr(0, len as u64).expect("whole region") as *const u64;
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for i in 0..len / 8 {
-        // SAFETY: `range_ptr` checked the range against the live region, which the test
-        // holds; the region is page-aligned, so every u64 word is aligned. A transport may
-        // still write it (what the test looks for): volatile loads read whatever is there.
-        let w = unsafe { std::ptr::read_volatile(p.add(i)) };
-        h = (h ^ w).wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-
-/// Waits (bounded) until some of the write's bytes landed in the target's first MiB.
-fn wait_first_bytes(remote: &Region) {
-    let p = remote.range_ptr(0, 1 << 20).expect("first MiB") as *const u64;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        // SAFETY: as in `hash`: a checked, aligned range of a live region, read volatile.
-        let landed = (0..(1 << 17)).any(|i| unsafe { std::ptr::read_volatile(p.add(i)) } != 0);
-        if landed {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no byte of the write ever landed");
-        std::thread::yield_now();
-    }
-}
-
-/// Hashes the target's buffer at 0, ~100, ~250 and ~500 ms after the transfer settled; all
-/// must be equal.
-fn assert_still(remote: &Region, what: &str) {
-    let start = Instant::now();
-    let first = hash(remote);
-    for at in [100u64, 250, 500] {
-        let due = start + Duration::from_millis(at);
-        if let Some(wait) = due.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
-        }
-        assert_eq!(
-            hash(remote),
-            first,
-            "{what}: the target's buffer changed {at} ms after the transfer settled"
-        );
-    }
 }
 
 fn write_request(local: &Region, segment: u64, remote: &Region, kind: TransportKind) -> Request {
