@@ -11,6 +11,7 @@ use crate::attempt::{on_failure, Failure, Next};
 use crate::error::Error;
 use crate::events::EngineEvent;
 use crate::failover::Trampoline;
+use crate::fence::Fenced;
 use crate::inner::Inner;
 use crate::kind::TransportKind;
 use crate::lazy_now::LazyNow;
@@ -173,7 +174,7 @@ impl Inner {
                         }
                     });
                 });
-                if task.defer_until_fenced(later).is_err() {
+                if task.fence().defer_then(later).is_err() {
                     self.start_attempt(task, to);
                 }
             }

@@ -394,7 +394,7 @@ impl Engine {
             canceled |= t.finish(TransferStatus::Canceled, Some(Error::Canceled));
         }
         if canceled {
-            let bound = crate::fence::settle_bound(&self.config().failover);
+            let bound = crate::fence::settle_bound(self.config().failover.attempt_timeout);
             b.wake().wait_until(
                 || {
                     let mut live = entries.iter().filter_map(|e| e.task());

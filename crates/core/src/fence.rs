@@ -1,95 +1,128 @@
 //! A task's fence: how many pieces of its attempts may still land in memory (a tcp frame
-//! written and not yet answered, or queued to be written; an shm copy's jobs not yet
-//! ended; rdma work requests posted and not yet completed), and what waits for none to be
-//! left. A cancelled or failed task settles (its status shows terminal, its Promise or
-//! batch waiters are told) and a failed-over task starts its next attempt only once its
-//! fence is clear, so nothing of an abandoned attempt lands after that.
+//! queued, written and not yet answered; an shm copy's jobs not yet ended; rdma work
+//! requests posted and not yet completed), and what waits for none to be left. A cancelled
+//! or failed task settles (its status shows terminal, its Promise or batch waiters are
+//! told) and a failed-over task starts its next attempt only once its fence is clear, so
+//! nothing of an abandoned attempt lands after that.
 //!
 //! A transport holds a [`Landing`] for each such piece and drops it once the piece can no
-//! longer write (answered, skipped, or its connection gone). The count and the flag are
-//! `SeqCst`: a waiter sets the flag then reads the count, a release lowers the count then
-//! reads the flag, so one of the two always sees the other (`Task::fence_released`).
+//! longer write (answered, skipped, or its connection gone); it takes it before it reads
+//! the task's status, and `Task::finish` stores the status `SeqCst` before it reads the
+//! count, so one of the two sees the other. A waiter marks itself, then
+//! reads the count; a release lowers the count, then reads the mark (all `SeqCst`), so one
+//! of the two always sees the other; what waits is taken under the fence's lock, once.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use crate::task::Task;
-
-/// The count of pieces in flight and whether something waits for it to reach zero.
+/// What waits for a fence: a settling (a cancel or failure decided meanwhile) and a next
+/// attempt (a failover).
 #[derive(Default)]
-pub(crate) struct Fence {
+pub struct Deferred {
+    /// The task's end waits to be told.
+    pub settle: bool,
+    /// Runs once the fence is clear.
+    pub then: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// The count of pieces in flight, and what waits for it to reach zero.
+#[derive(Default)]
+pub struct Fence {
     landing: AtomicU32,
     waited: AtomicBool,
+    deferred: Mutex<Deferred>,
 }
 
 impl Fence {
-    /// Marks something waiting (under the task's lock); whether pieces are still in flight.
-    pub(crate) fn wait(&self) -> bool {
+    /// Has the owner's settling wait, unless no piece is in flight (`false`: settle now).
+    pub(crate) fn defer_settle(&self) -> bool {
+        let mut d = self.lock_marked();
+        let busy = self.landing.load(Ordering::SeqCst) > 0;
+        d.settle |= busy;
+        busy
+    }
+
+    /// Keeps `then` to run once the fence clears; handed back when no piece is in flight.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn defer_then(
+        &self,
+        then: Box<dyn FnOnce() + Send>,
+    ) -> Result<(), Box<dyn FnOnce() + Send>> {
+        let mut d = self.lock_marked();
+        if self.landing.load(Ordering::SeqCst) == 0 {
+            return Err(then);
+        }
+        d.then = Some(then);
+        Ok(())
+    }
+
+    /// The lock of what waits, taken with the waiting mark set.
+    fn lock_marked(&self) -> std::sync::MutexGuard<'_, Deferred> {
+        let d = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
         self.waited.store(true, Ordering::SeqCst);
-        self.landing.load(Ordering::SeqCst) > 0
-    }
-
-    /// Whether no piece is in flight.
-    pub(crate) fn is_clear(&self) -> bool {
-        self.landing.load(Ordering::SeqCst) == 0
-    }
-
-    /// Clears the waiting mark (under the task's lock, with the fence clear).
-    pub(crate) fn served(&self) {
-        self.waited.store(false, Ordering::SeqCst);
+        d
     }
 
     fn hold(&self) {
         self.landing.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Lowers the count; whether it reached zero with something waiting.
-    fn release(&self) -> bool {
-        self.landing.fetch_sub(1, Ordering::SeqCst) == 1 && self.waited.load(Ordering::SeqCst)
+    /// Lowers the count; what waited, if it reached zero with something waiting.
+    fn release(&self) -> Option<Deferred> {
+        if self.landing.fetch_sub(1, Ordering::SeqCst) != 1 || !self.waited.load(Ordering::SeqCst) {
+            return None;
+        }
+        let mut d = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        if self.landing.load(Ordering::SeqCst) > 0 {
+            return None; // another piece came meanwhile: its release serves the waiters
+        }
+        self.waited.store(false, Ordering::SeqCst);
+        Some(std::mem::take(&mut d))
     }
 }
 
-/// What waits for a task's fence: its settling (a cancel or failure decided meanwhile) and
-/// its next attempt (a failover).
-#[derive(Default)]
-pub(crate) struct Deferred {
-    pub(crate) settle: bool,
-    pub(crate) then: Option<Box<dyn FnOnce() + Send>>,
+/// What a fence belongs to (a task): it runs what waited once the fence clears.
+pub trait Fenced {
+    /// Its fence.
+    fn fence(&self) -> &Fence;
+    /// The fence cleared with `deferred` waiting.
+    fn fence_cleared(&self, deferred: Deferred);
 }
 
-/// How long a free waits for its tasks' fences at most: the attempt deadline, by when a
-/// transport has given up on what it still held (a tcp connection with no answer is
-/// broken, an rdma endpoint reset), with a margin; 30 s where attempts have no deadline.
-pub(crate) fn settle_bound(failover: &crate::failover::FailoverPolicy) -> std::time::Duration {
-    let deadline = failover
-        .attempt_timeout
-        .unwrap_or(std::time::Duration::from_secs(15));
-    deadline.saturating_mul(2)
+/// How long a free waits for its tasks' fences at most: twice the attempt deadline, by
+/// when a transport has given up on what it still held (a tcp connection with no answer
+/// is broken, an rdma endpoint reset); 30 s where attempts have no deadline.
+pub(crate) fn settle_bound(attempt_timeout: Option<Duration>) -> Duration {
+    attempt_timeout
+        .unwrap_or(Duration::from_secs(15))
+        .saturating_mul(2)
 }
 
-/// One piece of a task's attempt that may still land: the task's fence holds until it is
-/// dropped.
-pub struct Landing {
-    task: Arc<Task>,
+/// One piece of an attempt that may still land: its task's fence holds until it drops.
+pub struct Landing<T: Fenced> {
+    owner: Arc<T>,
 }
 
-impl Landing {
-    /// Holds `task`'s fence.
-    pub fn new(task: &Arc<Task>) -> Self {
-        task.fence().hold();
-        Self { task: task.clone() }
-    }
-}
-
-impl Drop for Landing {
-    fn drop(&mut self) {
-        if self.task.fence().release() {
-            self.task.fence_released();
+impl<T: Fenced> Landing<T> {
+    /// Holds `owner`'s fence.
+    pub fn new(owner: &Arc<T>) -> Self {
+        owner.fence().hold();
+        Self {
+            owner: owner.clone(),
         }
     }
 }
 
-impl std::fmt::Debug for Landing {
+impl<T: Fenced> Drop for Landing<T> {
+    fn drop(&mut self) {
+        if let Some(deferred) = self.owner.fence().release() {
+            self.owner.fence_cleared(deferred);
+        }
+    }
+}
+
+impl<T: Fenced> std::fmt::Debug for Landing<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Landing")
     }
@@ -103,7 +136,7 @@ mod tests {
     use crate::error::Error;
     use crate::kind::{Kinds, TransportKind};
     use crate::status::TransferStatus;
-    use crate::task::{Counters, Group, Observer, Told};
+    use crate::task::{Counters, Group, Observer, Task, Told};
 
     /// A task that has begun its first attempt, and a flag its group raises when told.
     fn running() -> (Arc<Task>, Arc<AtomicBool>) {
@@ -131,8 +164,16 @@ mod tests {
         let (task, told) = running();
         let piece = Landing::new(&task);
         assert!(task.finish(TransferStatus::Canceled, Some(Error::Canceled)));
-        assert_eq!(task.status(), TransferStatus::Canceled, "transports see the end");
-        assert_eq!(task.shown_status(), TransferStatus::Pending, "waiters do not yet");
+        assert_eq!(
+            task.status(),
+            TransferStatus::Canceled,
+            "transports see the end"
+        );
+        assert_eq!(
+            task.shown_status(),
+            TransferStatus::Pending,
+            "waiters do not yet"
+        );
         assert_eq!(task.snapshot().status, TransferStatus::Pending);
         assert!(!told.load(Ordering::SeqCst));
         drop(piece);
@@ -162,12 +203,17 @@ mod tests {
     #[test]
     fn a_deferred_next_attempt_runs_only_when_the_last_piece_is_dropped() {
         let (task, _) = running();
-        let no_piece = task.defer_until_fenced(Box::new(|| {}));
-        assert!(no_piece.is_err(), "nothing in flight: handed back to run now");
+        let no_piece = task.fence().defer_then(Box::new(|| {}));
+        assert!(
+            no_piece.is_err(),
+            "nothing in flight: handed back to run now"
+        );
         let (a, b) = (Landing::new(&task), Landing::new(&task));
         let ran = Arc::new(AtomicBool::new(false));
         let flag = ran.clone();
-        let kept = task.defer_until_fenced(Box::new(move || flag.store(true, Ordering::SeqCst)));
+        let kept = task
+            .fence()
+            .defer_then(Box::new(move || flag.store(true, Ordering::SeqCst)));
         assert!(kept.is_ok());
         drop(a);
         assert!(!ran.load(Ordering::SeqCst), "one piece still in flight");

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 pub use crate::attempt::AttemptState;
 use crate::deadlines::{AttemptDeadline, DeadlineKey, Deadlines};
 use crate::error::Error;
-use crate::fence::{Deferred, Fence};
 pub use crate::failover::Observer;
+use crate::fence::{Deferred, Fence, Fenced};
 use crate::kind::{Kinds, TransportKind};
 use crate::lanes::Striped;
 use crate::request::ValidatedRequest;
@@ -272,8 +272,6 @@ pub trait Driver: Send + Sync {
 struct Locked {
     attempt: AttemptState,
     deadline: Option<AttemptDeadline<Task>>,
-    /// What waits for the fence to clear.
-    deferred: Deferred,
 }
 
 thread_local! {
@@ -312,6 +310,21 @@ pub struct Task {
     request: ValidatedRequest,
     /// When the call that submitted it began: its duration runs from there.
     submitted_at: Stamp,
+}
+
+impl Fenced for Task {
+    fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    fn fence_cleared(&self, deferred: Deferred) {
+        if deferred.settle {
+            self.settle(self.status());
+        }
+        if let Some(then) = deferred.then {
+            then();
+        }
+    }
 }
 
 impl std::fmt::Debug for Task {
@@ -353,7 +366,6 @@ impl Task {
                     ..AttemptState::default()
                 },
                 deadline: None,
-                deferred: Deferred::default(),
             }),
             fence: Fence::default(),
             settled: AtomicBool::new(false),
@@ -403,48 +415,9 @@ impl Task {
         }
     }
 
-    pub(crate) fn fence(&self) -> &Fence {
-        &self.fence
-    }
-
-    /// Keeps `then` to run when the last piece of an attempt that may still land is
-    /// dropped (a failover's next attempt); handed back when none is in flight.
-    #[allow(clippy::type_complexity)]
-    pub fn defer_until_fenced(
-        &self,
-        then: Box<dyn FnOnce() + Send>,
-    ) -> std::result::Result<(), Box<dyn FnOnce() + Send>> {
-        let mut st = self.lock();
-        if self.fence.wait() {
-            st.deferred.then = Some(then);
-            Ok(())
-        } else {
-            Err(then)
-        }
-    }
-
     /// What decides its failed attempts, while the engine lives.
     pub(crate) fn driver(&self) -> Option<Arc<dyn Driver>> {
         self.lane.driver.get().and_then(|l| l.driver.upgrade())
-    }
-
-    /// The last piece in flight was dropped while something waited: runs what waited.
-    pub(crate) fn fence_released(&self) {
-        let (settle, then) = {
-            let mut st = self.lock();
-            if !self.fence.is_clear() {
-                return;
-            }
-            self.fence.served();
-            let d = std::mem::take(&mut st.deferred);
-            (d.settle, d.then)
-        };
-        if settle {
-            self.settle(self.status());
-        }
-        if let Some(then) = then {
-            then();
-        }
     }
 
     /// The current attempt number (0 before the first).
@@ -645,9 +618,9 @@ impl Task {
         self.finish(error.status(), Some(error))
     }
 
-    /// Ends the task with an explicit status. A completion settles at once (every piece of
-    /// its attempt landed, and no earlier attempt's is left: a retry waits for that); any
-    /// other end settles once no piece of an attempt can land any more (`fence`).
+    /// Ends the task with an explicit status. A completion settles at once (all of it
+    /// landed; a retry waited for its predecessor's pieces), any other end once no piece
+    /// of an attempt can land any more (`fence`).
     pub fn finish(&self, status: TransferStatus, error: Option<Error>) -> bool {
         debug_assert!(status.is_terminal());
         let (deadline, now) = {
@@ -656,11 +629,8 @@ impl Task {
                 return false;
             }
             st.attempt.error = error;
-            // SeqCst: a transport that took a `Landing` before it checks the status sees
-            // this end, or this end sees its `Landing` (`fence`).
             self.status.store(status.raw(), Ordering::SeqCst);
-            let wait = status != TransferStatus::Completed && self.fence.wait();
-            st.deferred.settle = wait;
+            let wait = status != TransferStatus::Completed && self.fence.defer_settle();
             (st.deadline.take(), !wait)
         };
         if let Some(d) = deadline {

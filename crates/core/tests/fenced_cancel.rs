@@ -45,9 +45,12 @@ fn cancelled_write_lands_nothing_after_settling(kind: TransportKind) {
         .expect("open");
     let (tx, rx) = mpsc::channel();
     let op = initiator
-        .transfer(&[write_request(&local, seg.handle, &remote, kind)], move |s| {
-            let _ = tx.send(s);
-        })
+        .transfer(
+            &[write_request(&local, seg.handle, &remote, kind)],
+            move |s| {
+                let _ = tx.send(s);
+            },
+        )
         .expect("transfer");
     wait_first_bytes(&remote);
     let cancelled = initiator.cancel(op);
@@ -139,7 +142,10 @@ fn resume_later(proxy: &std::sync::Arc<Proxy>) -> std::thread::JoinHandle<()> {
 fn wait_held(proxy: &Proxy) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while proxy.held() < (1 << 20) {
-        assert!(Instant::now() < deadline, "nothing written towards the paused target");
+        assert!(
+            Instant::now() < deadline,
+            "nothing written towards the paused target"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -180,7 +186,10 @@ fn tcp_cancel_behind_a_slow_network_settles_after_the_written_frames_landed() {
         )
         .expect("transfer");
     wait_held(&proxy);
-    assert!(initiator.cancel(op), "a write held on its way is still pending");
+    assert!(
+        initiator.cancel(op),
+        "a write held on its way is still pending"
+    );
     let resumer = resume_later(&proxy);
     let snaps = rx
         .recv_timeout(Duration::from_secs(60))

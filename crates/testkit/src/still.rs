@@ -34,7 +34,10 @@ pub fn wait_first_bytes(region: &Region) {
         if landed {
             return;
         }
-        assert!(Instant::now() < deadline, "no byte of the transfer ever landed");
+        assert!(
+            Instant::now() < deadline,
+            "no byte of the transfer ever landed"
+        );
         std::thread::yield_now();
     }
 }

@@ -39,7 +39,7 @@ pub(crate) struct Slot {
     _local: Arc<LocalMr>,
     /// Holds the task's fence until the completion is taken or the QP was moved to ERR
     /// and the slot dropped (`break_all`): a cancel settles only after that.
-    _landing: Landing,
+    _landing: Landing<Task>,
 }
 
 #[derive(Default)]

@@ -134,7 +134,7 @@ pub(super) struct Shared {
     started: AtomicBool,
     /// Holds the task's fence until every job ended: let go by whoever ends last, not
     /// when the last reference goes (a helper's turn may wait in the queue behind others).
-    landing: Mutex<Option<Landing>>,
+    landing: Mutex<Option<Landing<Task>>>,
 }
 
 /// Which end of a [`Shared`] copy's jobs a thread takes from.
@@ -285,7 +285,12 @@ impl Shared {
                 .task
                 .slice_done(self.attempt, self.copied.load(Ordering::Relaxed)),
         }
-        drop(self.landing.lock().unwrap_or_else(|p| p.into_inner()).take());
+        drop(
+            self.landing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
     }
 
     /// Waits up to `bound` for the jobs others still run, then stops waiting (whoever ends

@@ -33,7 +33,7 @@ pub(super) struct Slice {
     pub(super) starts_share: bool,
     /// Holds its task's fence while its frame may still be written or answered.
     #[allow(dead_code)] // held for its drop
-    pub(super) landing: Landing,
+    pub(super) landing: Landing<Task>,
 }
 
 impl Slice {
