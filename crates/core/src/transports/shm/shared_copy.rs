@@ -278,6 +278,13 @@ impl Shared {
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
+        // Every job ended: the fence goes first, so that a failover starts at once.
+        drop(
+            self.landing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         let error = self.error.lock().unwrap_or_else(|p| p.into_inner()).take();
         match error {
             Some(e) => self.task.attempt_failed(self.attempt, e),
@@ -285,12 +292,6 @@ impl Shared {
                 .task
                 .slice_done(self.attempt, self.copied.load(Ordering::Relaxed)),
         }
-        drop(
-            self.landing
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take(),
-        );
     }
 
     /// Waits up to `bound` for the jobs others still run, then stops waiting (whoever ends
