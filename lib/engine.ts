@@ -239,7 +239,11 @@ export class Engine extends EventEmitter {
     return toBatchStatus(this.native((n) => n.getBatchStatus(batch)))
   }
 
-  /** Frees a batch; tasks still pending are canceled. */
+  /**
+   * Frees a batch; tasks still pending are canceled, and it returns once nothing of them
+   * can land any more (it blocks for that wait: over tcp about a round trip; bounded by
+   * the attempt deadline).
+   */
   freeBatch(batch: number): void {
     this.native((n) => n.freeBatch(batch))
   }

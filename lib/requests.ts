@@ -36,7 +36,10 @@ export interface TransferRequest {
 
 /** Options of the Promise calls. */
 export interface CallOptions {
-  /** Aborts the transfer; the Promise rejects with an `AbortError` (code `ABORT_ERR`). */
+  /**
+   * Aborts the transfer; the Promise rejects with an `AbortError` (code `ABORT_ERR`) once
+   * nothing of it can land any more (over tcp: once the target answered what was sent).
+   */
   signal?: AbortSignal
 }
 

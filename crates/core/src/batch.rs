@@ -32,7 +32,7 @@ impl Entry {
     /// Its status.
     pub fn status(&self) -> TransferStatus {
         match self {
-            Self::Task(t) => t.status(),
+            Self::Task(t) => t.shown_status(),
             Self::Done { .. } => TransferStatus::Completed,
         }
     }

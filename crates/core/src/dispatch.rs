@@ -11,6 +11,7 @@ use crate::attempt::{on_failure, Failure, Next};
 use crate::error::Error;
 use crate::events::EngineEvent;
 use crate::failover::Trampoline;
+use crate::fence::Fenced;
 use crate::inner::Inner;
 use crate::kind::TransportKind;
 use crate::lazy_now::LazyNow;
@@ -31,6 +32,10 @@ impl Driver for Inner {
                 self.attempt_failure(&task, error)
             })
         });
+    }
+
+    fn start_next(&self, task: &Arc<Task>, kind: TransportKind) {
+        self.start_attempt(task, kind);
     }
 
     fn attempt_succeeded(&self, task: &Task, _attempt: u32) {
@@ -158,7 +163,20 @@ impl Inner {
                     attempt: switches,
                     reason: error.to_string(),
                 });
-                self.start_attempt(task, to);
+                // The next attempt starts once nothing of this one can land any more: at
+                // once, or on the runtime when the last piece is dropped (wherever that
+                // is, it may hold a transport's lock).
+                let (next, handle) = (task.clone(), self.handle.clone());
+                let later = Box::new(move || {
+                    handle.spawn(async move {
+                        if let Some(driver) = next.driver() {
+                            driver.start_next(&next, to);
+                        }
+                    });
+                });
+                if task.fence().defer_then(later).is_err() {
+                    self.start_attempt(task, to);
+                }
             }
             Next::Fail(why) if may_mean_peer_died(&error) => {
                 tracing::debug!(?why, %error, "task failed; held until the peer's fate is known");

@@ -377,7 +377,8 @@ impl Engine {
         })
     }
 
-    /// Frees a batch. Tasks still pending are canceled (their bytes may still land).
+    /// Frees a batch. Tasks still pending are canceled, and it returns once nothing of
+    /// theirs can land any more (`fence`), or after the attempt deadline at most.
     pub fn free_batch(&self, batch: u64) -> Result<()> {
         let batches = self.shell.open_batches()?;
         let crate::batch::Freed::Taken(b) =
@@ -388,8 +389,19 @@ impl Engine {
         let entries = b.take_entries();
         // Most were polled to their end: no error is made (and dropped) for those.
         let live = entries.iter().filter_map(|e| e.task());
+        let mut canceled = false;
         for t in live.filter(|t| !t.status().is_terminal()) {
-            t.finish(TransferStatus::Canceled, Some(Error::Canceled));
+            canceled |= t.finish(TransferStatus::Canceled, Some(Error::Canceled));
+        }
+        if canceled {
+            let bound = crate::fence::settle_bound(self.config().failover.attempt_timeout);
+            b.wake().wait_until(
+                || {
+                    let mut live = entries.iter().filter_map(|e| e.task());
+                    live.all(|t| t.shown_status().is_terminal())
+                },
+                Instant::now() + bound,
+            );
         }
         batches.recycle(b, entries);
         Ok(())

@@ -45,6 +45,7 @@ pub mod event_loop;
 mod events;
 pub mod failover;
 mod farewell;
+pub mod fence;
 pub mod handle;
 mod handshakes;
 pub mod health;

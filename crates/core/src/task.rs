@@ -8,6 +8,7 @@ pub use crate::attempt::AttemptState;
 use crate::deadlines::{AttemptDeadline, DeadlineKey, Deadlines};
 use crate::error::Error;
 pub use crate::failover::Observer;
+use crate::fence::{Deferred, Fence, Fenced};
 use crate::kind::{Kinds, TransportKind};
 use crate::lanes::Striped;
 use crate::request::ValidatedRequest;
@@ -259,6 +260,9 @@ pub trait Driver: Send + Sync {
     /// Attempt `attempt` of `task` failed with `error`; retry elsewhere or end the task.
     fn attempt_failed(&self, task: &Arc<Task>, attempt: u32, error: Error);
 
+    /// Starts `task`'s next attempt on `kind` (a failover whose start waited for the fence).
+    fn start_next(&self, _task: &Arc<Task>, _kind: TransportKind) {}
+
     /// Attempt `attempt` of `task` completed (health bookkeeping).
     fn attempt_succeeded(&self, _task: &Task, _attempt: u32) {}
 }
@@ -293,6 +297,10 @@ pub struct Task {
     /// transport's start report (`started`) checks before it takes the lock.
     timed_from_start: AtomicU32,
     state: Mutex<Locked>,
+    /// Pieces of its attempts that may still land (`fence`).
+    fence: Fence,
+    /// Told: its end was counted and its waiters rung (after its fence cleared).
+    settled: AtomicBool,
     observer: Observer,
     group: Option<Arc<Group>>,
     /// Rung as the task ends: its batch's waiters (`Engine::wait_batch`).
@@ -302,6 +310,21 @@ pub struct Task {
     request: ValidatedRequest,
     /// When the call that submitted it began: its duration runs from there.
     submitted_at: Stamp,
+}
+
+impl Fenced for Task {
+    fn fence(&self) -> &Fence {
+        &self.fence
+    }
+
+    fn fence_cleared(&self, deferred: Deferred) {
+        if deferred.settle {
+            self.settle(self.status());
+        }
+        if let Some(then) = deferred.then {
+            then();
+        }
+    }
 }
 
 impl std::fmt::Debug for Task {
@@ -344,6 +367,8 @@ impl Task {
                 },
                 deadline: None,
             }),
+            fence: Fence::default(),
+            settled: AtomicBool::new(false),
             observer,
             group,
             wake,
@@ -377,6 +402,22 @@ impl Task {
     /// Current status.
     pub fn status(&self) -> TransferStatus {
         TransferStatus::from_raw(i64::from(self.status.load(Ordering::Acquire)))
+    }
+
+    /// Its status as those who wait on it see it: a cancel or failure decided while
+    /// pieces of an attempt may still land shows as pending until they cannot (`fence`).
+    pub fn shown_status(&self) -> TransferStatus {
+        let s = self.status();
+        if s.is_terminal() && !self.settled.load(Ordering::Acquire) {
+            TransferStatus::Pending
+        } else {
+            s
+        }
+    }
+
+    /// What decides its failed attempts, while the engine lives.
+    pub(crate) fn driver(&self) -> Option<Arc<dyn Driver>> {
+        self.lane.driver.get().and_then(|l| l.driver.upgrade())
     }
 
     /// The current attempt number (0 before the first).
@@ -577,21 +618,33 @@ impl Task {
         self.finish(error.status(), Some(error))
     }
 
-    /// Ends the task with an explicit status.
+    /// Ends the task with an explicit status. A completion settles at once (all of it
+    /// landed; a retry waited for its predecessor's pieces), any other end once no piece
+    /// of an attempt can land any more (`fence`).
     pub fn finish(&self, status: TransferStatus, error: Option<Error>) -> bool {
         debug_assert!(status.is_terminal());
-        let deadline = {
+        let (deadline, now) = {
             let mut st = self.lock();
             if self.status().is_terminal() {
                 return false;
             }
             st.attempt.error = error;
-            self.status.store(status.raw(), Ordering::Release);
-            st.deadline.take()
+            self.status.store(status.raw(), Ordering::SeqCst);
+            let wait = status != TransferStatus::Completed && self.fence.defer_settle();
+            (st.deadline.take(), !wait)
         };
         if let Some(d) = deadline {
             d.remove();
         }
+        if now {
+            self.settle(status);
+        }
+        true
+    }
+
+    /// Counts the task's end and tells who waits on it.
+    fn settle(&self, status: TransferStatus) {
+        self.settled.store(true, Ordering::Release);
         // Counted in the lane of the thread that submitted the task: the one that ends it
         // is most often that thread too (a copy done inline).
         let transport = self.transport();
@@ -611,7 +664,6 @@ impl Task {
         if let Some(wake) = &self.wake {
             wake.ring();
         }
-        true
     }
 
     /// Bytes known to have moved (a lower bound while pending), as [`TaskSnapshot::transferred`].
@@ -623,7 +675,7 @@ impl Task {
 
     /// A consistent-enough view for status reads.
     pub fn snapshot(&self) -> TaskSnapshot {
-        let status = self.status();
+        let status = self.shown_status();
         let error = if status.is_terminal() && status != TransferStatus::Completed {
             self.lock().attempt.error.clone()
         } else {

@@ -29,6 +29,7 @@ mod ports;
 mod proxy;
 pub mod raw;
 mod region;
+mod still;
 mod wait;
 
 pub use etcd::{etcd_healthy, etcd_missing, spawn_etcd, EtcdServer};
@@ -36,4 +37,5 @@ pub use pair::{request, Pair};
 pub use ports::unused_port;
 pub use proxy::Proxy;
 pub use region::{bytes_at, bytes_of, fill, user_region};
+pub use still::{assert_still, hash_region, wait_first_bytes};
 pub use wait::{one, wait_batch, within};

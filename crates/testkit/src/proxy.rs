@@ -25,6 +25,10 @@ struct State {
     stop: AtomicBool,
     /// Connections numbered below this are frozen.
     frozen_below: AtomicU64,
+    /// Every connection holds what it reads, forwarding nothing, until resumed.
+    paused: AtomicBool,
+    /// Bytes read and held while paused, in every connection together.
+    held: AtomicU64,
     next: AtomicU64,
     /// Both sockets of each connection, by number, to cut them.
     open: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
@@ -40,6 +44,8 @@ impl Proxy {
             backend: Mutex::new(None),
             stop: AtomicBool::new(false),
             frozen_below: AtomicU64::new(0),
+            paused: AtomicBool::new(false),
+            held: AtomicU64::new(0),
             next: AtomicU64::new(0),
             open: Mutex::default(),
         });
@@ -68,6 +74,22 @@ impl Proxy {
     pub fn freeze(&self) {
         let next = self.state.next.load(Ordering::SeqCst);
         self.state.frozen_below.store(next, Ordering::SeqCst);
+    }
+
+    /// Every connection stops forwarding, losing nothing: what is sent meanwhile is held
+    /// (a slow or congested network) until [`Proxy::resume`].
+    pub fn pause(&self) {
+        self.state.paused.store(true, Ordering::SeqCst);
+    }
+
+    /// Bytes held since the pause, every connection and direction together.
+    pub fn held(&self) -> u64 {
+        self.state.held.load(Ordering::SeqCst)
+    }
+
+    /// Paused connections forward again, what they held first.
+    pub fn resume(&self) {
+        self.state.paused.store(false, Ordering::SeqCst);
     }
 
     /// The connections open now are closed on both sides (no goodbye reaches either
@@ -135,11 +157,19 @@ fn accept_loop(listener: TcpListener, state: Arc<State>) {
 /// Copies `from` → `to` until either closes, the proxy stops, or (frozen) for ever silent.
 fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>) {
     let mut buf = vec![0u8; 64 << 10];
+    let mut held = Vec::new();
     let frozen = |s: &State| number < s.frozen_below.load(Ordering::SeqCst);
     while !state.stop.load(Ordering::SeqCst) {
         if frozen(&state) {
             std::thread::sleep(TICK);
             continue;
+        }
+        let paused = state.paused.load(Ordering::SeqCst);
+        if !paused && !held.is_empty() {
+            if to.write_all(&held).is_err() {
+                break;
+            }
+            held.clear();
         }
         let n = match from.read(&mut buf) {
             Ok(0) => break,
@@ -150,6 +180,11 @@ fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>) 
         // Read before the freeze and checked after it: what a frozen connection carries
         // is dropped.
         if frozen(&state) {
+            continue;
+        }
+        if paused {
+            held.extend_from_slice(&buf[..n]);
+            state.held.fetch_add(n as u64, Ordering::SeqCst);
             continue;
         }
         if to.write_all(&buf[..n]).is_err() {

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use ferry_core::fence::Landing;
 use ferry_core::task::Task;
 
 use super::LocalMr;
@@ -36,6 +37,9 @@ pub(crate) struct Slot {
     pub bytes: u32,
     pub posted: Instant,
     _local: Arc<LocalMr>,
+    /// Holds the task's fence until the completion is taken or the QP was moved to ERR
+    /// and the slot dropped (`break_all`): a cancel settles only after that.
+    _landing: Landing<Task>,
 }
 
 #[derive(Default)]
@@ -134,6 +138,11 @@ impl Endpoint {
     }
 
     fn post(&self, st: &mut State, w: Work) -> Result<(), VerbsError> {
+        // Held before the status is read, so that a cancel either sees it or is seen here.
+        let landing = Landing::new(&w.task);
+        if w.task.status().is_terminal() || w.task.attempt() != w.attempt {
+            return Ok(()); // canceled, failed or failed over: never posted
+        }
         let index = match st.free.pop() {
             Some(i) => i,
             None => {
@@ -181,6 +190,7 @@ impl Endpoint {
             bytes: w.len,
             posted,
             _local: w.local,
+            _landing: landing,
         });
         self.outstanding.fetch_add(1, Ordering::AcqRel);
         Ok(())

@@ -28,13 +28,18 @@ pub(super) struct Copy<'a> {
 impl Copy<'_> {
     /// Copies every span, then reports the outcome to the task.
     pub(super) fn run(&self) {
-        match copy_spans(
+        // A cancel from another thread meanwhile settles after this copy; the outcome is
+        // told with the copy over, so a failover starts on this thread at once.
+        let landing = crate::fence::Landing::new(self.task);
+        let outcome = copy_spans(
             self.peer,
             self.mapping,
             self.region,
             self.opcode,
             self.spans,
-        ) {
+        );
+        drop(landing);
+        match outcome {
             Ok(bytes) => self.task.slice_done(self.attempt, bytes),
             Err(e) => self.task.attempt_failed(self.attempt, e),
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::copy::copy_spans;
 use super::peer::ShmPeer;
 use crate::error::{Error, Result};
+use crate::fence::Landing;
 use crate::kind::Opcode;
 use crate::lanes::Lent;
 use crate::linux::RemoteMapping;
@@ -131,6 +132,9 @@ pub(super) struct Shared {
     error: Mutex<Option<Error>>,
     /// A copy thread came to it: the attempt's start was reported.
     started: AtomicBool,
+    /// Holds the task's fence until every job ended: let go by whoever ends last, not
+    /// when the last reference goes (a helper's turn may wait in the queue behind others).
+    landing: Mutex<Option<Landing<Task>>>,
 }
 
 /// Which end of a [`Shared`] copy's jobs a thread takes from.
@@ -162,6 +166,7 @@ impl Shared {
         }
         let (opcode, region) = (req.opcode, req.local.clone());
         Ok(Self {
+            landing: Mutex::new(Some(Landing::new(&task))),
             task,
             attempt,
             peer,
@@ -233,6 +238,12 @@ impl Shared {
             let Some(work) = self.take(end).and_then(|i| self.works.get(i)) else {
                 return;
             };
+            if self.abandoned() {
+                // Canceled, failed or failed over: the rest is taken and ended uncopied,
+                // so the fence clears after the jobs already copying.
+                self.one_done();
+                continue;
+            }
             let outcome = copy_spans(
                 &self.peer,
                 &self.mapping,
@@ -256,12 +267,24 @@ impl Shared {
         }
     }
 
+    /// Whether the task ended or moved to another attempt: checked between jobs.
+    fn abandoned(&self) -> bool {
+        self.task.status().is_terminal() || self.task.attempt() != self.attempt
+    }
+
     /// Counts one job (or the submitting thread's wait) as ended; the last tells the task.
     fn one_done(&self) {
         // AcqRel: the last one sees every other job's `copied` and `error`.
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
+        // Every job ended: the fence goes first, so that a failover starts at once.
+        drop(
+            self.landing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         let error = self.error.lock().unwrap_or_else(|p| p.into_inner()).take();
         match error {
             Some(e) => self.task.attempt_failed(self.attempt, e),

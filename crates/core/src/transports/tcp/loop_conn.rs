@@ -485,6 +485,7 @@ mod tests {
         fn in_flight(&self, id: u64, opcode: Opcode) {
             let (task, _) = waiting_task();
             let slice = Slice {
+                landing: crate::fence::Landing::new(&task),
                 task,
                 attempt: 0,
                 opcode,

@@ -192,6 +192,7 @@ impl TcpTransport {
         })?;
         task.expect_slices(a.attempt, count);
         let slice_of = |piece: crate::request::Span, starts_share: bool| Slice {
+            landing: crate::fence::Landing::new(task),
             task: task.clone(),
             attempt: a.attempt,
             opcode: req.opcode,

@@ -226,8 +226,10 @@ mod tests {
             let table = RegionTable::default();
             let region = table.allocate(16 * 4096).expect("region");
             let fresh = || {
+                let task = crate::task::tests::waiting_task().0;
                 Queued::Fresh(Slice {
-                    task: crate::task::tests::waiting_task().0,
+                    landing: crate::fence::Landing::new(&task),
+                    task,
                     attempt: 1,
                     opcode: Opcode::Write,
                     region: Lent::new(region.clone()),

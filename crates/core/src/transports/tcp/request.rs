@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::reply::Asked;
 use crate::error::Result;
+use crate::fence::Landing;
 use crate::kind::Opcode;
 use crate::lanes::Lent;
 use crate::lazy_now::LazyNow;
@@ -30,6 +31,9 @@ pub(super) struct Slice {
     /// The first slice of its attempt's share for one connection: when its frame goes
     /// out, the attempt's deadline starts running there (`Task::started`).
     pub(super) starts_share: bool,
+    /// Holds its task's fence while its frame may still be written or answered.
+    #[allow(dead_code)] // held for its drop
+    pub(super) landing: Landing<Task>,
 }
 
 impl Slice {
@@ -126,8 +130,10 @@ mod tests {
 
     fn slice(opcode: Opcode, local_offset: u64, len: u64) -> Slice {
         let region = RegionTable::default().allocate(8192).expect("region");
+        let task = waiting_task().0;
         Slice {
-            task: waiting_task().0,
+            landing: Landing::new(&task),
+            task,
             attempt: 1,
             opcode,
             region: Lent::new(region),
