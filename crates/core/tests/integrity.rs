@@ -111,11 +111,22 @@ fn a_corrupted_verified_write_fails_and_lands_nothing() {
         fill(&r.remote, 1);
         fill(&r.local, 2);
         let before = bytes_at(&r.remote, 0, LEN);
-        assert_integrity_failure(&r.run(Opcode::Write, true));
+        let snap = r.run(Opcode::Write, true);
+        assert_integrity_failure(&snap);
+        assert_eq!(snap.attempts, 1, "an integrity failure is never retried");
         assert!(
             bytes_at(&r.remote, 0, LEN) == before,
             "no byte of the corrupted write landed in the target"
         );
+        let m = r.initiator.metrics();
+        assert!(
+            m.integrity_failures.contains(&(TransportKind::Tcp, 1)),
+            "{:?}",
+            m.integrity_failures
+        );
+        assert!(m
+            .to_prometheus()
+            .contains("ferry_integrity_failures_total{transport=\"tcp\"} 1\n"));
     });
 }
 
