@@ -34,7 +34,7 @@ export interface TransferRequest {
   requireTransport?: TransportName
   /**
    * Check the bytes end to end: a CRC32C taken at the source and checked at the destination
-   * (tcp); a mismatch fails the request with ERR_FERRY_INTEGRITY, never retried. Default: the
+   * (tcp, shm; not rdma yet); a mismatch fails the request with ERR_FERRY_INTEGRITY, never retried. Default: the
    * engine's `verify` (false).
    */
   verify?: boolean

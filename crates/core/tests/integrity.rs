@@ -198,3 +198,41 @@ fn a_clean_verified_transfer_completes() {
         assert!(bytes_at(&r.remote, 0, LEN) == bytes_at(&r.local, 0, LEN));
     });
 }
+
+#[test]
+fn a_verified_shm_transfer_is_checked_and_completes() {
+    within(BOUND, "shm", || {
+        let shm = vec![TransportKind::Shm];
+        let config = || EngineConfig {
+            transports: shm.clone(),
+            ..EngineConfig::default()
+        };
+        let target = Engine::new(config()).expect("target");
+        let initiator = Engine::new(config()).expect("initiator");
+        let remote = target.allocate(LEN).expect("remote");
+        let local = initiator.allocate(LEN).expect("local");
+        let seg = initiator
+            .open_segment_blocking(target.segment_name())
+            .expect("open")
+            .handle;
+        fill(&local, 7);
+        for opcode in [Opcode::Write, Opcode::Read] {
+            let req = Request {
+                opcode,
+                local: local.id(),
+                local_offset: 0,
+                segment: seg,
+                remote_buffer: remote.id(),
+                remote_offset: 0,
+                length: LEN,
+                hint: TransportHint::Require(TransportKind::Shm),
+                verify: true,
+            };
+            let snap = one(initiator.transfer_blocking(&[req]).expect("transfer"));
+            assert_eq!(snap.status, TransferStatus::Completed, "{snap:?}");
+            assert!(bytes_at(&remote, 0, LEN) == bytes_at(&local, 0, LEN));
+        }
+        initiator.close();
+        target.close();
+    });
+}
