@@ -1,6 +1,8 @@
 // `verify`: the request option and the engine default, as the API takes them. The
 // corruption cases (a relay that flips a byte) are the core's: crates/core/tests/integrity.rs.
 import test from 'ava'
+import { parseConfig } from '../bench/tebench/config'
+import { tuningOptions } from '../bench/tebench/engine-setup'
 import { Engine, FerryError, TransferStatus } from '../index'
 import { killAll, startTarget } from './helpers'
 
@@ -51,4 +53,13 @@ test('verify must be a boolean, on a request, a block list and the engine', asyn
     await engine.close()
   }
   await t.throwsAsync(Engine.create({ verify: 'on' as unknown as boolean }))
+})
+
+test("tebench --verify turns on the engine's verify (and the run header's flags line shows it)", (t) => {
+  const on = parseConfig(['--local', '--verify'])
+  t.true(on.verify)
+  t.is(tuningOptions(on).verify, true)
+  const off = parseConfig(['--local'])
+  t.false(off.verify)
+  t.is(tuningOptions(off).verify, undefined)
 })
