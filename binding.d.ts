@@ -387,6 +387,8 @@ export interface EngineMetrics {
   peersRecovered: number
   /** Attempts that failed over. */
   failovers: number
+  /** Verified transfers whose bytes failed their end-to-end check, by transport name. */
+  integrityFailures: Record<string, number>
   /** Attempts that passed their deadline. */
   attemptTimeouts: number
   /** Times the rail monitor took a (peer, transport) path out of use. */
@@ -515,6 +517,11 @@ export interface EngineOptions {
   /** Serve the shm socket to processes of any uid [false: this process's uid only]. */
   shmAnyUid?: boolean
   /**
+   * Check every request's bytes end to end with a CRC32C, as a request's `verify` does
+   * [false]; a mismatch fails the request with ERR_FERRY_INTEGRITY.
+   */
+  verify?: boolean
+  /**
    * Authenticated connections open at once, all peers [4096; 1..=1000000]; excess
    * refused at once.
    */
@@ -607,6 +614,8 @@ export interface NativeBlockList {
   transport?: number
   /** Transport number of the only transport that may serve the blocks [0: none]. */
   requireTransport?: number
+  /** Check every block's bytes end to end with a CRC32C [the engine's `verify`]. */
+  verify?: boolean
 }
 
 /** A notification that arrived. */
@@ -759,4 +768,6 @@ export interface TransferRequest {
   transport?: number
   /** Transport number of the only transport that may serve the request [0: none]. */
   requireTransport?: number
+  /** Check the bytes end to end with a CRC32C [the engine's `verify`]. */
+  verify?: boolean
 }

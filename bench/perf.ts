@@ -37,6 +37,7 @@ import { emit, log } from './lib/log'
 import { authSuite } from './suites/auth'
 import { BLOCKS_CASES, blocksSuite } from './suites/blocks'
 import { failoverSuite } from './suites/failover'
+import { integritySuite } from './suites/integrity'
 import { livenessSuite } from './suites/liveness'
 import { notifySuite } from './suites/notify'
 import { SCALE_SIZES, SCALE_TRANSPORTS, scaleSuite } from './suites/scale'
@@ -54,6 +55,7 @@ const suites: Record<string, Suite> = {
   liveness: livenessSuite,
   soak: soakSuite,
   auth: authSuite,
+  integrity: integritySuite,
   blocks: blocksSuite,
   notify: notifySuite,
   scale: scaleSuite,
@@ -158,6 +160,9 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
     auth      what the cluster secret costs: 1 MiB WRITEs over tcp and shm
               with and without it (ratio = with / without; target >= 0.97)
               and openSegment's median time with and without
+    integrity what verify costs: 1 MiB WRITEs (tcp-1MiB-verify) and READs
+              over tcp with and without it (ratio = with / without; target
+              >= 0.85)
     blocks    many small blocks: writeBlocks/readBlocks over shm (4 KiB,
               64 KiB) vs memcpy of those blocks and over tcp (4 KiB) vs pure
               Node; then the native tebench loop, 1 thread, fixed addressing:

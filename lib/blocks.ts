@@ -4,7 +4,7 @@
  * the binding, and their outcomes block by block.
  */
 import type * as Native from './native'
-import { checkOpcode, describe, invalid, transportNumber } from './checks'
+import { checkOpcode, checkVerify, describe, invalid, transportNumber } from './checks'
 import { abortError, codeName, failureError, FerryError, type FerryErrorCode } from './errors'
 import type { NotifyData } from './notifications'
 import { Region, type Owner } from './region'
@@ -43,6 +43,8 @@ export interface BlockList {
   transport?: TransportName
   /** Only this transport may serve the blocks. */
   requireTransport?: TransportName
+  /** Check every block's bytes end to end (CRC32C; see TransferRequest.verify). Default: the engine's `verify`. */
+  verify?: boolean
   /**
    * Notify the blocks' segment (they must share one) once every block completed: one
    * notification for the whole list, `bytes` the list's total (see `notify` on `write`).
@@ -93,7 +95,7 @@ export interface BlockSubmission {
   starts: Uint32Array
 }
 
-const BLOCK_KEYS = new Set(['local', 'remote', 'remoteBuffer', 'localOffsets', 'remoteOffsets', 'lengths', 'transport', 'requireTransport', 'notify'])
+const BLOCK_KEYS = new Set(['local', 'remote', 'remoteBuffer', 'localOffsets', 'remoteOffsets', 'lengths', 'transport', 'requireTransport', 'verify', 'notify'])
 
 /** One handle, or a Float64Array of one per block, of `engine`'s regions or segments. */
 function blockHandles(engine: Owner, what: string, v: unknown, kind: typeof Region | typeof Segment): number | Float64Array {
@@ -131,6 +133,7 @@ export function toNativeBlocks(engine: Owner, b: unknown, form: 'promise' | 'bat
     lengths: q.lengths as number,
     transport,
     requireTransport,
+    verify: checkVerify('verify', q.verify),
   }
   return list
 }

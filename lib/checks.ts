@@ -36,6 +36,12 @@ export function checkNumber(what: string, v: unknown, optional: boolean): void {
 }
 
 /** An opcode by name: `read` or `write` (the core's table). */
+/** An optional `verify` flag: a boolean or absent. */
+export function checkVerify(what: string, v: unknown): boolean | undefined {
+  if (v !== undefined && typeof v !== 'boolean') throw invalid(`${what} must be a boolean, got ${describe(v)}`)
+  return v as boolean | undefined
+}
+
 export function checkOpcode(what: string, v: unknown): OpcodeName {
   if (typeof v === 'string' && Object.hasOwn(OPCODE_NUMBERS, v)) return v as OpcodeName
   throw invalid(`${what} must be ${oneOf(OPCODE_NUMBERS)}, got ${got(v)}`)

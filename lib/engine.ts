@@ -335,7 +335,8 @@ export class Engine extends EventEmitter {
 
   private async io(opcode: OpcodeName, request: IoRequest): Promise<TransferResult> {
     const native = call(() => toNativeRequest(this, request, 0, opcode))
-    if (request.signal === undefined && request.notify === undefined) return this.one(native)
+    // The all-numbers call carries no verify flag: a verified request takes the general one.
+    if (request.signal === undefined && request.notify === undefined && native.verify === undefined) return this.one(native)
     return this.run([native], request.signal, request.notify === undefined ? undefined : notifyBytes('notify', request.notify))
   }
 

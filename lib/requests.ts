@@ -4,7 +4,7 @@
  * result from its tasks' statuses.
  */
 import type * as Native from './native'
-import { checkNumber, checkOpcode, describe, invalid, transportNumber } from './checks'
+import { checkNumber, checkOpcode, checkVerify, describe, invalid, transportNumber } from './checks'
 import { abortError, failureError, FerryError, type FerryErrorCode } from './errors'
 import type { NotifyOptions } from './notifications'
 import { Region, type Owner } from './region'
@@ -32,6 +32,12 @@ export interface TransferRequest {
   transport?: TransportName
   /** Only this transport may serve the request; fails with ERR_FERRY_TRANSPORT_UNAVAILABLE otherwise. */
   requireTransport?: TransportName
+  /**
+   * Check the bytes end to end: a CRC32C taken at the source and checked at the destination
+   * (tcp, shm; not rdma yet); a mismatch fails the request with ERR_FERRY_INTEGRITY, never retried. Default: the
+   * engine's `verify` (false).
+   */
+  verify?: boolean
 }
 
 /** Options of the Promise calls. */
@@ -64,6 +70,7 @@ const REQUEST_KEYS = new Set([
   'length',
   'transport',
   'requireTransport',
+  'verify',
   'signal',
   'notify',
 ])
@@ -92,6 +99,7 @@ export function toNativeRequest(engine: Owner, r: unknown, i: number, opcode?: O
   checkNumber(`${at}: length`, q.length, false)
   const transport = transportNumber(`${at}: transport`, q.transport)
   const requireTransport = transportNumber(`${at}: requireTransport`, q.requireTransport)
+  const verify = checkVerify(`${at}: verify`, q.verify)
   return {
     opcode: OPCODE_NUMBERS[op],
     local: q.local.handle,
@@ -103,6 +111,7 @@ export function toNativeRequest(engine: Owner, r: unknown, i: number, opcode?: O
     // What the two mean together is decided once, in the core (`TransportHint`).
     transport,
     requireTransport,
+    verify,
   }
 }
 

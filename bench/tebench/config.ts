@@ -35,6 +35,8 @@ export interface Config {
   authSecretFile: string
   /** --notifi: every submission carries a notification. */
   notifi: boolean
+  /** --verify: every transfer's bytes checked end to end (the engine's `verify`). */
+  verify: boolean
   /** Target: the address peers are told; undefined = the bound address. */
   advertise?: string
   rpcServerPort: number
@@ -131,6 +133,7 @@ export function parseConfig(argv: string[]): Config {
     listen: listenAddress(v.listen, v.rpc_server_port),
     authSecretFile: v.auth_secret_file,
     notifi: v.notifi,
+    verify: v.verify,
     advertise: v.seg_name.trim() || undefined,
     rpcServerPort: v.rpc_server_port,
     xportType: v.xport_type === '' ? undefined : (v.xport_type as TransportName),

@@ -32,9 +32,9 @@ export function authOptions(cfg: Config): { authSecret?: Buffer } {
   return { authSecret: secret }
 }
 
-/** Engine options of the Ferry tuning flags (`--tcp_lanes`). */
+/** Engine options of the Ferry tuning flags (`--tcp_lanes`, `--verify`). */
 export function tuningOptions(cfg: Config): EngineOptions {
-  return { connectionsPerPeer: cfg.tcpLanes }
+  return { connectionsPerPeer: cfg.tcpLanes, verify: cfg.verify || undefined }
 }
 
 /**

@@ -125,6 +125,11 @@ export const OPTIONS = {
     metavar: 'PATH',
     help: 'both roles: a file holding the cluster secret (at least 32 bytes; one trailing newline is not part of it); needed to listen beyond loopback',
   },
+  verify: {
+    type: 'boolean',
+    default: false,
+    help: "Ferry: check every transfer's bytes end to end (the engine's verify: a CRC32C at each end; a mismatch fails with ERR_FERRY_INTEGRITY)",
+  },
   notifi: {
     type: 'boolean',
     default: false,

@@ -357,6 +357,8 @@ impl<'a> Operation<'a> {
                 ferry_core::TransportHint::Auto,
                 ferry_core::TransportHint::Require,
             ),
+            // tebench's --verify sets the engine's default (`EngineConfig::verify`).
+            verify: false,
         };
         Self {
             engine,

@@ -104,12 +104,17 @@ pub(crate) fn on_failure(
     ) {
         return end(FailReason::PeerLost);
     }
-    let retryable = matches!(
-        failure.error.status(),
-        TransferStatus::Failed | TransferStatus::Timeout
-    );
+    // Bytes corrupted on the way (`verify`) count against the rail that carried them, but
+    // are never retried: a retry that succeeds would hide the corruption from the caller.
+    let corrupted = matches!(failure.error, Error::Integrity(_));
+    let retryable = !corrupted
+        && matches!(
+            failure.error.status(),
+            TransferStatus::Failed | TransferStatus::Timeout
+        );
+    let counts_against_rail = retryable || corrupted;
     let rail = (failure.peer, failure.transport);
-    let rail_paused_until = if retryable && health.record_error(&rail, now) {
+    let rail_paused_until = if counts_against_rail && health.record_error(&rail, now) {
         health.paused_until(&rail)
     } else {
         None
@@ -134,7 +139,7 @@ pub(crate) fn on_failure(
         Decision::Fail(reason) => Next::Fail(reason),
     };
     Actions {
-        recorded: retryable,
+        recorded: counts_against_rail,
         rail_paused_until,
         next,
     }
@@ -222,6 +227,24 @@ mod tests {
         let a = on_failure(&policy, &health, &mut st, failure(&e, Tcp), now);
         assert_eq!(a.next, Next::Fail(FailReason::BudgetExhausted));
         assert_eq!(st.switches, 2);
+    }
+
+    #[test]
+    fn an_integrity_failure_is_never_retried_into_success() {
+        let (policy, health, now) = (
+            FailoverPolicy::default(),
+            HealthTable::default(),
+            Instant::now(),
+        );
+        let mut st = state(&[Shm, Tcp], false);
+        let e = Error::Integrity("CRC32C mismatch".into());
+        let a = on_failure(&policy, &health, &mut st, failure(&e, Tcp), now);
+        assert_eq!(a.next, Next::Fail(FailReason::NotRetryable));
+        assert!(
+            a.recorded,
+            "corruption counts against the rail that carried it"
+        );
+        assert_eq!(st.switches, 0);
     }
 
     #[test]

@@ -65,6 +65,8 @@ pub struct Blocks {
     pub lengths: PerBlock<u64>,
     /// Transport choice, for every block.
     pub hint: TransportHint,
+    /// Check every block's bytes end to end (CRC32C; `verify`).
+    pub verify: bool,
 }
 
 /// One block, resolved from the lists.
@@ -197,6 +199,7 @@ impl Blocks {
                 remote_offset: b.remote_offset,
                 length: b.length,
                 hint: self.hint,
+                verify: self.verify,
             };
             i += 1;
             while i < self.len() {
@@ -239,6 +242,7 @@ impl Blocks {
                     remote_buffer: h.remote_buffer,
                     spans: spans.as_slice().into(),
                     hint: h.hint,
+                    verify: h.verify,
                 })
             };
             spans.clear();
@@ -490,6 +494,7 @@ mod tests {
             remote_offsets: remote.to_vec(),
             lengths: PerBlock::Each(lengths.to_vec()),
             hint: TransportHint::Auto,
+            verify: false,
         }
     }
 

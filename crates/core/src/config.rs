@@ -76,6 +76,9 @@ pub struct EngineConfig {
     pub frame_timeout: Duration,
     /// Notifications: the receive queue's size and the payload cap.
     pub notify: NotifyConfig,
+    /// Check every request's bytes end to end, as its `verify` option does (`verify`).
+    /// Default off: a CRC32C pass over the bytes at each end.
+    pub verify: bool,
 }
 
 impl Default for EngineConfig {
@@ -99,6 +102,7 @@ impl Default for EngineConfig {
             connections: ConnLimits::default(),
             frame_timeout: Duration::from_secs(30),
             notify: NotifyConfig::default(),
+            verify: false,
         }
     }
 }

@@ -128,6 +128,9 @@ impl Inner {
         };
         let actions =
             task.with_state(|st| on_failure(&self.config.failover, &self.health, st, failure, now));
+        if matches!(error, Error::Integrity(_)) {
+            self.stats.integrity_failures.add(current);
+        }
         if actions.recorded {
             self.health_dirty.store(true, Ordering::Relaxed);
         }

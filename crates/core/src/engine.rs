@@ -527,6 +527,7 @@ impl Engine {
             peers_lost: s.peers_lost.load(Ordering::Relaxed),
             peers_recovered: s.peers_recovered.load(Ordering::Relaxed),
             failovers: s.failovers.load(Ordering::Relaxed),
+            integrity_failures: s.integrity_failures.read(),
             attempt_timeouts: s.attempt_timeouts.load(Ordering::Relaxed),
             transports_disabled: s.transports_disabled.load(Ordering::Relaxed),
             segments_open: segments,

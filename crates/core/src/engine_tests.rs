@@ -21,6 +21,7 @@ fn write(local: &Region, seg: u64, remote: &Region, len: u64) -> Request {
         remote_offset: 0,
         length: len,
         hint: TransportHint::Auto,
+        verify: false,
     }
 }
 

@@ -81,6 +81,8 @@ pub enum ErrorCode {
     NotifyRefused = 26,
     /// `Error::ResourceLimit`.
     ResourceLimit = 27,
+    /// `Error::Integrity`.
+    Integrity = 28,
 }
 
 impl ErrorCode {
@@ -114,6 +116,7 @@ impl ErrorCode {
             Self::SegmentClosed => "ERR_FERRY_SEGMENT_CLOSED",
             Self::NotifyRefused => "ERR_FERRY_NOTIFY_REFUSED",
             Self::ResourceLimit => "ERR_FERRY_RESOURCE_LIMIT",
+            Self::Integrity => "ERR_FERRY_INTEGRITY",
         }
     }
 }
@@ -148,6 +151,7 @@ impl Numbered for ErrorCode {
         Self::SegmentClosed,
         Self::NotifyRefused,
         Self::ResourceLimit,
+        Self::Integrity,
     ];
 
     fn number(self) -> u32 {
@@ -274,6 +278,10 @@ pub enum Error {
     /// file table), memory, or a connection cap. The message names which, and its value.
     #[error("{0}")]
     ResourceLimit(String),
+    /// A verified request's bytes arrived with another CRC32C than their source's: they
+    /// were corrupted on the way (`verify`). Never retried: a failover would hide it.
+    #[error("integrity check failed: {0}")]
+    Integrity(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -319,6 +327,7 @@ impl Error {
             Self::SegmentClosed(_) => ErrorCode::SegmentClosed,
             Self::NotifyRefused(_) => ErrorCode::NotifyRefused,
             Self::ResourceLimit(_) => ErrorCode::ResourceLimit,
+            Self::Integrity(_) => ErrorCode::Integrity,
         }
     }
 
@@ -348,6 +357,7 @@ impl Error {
             | Self::NotifyFailed(_)
             | Self::NotifyRefused(_)
             | Self::ResourceLimit(_)
+            | Self::Integrity(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }

@@ -85,6 +85,8 @@ pub(crate) struct Stats {
     pub(crate) peers_lost: AtomicU64,
     pub(crate) peers_recovered: AtomicU64,
     pub(crate) failovers: AtomicU64,
+    /// Verified transfers that failed their end-to-end check (`verify`), by transport.
+    pub(crate) integrity_failures: crate::metrics::PerTransport,
     pub(crate) attempt_timeouts: AtomicU64,
     pub(crate) transports_disabled: AtomicU64,
     pub(crate) notify: Arc<crate::metrics::NotifyCounters>,

@@ -51,6 +51,7 @@ mod handshakes;
 pub mod health;
 mod incarnations;
 mod inner;
+pub mod integrity;
 mod kind;
 mod lanes;
 pub mod latency;

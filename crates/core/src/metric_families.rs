@@ -134,6 +134,14 @@ pub const FAILOVERS: Family = family(
     &[],
     "Attempts that failed and moved to another transport or attempt.",
 );
+/// `ferry_integrity_failures_total`.
+pub const INTEGRITY_FAILURES: Family = family(
+    "ferry_integrity_failures_total",
+    Counter,
+    &["transport"],
+    "Verified transfers whose bytes failed their end-to-end check (verify), by transport: \
+     corruption on the way, never retried.",
+);
 /// `ferry_attempt_timeouts_total`.
 pub const ATTEMPT_TIMEOUTS: Family = family(
     "ferry_attempt_timeouts_total",
@@ -250,6 +258,7 @@ pub const FAMILIES: &[Family] = &[
     PEER_FAILURES,
     PEER_BYTES,
     FAILOVERS,
+    INTEGRITY_FAILURES,
     ATTEMPT_TIMEOUTS,
     PEER_LOSSES,
     PEER_RECOVERIES,

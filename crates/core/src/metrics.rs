@@ -124,6 +124,33 @@ impl TaskCounters {
     }
 }
 
+/// Counts per transport, one lane each (`TransportKind`'s numbers are 1..=3).
+#[derive(Debug, Default)]
+pub(crate) struct PerTransport([AtomicU64; 3]);
+
+impl PerTransport {
+    /// Counts one for `kind`.
+    pub(crate) fn add(&self, kind: TransportKind) {
+        if let Some(c) = self.0.get(kind as usize - 1) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every transport's count, zeros too.
+    pub(crate) fn read(&self) -> Vec<(TransportKind, u64)> {
+        <TransportKind as crate::numbered::Numbered>::ALL
+            .iter()
+            .map(|k| {
+                let n = self
+                    .0
+                    .get(*k as usize - 1)
+                    .map_or(0, |c| c.load(Ordering::Relaxed));
+                (*k, n)
+            })
+            .collect()
+    }
+}
+
 /// Bytes one transport moved for one operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BytesBy {
@@ -158,6 +185,9 @@ pub struct Metrics {
     pub peers_recovered: u64,
     /// Attempts that failed over to another attempt.
     pub failovers: u64,
+    /// Verified transfers whose bytes failed their end-to-end check, by transport (every
+    /// transport, zeros too).
+    pub integrity_failures: Vec<(TransportKind, u64)>,
     /// Attempts that ran past their deadline.
     pub attempt_timeouts: u64,
     /// Times the rail monitor paused a (peer, transport) path.
@@ -315,6 +345,12 @@ impl Metrics {
         out.family(&f::PEER_FAILURES, &per_peer(|p| p.failed));
         out.family(&f::PEER_BYTES, &per_peer(|p| p.bytes));
         out.plain(&f::FAILOVERS, self.failovers);
+        let integrity: Vec<([&str; 1], u64)> = self
+            .integrity_failures
+            .iter()
+            .map(|(k, n)| ([k.name()], *n))
+            .collect();
+        out.family(&f::INTEGRITY_FAILURES, &integrity);
         out.plain(&f::ATTEMPT_TIMEOUTS, self.attempt_timeouts);
         out.plain(&f::PEER_LOSSES, self.peers_lost);
         out.plain(&f::PEER_RECOVERIES, self.peers_recovered);

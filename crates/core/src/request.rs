@@ -38,6 +38,9 @@ pub struct Request {
     pub length: u64,
     /// What the request asks of the transport choice.
     pub hint: TransportHint,
+    /// Check the bytes end to end: a CRC32C of the source, checked at the destination
+    /// (`verify`; `EngineConfig::verify` turns it on for every request).
+    pub verify: bool,
 }
 
 /// One contiguous range a request moves: `length` bytes between `local_offset` of its
@@ -69,6 +72,9 @@ pub struct Gather {
     pub spans: Arc<[Span]>,
     /// What the request asks of the transport choice.
     pub hint: TransportHint,
+    /// Check the bytes end to end: a CRC32C of the source, checked at the destination
+    /// (`verify`; `EngineConfig::verify` turns it on for every request).
+    pub verify: bool,
 }
 
 /// What a submission is made of: plain requests, or a block list's requests and gathers.
@@ -174,6 +180,9 @@ pub struct ValidatedRequest {
     pub length: u64,
     /// What the request asks of the transport choice (decided on in `plan.rs`).
     pub hint: TransportHint,
+    /// Check the bytes end to end: a CRC32C of the source, checked at the destination
+    /// (`verify`; `EngineConfig::verify` turns it on for every request).
+    pub verify: bool,
     spans: Spans,
 }
 
@@ -197,6 +206,9 @@ pub struct RequestView<'a> {
     pub length: u64,
     /// What the request asks of the transport choice.
     pub hint: TransportHint,
+    /// Check the bytes end to end: a CRC32C of the source, checked at the destination
+    /// (`verify`; `EngineConfig::verify` turns it on for every request).
+    pub verify: bool,
     /// The ranges to move, each checked against the region and the buffer.
     pub spans: &'a [Span],
     /// Whether it is a gather (several spans moved as one request).
@@ -214,6 +226,7 @@ impl ValidatedRequest {
             remote_buffer: self.remote_buffer,
             length: self.length,
             hint: self.hint,
+            verify: self.verify,
             spans: self.spans(),
             gathered: self.gathered().is_some(),
         }
@@ -262,6 +275,7 @@ struct Head {
     segment: u64,
     remote_buffer: u64,
     hint: TransportHint,
+    verify: bool,
 }
 
 /// The checks a request and a gather share: the references, then every span's two
@@ -278,6 +292,7 @@ fn resolve(
         segment: segment_handle,
         remote_buffer,
         hint,
+        verify,
     } = head;
     let local = region(local_id)?;
     let length = check_local(local_id, &local, spans.as_slice())?;
@@ -298,6 +313,7 @@ fn resolve(
         remote_buffer,
         length,
         hint,
+        verify,
         spans,
     })
 }
@@ -390,6 +406,7 @@ pub(crate) fn check_lone<'a>(
         remote_buffer: req.remote_buffer,
         length,
         hint: req.hint,
+        verify: req.verify,
         spans,
         gathered: false,
     })
@@ -418,6 +435,7 @@ pub(crate) fn validate(
         segment: req.segment,
         remote_buffer: req.remote_buffer,
         hint: req.hint,
+        verify: req.verify,
     };
     let span = Span {
         local_offset: req.local_offset,
@@ -442,6 +460,7 @@ pub(crate) fn validate_gather(
         segment: g.segment,
         remote_buffer: g.remote_buffer,
         hint: g.hint,
+        verify: g.verify,
     };
     resolve(head, Spans::Many(g.spans.clone()), region, segment)
 }
@@ -529,6 +548,7 @@ pub(crate) mod tests {
             remote_offset: 4096,
             length: 4096,
             hint: TransportHint::Auto,
+            verify: false,
         }
     }
 
@@ -648,6 +668,7 @@ pub(crate) mod tests {
                 })
                 .collect(),
             hint: TransportHint::Auto,
+            verify: false,
         }
     }
 

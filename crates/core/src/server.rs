@@ -27,7 +27,9 @@ use crate::notify::serve::{serve_notify, OnLink, Receiving};
 use crate::resource::Overflow;
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
-use crate::wire::{token_eq, ConnKind, Header, Op, RejectCode, Token, HEADER_LEN};
+use crate::wire::{
+    token_eq, ConnKind, Header, Op, RejectCode, Token, CHECKSUM_LEN, FLAG_CHECKSUM, HEADER_LEN,
+};
 
 /// Read/write buffer of a served data connection.
 const IO_BUFFER: usize = 64 << 10;
@@ -372,6 +374,9 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
     let within = |what: &'static str| {
         move |_| Error::Protocol(format!("{what} not complete within frameTimeoutMs"))
     };
+    // Where a verified WRITE's payload waits for its check (`read_verified`), grown to the
+    // largest such payload the connection got.
+    let mut staging = Vec::new();
     loop {
         let Some(h) = read_header_within(&mut r, local.frame_timeout).await? else {
             return Ok(());
@@ -383,18 +388,38 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                 Ok(region) => {
                     let mut dst = Window::new(&region, h.offset, h.length)
                         .map_err(|e| Error::Protocol(e.to_string()))?;
-                    tokio::time::timeout(local.frame_timeout, r.read_exact(dst.as_mut_slice()))
-                        .await
-                        .map_err(within("WRITE payload"))?
-                        .map_err(|e| Error::Protocol(format!("truncated WRITE payload: {e}")))?;
-                    reply.op = Op::WriteAck;
-                    reply.length = 0;
-                    w.write_all(&reply.encode())
-                        .await
-                        .map_err(io("write ack"))?;
+                    let landed = if h.checksummed() {
+                        let read = read_verified(&mut r, &mut staging, dst.as_mut_slice());
+                        tokio::time::timeout(local.frame_timeout, read)
+                            .await
+                            .map_err(within("WRITE payload"))??
+                    } else {
+                        tokio::time::timeout(local.frame_timeout, r.read_exact(dst.as_mut_slice()))
+                            .await
+                            .map_err(within("WRITE payload"))?
+                            .map_err(|e| {
+                                Error::Protocol(format!("truncated WRITE payload: {e}"))
+                            })?;
+                        Ok(())
+                    };
+                    match landed {
+                        Ok(()) => {
+                            reply.op = Op::WriteAck;
+                            reply.length = 0;
+                            if h.checksummed() {
+                                reply.flags = FLAG_CHECKSUM;
+                            }
+                            w.write_all(&reply.encode())
+                                .await
+                                .map_err(io("write ack"))?;
+                        }
+                        Err(e) => {
+                            reject(&mut w, reply, RejectCode::Integrity, &e.to_string()).await?
+                        }
+                    }
                 }
                 Err((code, reason)) => {
-                    tokio::time::timeout(local.frame_timeout, drain(&mut r, h.length))
+                    tokio::time::timeout(local.frame_timeout, drain(&mut r, h.payload_len()))
                         .await
                         .map_err(within("refused WRITE payload"))??;
                     reject(&mut w, reply, code, &reason).await?;
@@ -406,6 +431,11 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                         .map_err(|e| Error::Protocol(e.to_string()))?;
                     reply.op = Op::ReadResp;
                     reply.length = h.length;
+                    if h.checksummed() {
+                        // A slice's CRC32C is tens of microseconds: no need to leave the
+                        // runtime's thread for it.
+                        reply.set_token_checksum(crate::integrity::checksum(src.as_slice()));
+                    }
                     write_all_pair(&mut w, &reply.encode(), src.as_slice())
                         .await
                         .map_err(io("write READ reply"))?;
@@ -430,6 +460,39 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
             w.flush().await.map_err(io("flush"))?;
         }
     }
+}
+
+/// Reads a verified WRITE's checksum word and payload, and copies the payload into `dst`
+/// only if it matches: into `staging` first, so that nothing of a corrupted payload lands
+/// in registered memory. `Err` (outer): the connection failed; `Ok(Err)`: the payload did
+/// not match its checksum (the frame was read whole, the stream is still in step).
+async fn read_verified<R: AsyncReadExt + Unpin>(
+    r: &mut R,
+    staging: &mut Vec<u8>,
+    dst: &mut [u8],
+) -> Result<Result<()>> {
+    let mut word = [0u8; CHECKSUM_LEN];
+    let truncated = |e: std::io::Error| Error::Protocol(format!("truncated WRITE payload: {e}"));
+    r.read_exact(&mut word).await.map_err(truncated)?;
+    if staging.len() < dst.len() {
+        // Bounded by the op's cap (`MAX_DATA_PAYLOAD`), which the header's decoding checked.
+        staging
+            .try_reserve_exact(dst.len() - staging.len())
+            .map_err(|_| {
+                Error::ResourceLimit(crate::resource::describe_allocation(
+                    dst.len(),
+                    "a verified WRITE's staging buffer",
+                ))
+            })?;
+        staging.resize(dst.len(), 0);
+    }
+    let staged = &mut staging[..dst.len()];
+    r.read_exact(staged).await.map_err(truncated)?;
+    // The staged payload is still in cache: its check and its copy are each a fraction of
+    // what reading it from the socket cost.
+    let checked = crate::integrity::check("WRITE payload", u32::from_le_bytes(word), staged)
+        .map(|()| dst.copy_from_slice(staged));
+    Ok(checked)
 }
 
 async fn drain<R: AsyncReadExt + Unpin>(r: &mut R, mut len: u64) -> Result<()> {

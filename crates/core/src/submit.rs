@@ -110,9 +110,10 @@ impl Inner {
         segment: impl Fn(u64) -> Result<(Lent<Peer>, Arc<SegmentDescriptor>)>,
         now: &LazyNow,
     ) -> Result<(ValidatedRequest, Plan)> {
-        let v = request
+        let mut v = request
             .validate(region, segment)
             .map_err(|e| annotate(e, index))?;
+        v.verify |= self.config.verify;
         let p = self.plan(&v.view(), now).map_err(|e| annotate(e, index))?;
         Ok((v, p))
     }
@@ -246,7 +247,8 @@ impl Inner {
         let done = self.regions.with_region(request.local, |local| {
             self.segments.with_peer(request.segment, |peer| {
                 let descriptor = peer.descriptor_now();
-                let view = check_lone(request, &span, local, peer, &descriptor).ok()?;
+                let mut view = check_lone(request, &span, local, peer, &descriptor).ok()?;
+                view.verify |= self.config.verify;
                 let plan = self.plan(&view, now).ok()?;
                 // Copied while the batch is held, after its room was checked, as in
                 // `submit_polled`: a submission it refuses moves no byte. Its waiters are
@@ -499,6 +501,7 @@ mod tests {
                 remote_offset: offset,
                 length,
                 hint,
+                verify: false,
             }
         }
 

@@ -28,6 +28,15 @@ pub const MAX_NOTIFY_NAME: u64 = 1024;
 /// HMAC-SHA256 tag (`auth` makes and checks it).
 pub const MAC_LEN: usize = 32;
 
+/// `flags` bit of the data ops (`verify`): on a `WriteReq`, a [`CHECKSUM_LEN`]-byte
+/// CRC32C of the payload follows the header, before the payload (counted by
+/// `payload_len`, not by `length`); on a `ReadReq`, the initiator asks for the CRC32C of
+/// the range; on a `ReadResp`, the token field's first four bytes carry it; on a
+/// `WriteAck`, the target checked the payload against its checksum before it landed.
+pub const FLAG_CHECKSUM: u16 = 1;
+/// Bytes of a checksum word (a CRC32C, little-endian).
+pub const CHECKSUM_LEN: usize = 4;
+
 /// Access token: 128 random bits per segment.
 pub type Token = [u8; 16];
 
@@ -181,6 +190,8 @@ pub enum RejectCode {
     /// The connection was refused because a limit was reached: open files, memory, or a
     /// connection cap (the text names which).
     ResourceLimit = 7,
+    /// A verified WRITE's payload did not match its checksum: nothing of it landed.
+    Integrity = 8,
 }
 
 impl RejectCode {
@@ -193,6 +204,7 @@ impl RejectCode {
             4 => Self::Permission,
             6 => Self::Auth,
             7 => Self::ResourceLimit,
+            8 => Self::Integrity,
             _ => Self::BadRequest,
         }
     }
@@ -258,13 +270,41 @@ impl Header {
         }
     }
 
-    /// Number of payload bytes following this header.
+    /// Number of payload bytes following this header (a WRITE's checksum word included).
     pub fn payload_len(&self) -> u64 {
         if self.op.has_payload() {
-            self.length
+            self.length + self.checksum_word_len() as u64
         } else {
             0
         }
+    }
+
+    /// Bytes of the checksum word between this header and its payload: a verified WRITE
+    /// has one ([`FLAG_CHECKSUM`]).
+    pub fn checksum_word_len(&self) -> usize {
+        if self.op == Op::WriteReq && self.flags & FLAG_CHECKSUM != 0 {
+            CHECKSUM_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Whether `flags` has [`FLAG_CHECKSUM`].
+    pub fn checksummed(&self) -> bool {
+        self.flags & FLAG_CHECKSUM != 0
+    }
+
+    /// A `ReadResp`'s checksum, carried in its token field (which a reply does not use),
+    /// when it has [`FLAG_CHECKSUM`].
+    pub fn token_checksum(&self) -> Option<u32> {
+        let word = [self.token[0], self.token[1], self.token[2], self.token[3]];
+        self.checksummed().then(|| u32::from_le_bytes(word))
+    }
+
+    /// Sets [`FLAG_CHECKSUM`] and puts `checksum` in the token field (a `ReadResp`).
+    pub fn set_token_checksum(&mut self, checksum: u32) {
+        self.flags |= FLAG_CHECKSUM;
+        self.token[..CHECKSUM_LEN].copy_from_slice(&checksum.to_le_bytes());
     }
 
     /// Encodes into a fixed buffer.
@@ -321,6 +361,44 @@ impl Header {
             });
         }
         Ok(header)
+    }
+}
+
+/// A header as written, and the checksum word that follows a verified WRITE's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHead {
+    bytes: [u8; HEADER_LEN + CHECKSUM_LEN],
+    len: usize,
+}
+
+impl FrameHead {
+    /// A header, and the checksum word after it when `checksum` is given (its header must
+    /// say so: [`FLAG_CHECKSUM`]).
+    pub fn new(header: [u8; HEADER_LEN], checksum: Option<u32>) -> Self {
+        let mut bytes = [0u8; HEADER_LEN + CHECKSUM_LEN];
+        bytes[..HEADER_LEN].copy_from_slice(&header);
+        let len = match checksum {
+            Some(c) => {
+                bytes[HEADER_LEN..].copy_from_slice(&c.to_le_bytes());
+                HEADER_LEN + CHECKSUM_LEN
+            }
+            None => HEADER_LEN,
+        };
+        Self { bytes, len }
+    }
+}
+
+impl From<[u8; HEADER_LEN]> for FrameHead {
+    fn from(header: [u8; HEADER_LEN]) -> Self {
+        Self::new(header, None)
+    }
+}
+
+impl std::ops::Deref for FrameHead {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len]
     }
 }
 
@@ -388,8 +466,30 @@ mod tests {
     }
 
     #[test]
+    fn a_verified_write_carries_its_checksum_word_before_the_payload() {
+        let mut h = sample(Op::WriteReq, 5);
+        h.flags = FLAG_CHECKSUM;
+        assert_eq!((h.length, h.payload_len()), (5, 5 + CHECKSUM_LEN as u64));
+        let head = FrameHead::new(h.encode(), Some(0xDEAD_BEEF));
+        assert_eq!(head.len(), HEADER_LEN + CHECKSUM_LEN);
+        assert_eq!(&head[HEADER_LEN..], &0xDEAD_BEEFu32.to_le_bytes());
+        let mut bytes = head.to_vec();
+        bytes.extend_from_slice(b"hello");
+        let (got, payload) = split_frame(&bytes).expect("ok").expect("complete");
+        assert_eq!(got, h);
+        assert_eq!(payload, b"\xEF\xBE\xAD\xDEhello");
+        // The flag means nothing else on other ops' lengths.
+        let mut ack = sample(Op::ReadResp, 5);
+        ack.flags = 0;
+        assert_eq!(ack.token_checksum(), None);
+        ack.set_token_checksum(7);
+        assert_eq!((ack.payload_len(), ack.token_checksum()), (5, Some(7)));
+    }
+
+    #[test]
     fn frame_split_with_payload() {
-        let h = sample(Op::WriteReq, 5);
+        let mut h = sample(Op::WriteReq, 5);
+        h.flags = 2; // no FLAG_CHECKSUM: the payload follows the header at once
         let mut bytes = h.encode().to_vec();
         bytes.extend_from_slice(b"hello");
         bytes.extend_from_slice(b"next");

@@ -49,6 +49,7 @@ fn scattered(p: &Pair, opcode: Opcode, n: u64) -> Blocks {
         remote_offsets: (0..n).map(|i| (i * 7 % n) * PAGE).collect(),
         lengths: PerBlock::One(PAGE),
         hint: TransportHint::Auto,
+        verify: false,
     }
 }
 
@@ -84,6 +85,7 @@ fn list(p: &Pair, opcode: Opcode) -> Blocks {
         remote_offsets: remote.iter().map(|r| r * PAGE).collect(),
         lengths: PerBlock::One(PAGE),
         hint: TransportHint::Auto,
+        verify: false,
     }
 }
 

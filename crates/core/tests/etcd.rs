@@ -346,6 +346,7 @@ impl Writer {
                         remote_offset: index * SLOT,
                         length: SLOT,
                         hint: ferry_core::TransportHint::Auto,
+                        verify: false,
                     };
                     let (tx, rx) = std::sync::mpsc::channel();
                     let outcome = engine

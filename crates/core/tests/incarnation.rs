@@ -87,6 +87,7 @@ fn request_to(local: &Region, segment: u64, buffer: u64, hint: TransportHint) ->
         remote_offset: 0,
         length: LEN,
         hint,
+        verify: false,
     }
 }
 
@@ -212,6 +213,7 @@ fn close_segment_during_shm_copies_ends_them_as_a_closed_segment_not_a_loss() {
                     remote_offset: (i % 8) << 23,
                     length: 8 << 20,
                     hint: TransportHint::Require(TransportKind::Shm),
+                    verify: false,
                 })
                 .collect();
             // An awaited call: the copies beyond what the submitting thread takes go to the

@@ -70,6 +70,7 @@ fn a_peer_whose_data_replies_flow_is_not_lost_while_its_link_is_silent() {
             remote_offset: 0,
             length: LEN,
             hint: TransportHint::Require(TransportKind::Tcp),
+            verify: false,
         };
         // Writes, each answered, for many times the peer timeout: the peer is heard.
         let busy_until = Instant::now() + PEER_TIMEOUT * 6;

@@ -686,6 +686,7 @@ fn polled_and_awaited_writes_from_several_threads_land_whole_and_in_place() {
                                 remote_offset: to,
                                 length: len,
                                 hint: ferry_core::TransportHint::Auto,
+                                verify: false,
                             };
                             let status = if t == 0 && round % 2 == 1 {
                                 let snaps = initiator.transfer_blocking(&[req]).expect("write");

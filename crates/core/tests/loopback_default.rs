@@ -130,6 +130,7 @@ fn probe_child() {
                 remote_offset: 0,
                 length: 4096,
                 hint: ferry_core::TransportHint::Auto,
+                verify: false,
             };
             match e.transfer_blocking(&[req]) {
                 Ok(done) if done[0].status == TransferStatus::Completed => "wrote".to_string(),

@@ -61,6 +61,7 @@ fn run_once(transports: Vec<TransportKind>) {
             remote_offset: (i % 16) << 20,
             length: len,
             hint: TransportHint::Auto,
+            verify: false,
         };
         let (log, tx) = (seen.clone(), done_tx.clone());
         initiator
@@ -159,6 +160,7 @@ fn a_submission_held_by_an_injected_delay_fails_when_its_peer_is_lost() {
         remote_offset: 0,
         length: 1 << 20,
         hint: TransportHint::Require(TransportKind::Shm),
+        verify: false,
     };
     initiator
         .transfer(&[req], move |snaps| {
@@ -324,6 +326,7 @@ fn a_read_whose_payload_is_coming_in_when_the_peer_is_lost_ends_with_the_loss() 
         remote_offset: 0,
         length: 256 << 10,
         hint: TransportHint::Require(TransportKind::Tcp),
+        verify: false,
     };
     initiator
         .transfer(&[req], move |snaps| {

@@ -122,6 +122,7 @@ fn address_space_child() {
         remote_offset: offset,
         length: 64 << 10,
         hint,
+        verify: false,
     };
     let require_shm = TransportHint::Require(TransportKind::Shm);
     let before = e

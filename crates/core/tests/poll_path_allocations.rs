@@ -118,6 +118,7 @@ fn a_polled_same_host_op_allocates_nothing_once_warm() {
             remote_offset: 8 * BLOCK,
             length: BLOCK,
             hint: TransportHint::Require(TransportKind::Shm),
+            verify: false,
         };
         // Warm: the shm mapping of the peer, this thread's lane loans, a spare batch, a
         // spare task slot.
@@ -146,6 +147,7 @@ fn scattered_blocks(p: &Pair, n: u64) -> Blocks {
         remote_offsets: (0..n).map(|i| 2 * i * BLOCK).collect(),
         lengths: PerBlock::One(BLOCK),
         hint: TransportHint::Require(TransportKind::Shm),
+        verify: false,
     }
 }
 

@@ -40,6 +40,7 @@ fn create_use_close_cycles_leave_no_descriptor_behind() {
                     remote_offset: 0,
                     length: 4096,
                     hint: ferry_core::TransportHint::Require(transport),
+                    verify: false,
                 }])
                 .expect("transfer");
             assert_eq!(snaps[0].status, TransferStatus::Completed, "{transport:?}");

@@ -96,6 +96,8 @@ pub struct NativeBlockList {
     pub transport: Option<f64>,
     /// Transport number of the only transport that may serve the blocks [0: none].
     pub require_transport: Option<f64>,
+    /// Check every block's bytes end to end with a CRC32C [the engine's `verify`].
+    pub verify: Option<bool>,
 }
 
 /// A block list submitted to a batch.
@@ -215,6 +217,11 @@ fn blocks(handles: &Handles, opcode: f64, list: &Object) -> Result<Blocks, Error
         remote_offsets: u64s(required(list, "remoteOffsets")?, "remoteOffsets")?,
         lengths: per_block(required(list, "lengths")?, "lengths")?,
         hint,
+        verify: match field(list, "verify")? {
+            Some(v) => bool::from_unknown(v)
+                .map_err(|_| Error::InvalidArgument("verify must be a boolean".into()))?,
+            None => false,
+        },
     })
 }
 

@@ -32,6 +32,9 @@ pub(crate) fn request(
         length,
         transport: Some(transport),
         require_transport: Some(require_transport),
+        // A verified request takes the general call (lib/engine.ts); the engine's
+        // default still applies here.
+        verify: None,
     }
 }
 

@@ -35,7 +35,7 @@ mod wait;
 pub use etcd::{etcd_healthy, etcd_missing, spawn_etcd, EtcdServer};
 pub use pair::{request, Pair};
 pub use ports::unused_port;
-pub use proxy::Proxy;
+pub use proxy::{Flip, Proxy};
 pub use region::{bytes_at, bytes_of, fill, user_region};
 pub use still::{assert_still, hash_region, wait_first_bytes};
 pub use wait::{one, wait_batch, within};

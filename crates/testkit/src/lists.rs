@@ -27,6 +27,7 @@ pub fn scattered(p: &Pair, n: u64, len: u64, hint: TransportHint) -> Blocks {
         remote_offsets: (0..n).map(|i| (i * 7 % n) * len).collect(),
         lengths: PerBlock::One(len),
         hint,
+        verify: false,
     }
 }
 

@@ -90,5 +90,6 @@ pub fn request(
         remote_offset: offset,
         length,
         hint: ferry_core::TransportHint::Auto,
+        verify: false,
     }
 }

@@ -1,6 +1,7 @@
 //! A TCP forwarder between an initiator and a target whose connections a test can freeze
 //! (held open, nothing forwarded: a peer that went silent, or a restart the initiator did
-//! not see) or cut (closed without a goodbye: a crash as the initiator sees it).
+//! not see), cut (closed without a goodbye: a crash as the initiator sees it), or corrupt
+//! (one byte flipped at a chosen place of a stream: a wire that damages data).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -32,6 +33,19 @@ struct State {
     next: AtomicU64,
     /// Both sockets of each connection, by number, to cut them.
     open: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
+    /// Where a byte is flipped in streams of connections accepted from now on.
+    flip: Mutex<Option<Flip>>,
+}
+
+/// One byte flipped in each stream of one direction that gets that far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flip {
+    /// Initiator to target (a WRITE's payload) when true, else target to initiator (a
+    /// READ's).
+    pub to_target: bool,
+    /// The byte's position in its stream, counted from the connection's first byte (past
+    /// the handshake's few hundred bytes, so that the data is hit, not the handshake).
+    pub at: u64,
 }
 
 impl Proxy {
@@ -48,6 +62,7 @@ impl Proxy {
             held: AtomicU64::new(0),
             next: AtomicU64::new(0),
             open: Mutex::default(),
+            flip: Mutex::default(),
         });
         let proxy = Self {
             addr,
@@ -90,6 +105,12 @@ impl Proxy {
     /// Paused connections forward again, what they held first.
     pub fn resume(&self) {
         self.state.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Connections accepted from now on have one byte flipped where `flip` says (none:
+    /// forwarded intact again).
+    pub fn corrupt(&self, flip: Option<Flip>) {
+        *self.state.flip.lock().expect("flip") = flip;
     }
 
     /// The connections open now are closed on both sides (no goodbye reaches either
@@ -144,20 +165,25 @@ fn accept_loop(listener: TcpListener, state: Arc<State>) {
         };
         state.open.lock().expect("open").push((number, c3, s3));
         let (st1, st2) = (state.clone(), state.clone());
+        let flip = *state.flip.lock().expect("flip");
+        let up = flip.filter(|f| f.to_target).map(|f| f.at);
+        let down = flip.filter(|f| !f.to_target).map(|f| f.at);
         pumps.push(std::thread::spawn(move || {
-            pump(client, server, number, st1)
+            pump(client, server, number, st1, up)
         }));
-        pumps.push(std::thread::spawn(move || pump(s2, c2, number, st2)));
+        pumps.push(std::thread::spawn(move || pump(s2, c2, number, st2, down)));
     }
     for p in pumps {
         let _ = p.join();
     }
 }
 
-/// Copies `from` → `to` until either closes, the proxy stops, or (frozen) for ever silent.
-fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>) {
+/// Copies `from` → `to` until either closes, the proxy stops, or (frozen) for ever silent;
+/// flips the bits of the byte at stream position `flip` on its way.
+fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>, flip: Option<u64>) {
     let mut buf = vec![0u8; 64 << 10];
     let mut held = Vec::new();
+    let mut passed = 0u64;
     let frozen = |s: &State| number < s.frozen_below.load(Ordering::SeqCst);
     while !state.stop.load(Ordering::SeqCst) {
         if frozen(&state) {
@@ -182,6 +208,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>) 
         if frozen(&state) {
             continue;
         }
+        if let Some(at) = flip.filter(|at| (passed..passed + n as u64).contains(at)) {
+            buf[(at - passed) as usize] ^= 0xFF;
+        }
+        passed += n as u64;
         if paused {
             held.extend_from_slice(&buf[..n]);
             state.held.fetch_add(n as u64, Ordering::SeqCst);

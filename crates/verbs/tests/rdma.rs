@@ -136,6 +136,7 @@ fn a_gather_of_scattered_blocks_moves_every_span_over_rdma() {
             remote_offsets: (0..N).map(|i| (i * 7 % N) * SLOT).collect(),
             lengths: PerBlock::Each(lengths.clone()),
             hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
+            verify: false,
         };
         let (tx, rx) = mpsc::channel();
         let (_, tasks) = r
@@ -436,6 +437,7 @@ fn registered_user_memory_is_served_over_rdma_on_both_ends() {
             remote_offset: 0,
             length: LEN as u64,
             hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
+            verify: false,
         };
         let s = one(initiator.transfer_blocking(&[req]).expect("write"));
         assert_eq!(s.status, TransferStatus::Completed, "{s:?}");
@@ -575,6 +577,7 @@ fn with_a_cluster_secret_the_rdma_handshake_runs_and_read_only_memory_stays_unwr
             remote_offset: 0,
             length: 4096,
             hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
+            verify: false,
         };
         let err = r.initiator.transfer_blocking(&[req]).expect_err("refused");
         assert_eq!(err.code(), "ERR_FERRY_PERMISSION_DENIED", "{err}");
@@ -640,6 +643,7 @@ fn an_endpoint_reconnect_that_reaches_a_new_incarnation_moves_the_segment_to_it(
                 remote_offset: 0,
                 length: LEN,
                 hint: ferry_core::TransportHint::Require(TransportKind::Rdma),
+                verify: false,
             };
             // Refused at once while no endpoint is up.
             initiator.transfer_blocking(&[req]).map(one)

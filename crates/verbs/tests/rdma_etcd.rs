@@ -42,6 +42,7 @@ fn engine(etcd: &EtcdServer, name: Option<&str>) -> Engine {
 fn rdma_write(local: &Region, seg: u64, remote: &Region) -> Request {
     Request {
         hint: TransportHint::Require(TransportKind::Rdma),
+        verify: false,
         ..request(Opcode::Write, local, seg, remote, 0, LEN)
     }
 }

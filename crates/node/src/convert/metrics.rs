@@ -40,6 +40,8 @@ pub struct EngineMetrics {
     pub peers_recovered: f64,
     /// Attempts that failed over.
     pub failovers: f64,
+    /// Verified transfers whose bytes failed their end-to-end check, by transport name.
+    pub integrity_failures: std::collections::HashMap<String, f64>,
     /// Attempts that passed their deadline.
     pub attempt_timeouts: f64,
     /// Times the rail monitor took a (peer, transport) path out of use.
@@ -106,6 +108,11 @@ impl From<Metrics> for EngineMetrics {
             peers_lost: m.peers_lost as f64,
             peers_recovered: m.peers_recovered as f64,
             failovers: m.failovers as f64,
+            integrity_failures: m
+                .integrity_failures
+                .iter()
+                .map(|(k, n)| (k.name().to_string(), *n as f64))
+                .collect(),
             attempt_timeouts: m.attempt_timeouts as f64,
             transports_disabled: m.transports_disabled as f64,
             segments_open: m.segments_open as f64,

@@ -90,6 +90,9 @@ pub struct EngineOptions {
     pub allow_unauthenticated: Option<bool>,
     /// Serve the shm socket to processes of any uid [false: this process's uid only].
     pub shm_any_uid: Option<bool>,
+    /// Check every request's bytes end to end with a CRC32C, as a request's `verify` does
+    /// [false]; a mismatch fails the request with ERR_FERRY_INTEGRITY.
+    pub verify: Option<bool>,
     /// Authenticated connections open at once, all peers [4096; 1..=1000000]; excess
     /// refused at once.
     pub max_connections: Option<f64>,
@@ -237,6 +240,7 @@ impl TryFrom<EngineOptions> for EngineConfig {
         c.auth_secret = auth_secret(o.auth_secret, o.auth_secret_hex)?;
         c.allow_unauthenticated = o.allow_unauthenticated.unwrap_or(false);
         c.shm_any_uid = o.shm_any_uid.unwrap_or(false);
+        c.verify = o.verify.unwrap_or(false);
         if let Some(v) = opt_int(o.max_connections, "maxConnections")? {
             c.connections.total = v;
         }

@@ -29,6 +29,8 @@ pub struct TransferRequest {
     pub transport: Option<f64>,
     /// Transport number of the only transport that may serve the request [0: none].
     pub require_transport: Option<f64>,
+    /// Check the bytes end to end with a CRC32C [the engine's `verify`].
+    pub verify: Option<bool>,
 }
 
 /// The hint of a request's two transport numbers.
@@ -54,6 +56,7 @@ fn request(r: &TransferRequest, handles: &Handles) -> Result<Request, Error> {
             r.transport.unwrap_or(0.0),
             r.require_transport.unwrap_or(0.0),
         )?,
+        verify: r.verify.unwrap_or(false),
     })
 }
 
@@ -89,6 +92,7 @@ mod tests {
             length: 1.0,
             transport: Some(transport),
             require_transport: None,
+            verify: None,
         }
     }
 

@@ -30,6 +30,7 @@ mod memory_speed;
 mod peer;
 mod serve;
 mod shared_copy;
+mod verified;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -364,6 +365,14 @@ impl ShmTransport {
             Observer::Progress => Caller::Promise,
         };
         self.with_target(req, |peer, mapping| {
+            if req.verify {
+                a.task.expect_slices(a.attempt, 1);
+                match verified::copy_verified(peer, mapping, req.local, req.opcode, req.spans) {
+                    Ok(bytes) => a.task.slice_done(a.attempt, bytes),
+                    Err(e) => a.task.attempt_failed(a.attempt, e),
+                }
+                return Ok(());
+            }
             let split = match self.policy.plan(&copy_request(req, a.more_follow, caller)) {
                 Plan::Inline => None,
                 Plan::Split(split) => {
@@ -542,7 +551,11 @@ impl Transport for ShmTransport {
     /// mapping, a target known dead, a range outside the mapping) is left to the attempt
     /// to report: `None`, nothing copied.
     fn complete_now(&self, request: &RequestView<'_>, more_follow: bool) -> Option<Result<()>> {
-        // Only a polled submission asks (`Transport::complete_now`).
+        // Only a polled submission asks (`Transport::complete_now`). A verified one is
+        // left to its attempt (`verified`).
+        if request.verify {
+            return None;
+        }
         let plan = self
             .policy
             .plan(&copy_request(request, more_follow, Caller::Polled));

@@ -52,6 +52,8 @@ enum Body {
         slice: Slice,
         dst: Window,
         got: usize,
+        /// The source's CRC32C, when the reply carried one (`verify`).
+        checksum: Option<u32>,
     },
     Error {
         slice: Slice,
@@ -235,14 +237,15 @@ impl LoopConn {
         };
         st.next_id = st.next_id.wrapping_add(1);
         let id = st.next_id;
-        let header = slice.header(id);
+        let header = slice.header(id, slice.checksum(&payload));
         st.inflight.insert(id, slice);
         let body = payload.as_slice();
-        let total = HEADER_LEN + body.len();
+        let head_len = header.len();
+        let total = head_len + body.len();
         let cap = WRITE_CAP.with(Cell::get);
         let (head_part, body_part) = (
-            &header[..HEADER_LEN.min(cap)],
-            &body[..body.len().min(cap.saturating_sub(HEADER_LEN))],
+            &header[..head_len.min(cap)],
+            &body[..body.len().min(cap.saturating_sub(head_len))],
         );
         let written = match (&self.sock)
             .write_vectored(&[IoSlice::new(head_part), IoSlice::new(body_part)])
@@ -263,7 +266,7 @@ impl LoopConn {
         let interest = if written < total {
             // The socket took part of it: the rest is kept, and goes out before anything
             // else, when the loop finds the socket writable.
-            let (head, tail) = (written.min(HEADER_LEN), written.saturating_sub(HEADER_LEN));
+            let (head, tail) = (written.min(head_len), written.saturating_sub(head_len));
             st.out.extend_from_slice(&header[head..]);
             st.out.extend_from_slice(&body[tail..]);
             Interest::ReadWrite
@@ -344,7 +347,15 @@ impl LoopConn {
                     return Ok(());
                 }
                 match st.body.take() {
-                    Some(Body::Read { slice, .. }) => settle.done.push(slice),
+                    Some(Body::Read {
+                        slice,
+                        dst,
+                        checksum,
+                        ..
+                    }) => match reply::check_read(slice.verify(), checksum, dst.as_slice()) {
+                        Ok(()) => settle.done.push(slice),
+                        Err(e) => settle.failed.push((slice, e)),
+                    },
                     Some(Body::Error {
                         slice, text, code, ..
                     }) => settle.failed.push((slice, reply::refusal(code, &text))),
@@ -369,9 +380,21 @@ impl LoopConn {
             }
             st.rx_start += HEADER_LEN;
             match decoded {
-                Ok((slice, Reply::Written)) => settle.done.push(slice),
-                Ok((slice, Reply::Read { .. })) => match slice.destination() {
-                    Ok(dst) => st.body = Some(Body::Read { slice, dst, got: 0 }),
+                Ok((slice, Reply::Written { checked })) => {
+                    match reply::check_written(slice.verify(), checked) {
+                        Ok(()) => settle.done.push(slice),
+                        Err(e) => settle.failed.push((slice, e)),
+                    }
+                }
+                Ok((slice, Reply::Read { checksum, .. })) => match slice.destination() {
+                    Ok(dst) => {
+                        st.body = Some(Body::Read {
+                            slice,
+                            dst,
+                            got: 0,
+                            checksum,
+                        })
+                    }
                     Err(e) => {
                         settle.failed.push((slice, e.clone()));
                         return Err(e);

@@ -11,14 +11,14 @@ use tokio::net::tcp::OwnedWriteHalf;
 
 use super::request::Slice;
 use crate::memory::Window;
-use crate::wire::HEADER_LEN;
+use crate::wire::FrameHead;
 
 /// Slices handed to one `writev` at most (two per frame; Linux takes 1024).
 pub(super) const BATCH_IOVECS: usize = 1024;
 
 /// A request frame being written: its header and the payload it points into.
 pub(super) struct Frame {
-    pub(super) header: [u8; HEADER_LEN],
+    pub(super) header: FrameHead,
     /// The payload (empty for a READ request), its memory kept mapped by the window.
     pub(super) payload: Window,
     pub(super) written: usize,
@@ -26,20 +26,21 @@ pub(super) struct Frame {
 
 impl Frame {
     pub(super) fn total(&self) -> usize {
-        HEADER_LEN + self.payload.len()
+        self.header.len() + self.payload.len()
     }
 
     /// The unwritten rest, as at most two slices.
     fn rest(&self) -> [IoSlice<'_>; 2] {
         let payload = self.payload.as_slice();
-        if self.written < HEADER_LEN {
+        let head = self.header.len();
+        if self.written < head {
             [
                 IoSlice::new(&self.header[self.written..]),
                 IoSlice::new(payload),
             ]
         } else {
             [
-                IoSlice::new(&payload[self.written - HEADER_LEN..]),
+                IoSlice::new(&payload[self.written - head..]),
                 IoSlice::new(&[]),
             ]
         }
@@ -139,7 +140,7 @@ mod tests {
     use crate::kind::Opcode;
     use crate::lanes::Lent;
     use crate::memory::{Region, RegionTable};
-    use crate::wire::{Header, Op};
+    use crate::wire::{Header, Op, HEADER_LEN};
     use tokio::io::AsyncReadExt;
 
     /// Frames of `region`: frame `i` has a header whose offset field is `i` and the
@@ -151,7 +152,7 @@ mod tests {
                 h.offset = i;
                 h.length = len;
                 Frame {
-                    header: h.encode(),
+                    header: h.encode().into(),
                     payload: Window::new(region, i * len, len).expect("window"),
                     written: 0,
                 }

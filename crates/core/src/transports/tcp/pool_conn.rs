@@ -176,6 +176,7 @@ impl PoolConn {
                 return Registered::Refused(slice);
             }
         };
+        let checksum = slice.checksum(&payload);
         let mut inf = self.lock();
         if !inf.open {
             return Registered::Refused(slice);
@@ -193,7 +194,7 @@ impl PoolConn {
         inf.window.wrote(slice.len);
         inf.next_id = inf.next_id.wrapping_add(1);
         let id = inf.next_id;
-        let header = slice.header(id);
+        let header = slice.header(id, checksum);
         inf.slices.insert(id, slice);
         Registered::Frame(Frame {
             header,
@@ -555,8 +556,11 @@ async fn read_loop(
             }
         };
         let slice = match reply {
-            Reply::Written => {
-                slice.task.slice_done(slice.attempt, slice.len);
+            Reply::Written { checked } => {
+                match reply::check_written(slice.verify(), checked) {
+                    Ok(()) => slice.task.slice_done(slice.attempt, slice.len),
+                    Err(e) => slice.task.attempt_failed(slice.attempt, e),
+                }
                 continue;
             }
             Reply::Read { .. } | Reply::Refused { .. } => receiving.insert(slice),
@@ -565,11 +569,11 @@ async fn read_loop(
         // landed, `Ok(Some(refusal))` when the target refused it, `Err` when the
         // connection failed under it.
         let outcome = match reply {
-            Reply::Written => Ok(None),
-            Reply::Read { .. } => match slice.destination() {
+            Reply::Written { .. } => Ok(None),
+            Reply::Read { checksum, .. } => match slice.destination() {
                 Err(e) => Err(e),
                 Ok(mut dst) => match r.read_exact(dst.as_mut_slice()).await {
-                    Ok(_) => Ok(None),
+                    Ok(_) => Ok(reply::check_read(slice.verify(), checksum, dst.as_slice()).err()),
                     Err(e) => Err(Error::io("receive READ payload", &e)),
                 },
             },

@@ -29,18 +29,25 @@ pub(super) struct Asked {
     /// Bytes the request's local region holds from where a READ lands (its end minus the
     /// local offset): the most a READ's payload may fill.
     pub(super) room: u64,
+    /// Whether its bytes are checked end to end (`verify`).
+    pub(super) verify: bool,
 }
 
 /// A well-formed reply: what follows its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Reply {
     /// The WRITE was copied into the target's memory; nothing follows.
-    Written,
+    Written {
+        /// The target checked the payload against its checksum first (`verify`).
+        checked: bool,
+    },
     /// The READ's bytes follow: exactly `len` of them, what was asked, to land at the
     /// request's destination.
     Read {
         /// Payload bytes.
         len: u64,
+        /// The CRC32C of the source's bytes, when the target took one (`verify`).
+        checksum: Option<u32>,
     },
     /// The target refused the request: `text_len` bytes of reason follow.
     Refused {
@@ -154,7 +161,9 @@ pub(super) fn answer(header: &Header, asked: Asked) -> Result<Reply, Violation> 
         asked: asked.opcode,
     };
     match (header.op, asked.opcode) {
-        (Op::WriteAck, Opcode::Write) if header.length == 0 => Ok(Reply::Written),
+        (Op::WriteAck, Opcode::Write) if header.length == 0 => Ok(Reply::Written {
+            checked: header.checksummed(),
+        }),
         (Op::ReadResp, Opcode::Read) if header.length == asked.len => {
             if header.length > asked.room {
                 return Err(Violation::PastDestination {
@@ -162,7 +171,10 @@ pub(super) fn answer(header: &Header, asked: Asked) -> Result<Reply, Violation> 
                     room: asked.room,
                 });
             }
-            Ok(Reply::Read { len: header.length })
+            Ok(Reply::Read {
+                len: header.length,
+                checksum: header.token_checksum(),
+            })
         }
         (Op::Error, _) if header.length <= MAX_ERROR_PAYLOAD => {
             let text_len = usize::try_from(header.length).map_err(|_| mismatch())?;
@@ -175,9 +187,34 @@ pub(super) fn answer(header: &Header, asked: Asked) -> Result<Reply, Violation> 
     }
 }
 
-/// The error a refused request fails with: the code and the target's reason.
+/// The error a refused request fails with: the code and the target's reason. A verified
+/// WRITE whose payload failed its check at the target fails as corrupted.
 pub(super) fn refusal(code: RejectCode, text: &[u8]) -> Error {
-    Error::RemoteRejected(format!("{code:?}: {}", String::from_utf8_lossy(text)))
+    let text = String::from_utf8_lossy(text);
+    match code {
+        RejectCode::Integrity => Error::Integrity(format!("at the target: {text}")),
+        _ => Error::RemoteRejected(format!("{code:?}: {text}")),
+    }
+}
+
+/// Whether a WRITE acknowledged as landed completes: a verified one only if the target
+/// says it checked the payload (a target too old for `verify` does not).
+pub(super) fn check_written(verify: bool, checked: bool) -> Result<(), Error> {
+    if verify && !checked {
+        return Err(crate::integrity::unchecked("WRITE"));
+    }
+    Ok(())
+}
+
+/// Whether a READ whose `landed` bytes are in completes: a verified one only if the
+/// target sent the source's checksum and the bytes match it. On a mismatch the bytes
+/// stay where they landed (the request's own destination) and the request fails.
+pub(super) fn check_read(verify: bool, checksum: Option<u32>, landed: &[u8]) -> Result<(), Error> {
+    match (verify, checksum) {
+        (false, _) => Ok(()),
+        (true, None) => Err(crate::integrity::unchecked("READ")),
+        (true, Some(expected)) => crate::integrity::check("READ payload", expected, landed),
+    }
 }
 
 #[cfg(test)]
@@ -193,6 +230,7 @@ mod tests {
             opcode,
             len: LEN,
             room: 2 * LEN,
+            verify: false,
         }
     }
 
@@ -218,16 +256,59 @@ mod tests {
     }
 
     #[test]
+    fn a_verified_request_completes_only_when_its_check_passed() {
+        // WRITE: only an ack that says the target checked the payload.
+        assert!(check_written(false, false).is_ok());
+        assert!(check_written(true, true).is_ok());
+        let e = check_written(true, false).expect_err("a target that did not check");
+        assert_eq!(e.code(), "ERR_FERRY_INTEGRITY");
+        // READ: only bytes that match the checksum the target took of its source.
+        let bytes = [9u8; 100];
+        let sum = crate::integrity::checksum(&bytes);
+        assert!(check_read(false, None, &bytes).is_ok());
+        assert!(check_read(true, Some(sum), &bytes).is_ok());
+        for (checksum, why) in [(None, "no checksum sent"), (Some(sum ^ 1), "a mismatch")] {
+            let e = check_read(true, checksum, &bytes).expect_err(why);
+            assert_eq!(e.code(), "ERR_FERRY_INTEGRITY", "{why}");
+        }
+        // The reply's flag and token carry what was checked and the checksum.
+        let mut books = HashMap::from([(1, asked(Opcode::Write)), (2, asked(Opcode::Read))]);
+        let mut ack = header(Op::WriteAck, 1, 0);
+        ack.flags = crate::wire::FLAG_CHECKSUM;
+        let (_, reply) = decode_with(&mut books, &ack.encode()).expect("ack");
+        assert_eq!(reply, Reply::Written { checked: true });
+        let mut read = header(Op::ReadResp, 2, LEN);
+        read.set_token_checksum(sum);
+        let (_, reply) = decode_with(&mut books, &read.encode()).expect("read");
+        assert_eq!(
+            reply,
+            Reply::Read {
+                len: LEN,
+                checksum: Some(sum)
+            }
+        );
+    }
+
+    #[test]
     fn well_formed_replies_decode_to_what_follows() {
         let mut books = HashMap::from([(1, asked(Opcode::Write)), (2, asked(Opcode::Read))]);
         let ack = header(Op::WriteAck, 1, 0).encode();
         let (req, reply) = decode_with(&mut books, &ack).expect("ack");
-        assert_eq!((req.opcode, reply), (Opcode::Write, Reply::Written));
+        assert_eq!(
+            (req.opcode, reply),
+            (Opcode::Write, Reply::Written { checked: false })
+        );
         let read = header(Op::ReadResp, 2, LEN).encode();
         let (req, reply) = decode_with(&mut books, &read).expect("read");
         assert_eq!(
             (req.opcode, reply),
-            (Opcode::Read, Reply::Read { len: LEN })
+            (
+                Opcode::Read,
+                Reply::Read {
+                    len: LEN,
+                    checksum: None
+                }
+            )
         );
         assert!(
             books.is_empty(),
@@ -331,6 +412,7 @@ mod tests {
                 opcode: Opcode::Read,
                 len: LEN,
                 room,
+                verify: false,
             };
             let got = answer(&header(Op::ReadResp, 1, LEN), a);
             assert_eq!(got, Err(Violation::PastDestination { len: LEN, room }));
@@ -344,10 +426,14 @@ mod tests {
             opcode: Opcode::Read,
             len: LEN,
             room: LEN,
+            verify: false,
         };
         assert_eq!(
             answer(&header(Op::ReadResp, 1, LEN), a),
-            Ok(Reply::Read { len: LEN })
+            Ok(Reply::Read {
+                len: LEN,
+                checksum: None
+            })
         );
     }
 
@@ -374,9 +460,10 @@ mod tests {
             (5, RejectCode::BadRequest),
             (6, RejectCode::Auth),
             (7, RejectCode::ResourceLimit),
+            (8, RejectCode::Integrity),
             // Unknown codes (none, or a newer peer's) read as BadRequest.
             (0, RejectCode::BadRequest),
-            (8, RejectCode::BadRequest),
+            (9, RejectCode::BadRequest),
             (u16::MAX, RejectCode::BadRequest),
         ];
         for opcode in [Opcode::Write, Opcode::Read] {
@@ -392,6 +479,9 @@ mod tests {
         }
         let e = refusal(RejectCode::Permission, b"read-only\xff");
         assert!(matches!(&e, Error::RemoteRejected(m) if m.starts_with("Permission: read-only")));
+        // A verified WRITE the target found corrupted fails as such, not as a refusal.
+        let e = refusal(RejectCode::Integrity, b"CRC32C mismatch");
+        assert_eq!(e.code(), "ERR_FERRY_INTEGRITY", "{e}");
     }
 
     #[test]
@@ -477,13 +567,14 @@ mod tests {
                 opcode,
                 len: next() % (2 * LEN),
                 room: next() % (2 * LEN),
+                verify: false,
             };
             let mut books = HashMap::from([(1, a)]);
             if let Ok((_, reply)) = decode_with(&mut books, &bytes) {
                 // Whatever passed obeys the guards.
                 match reply {
-                    Reply::Written => assert_eq!(a.opcode, Opcode::Write),
-                    Reply::Read { len } => {
+                    Reply::Written { .. } => assert_eq!(a.opcode, Opcode::Write),
+                    Reply::Read { len, .. } => {
                         assert_eq!(a.opcode, Opcode::Read);
                         assert!(len == a.len && len <= a.room);
                     }

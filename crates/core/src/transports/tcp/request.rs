@@ -13,7 +13,7 @@ use crate::lanes::Lent;
 use crate::lazy_now::LazyNow;
 use crate::memory::{Region, Window};
 use crate::task::Task;
-use crate::wire::{Header, Op, Token, HEADER_LEN};
+use crate::wire::{FrameHead, Header, Op, Token, FLAG_CHECKSUM, HEADER_LEN};
 
 /// One slice of a task, queued or in flight.
 pub(super) struct Slice {
@@ -72,16 +72,31 @@ impl Slice {
         })
     }
 
-    /// The request frame's header, sent as request `request_id` of its connection.
-    pub(super) fn header(&self, request_id: u64) -> [u8; HEADER_LEN] {
-        encode(
+    /// Whether its bytes are checked end to end (`verify`).
+    pub(super) fn verify(&self) -> bool {
+        self.task.request().verify
+    }
+
+    /// The checksum its request frame carries: a verified WRITE's CRC32C of `payload` (its
+    /// `payload()`), taken before the frame is registered, off the connection's lock.
+    pub(super) fn checksum(&self, payload: &Window) -> Option<u32> {
+        (self.verify() && self.opcode == Opcode::Write)
+            .then(|| crate::integrity::checksum(payload.as_slice()))
+    }
+
+    /// The request frame's header, sent as request `request_id` of its connection, and
+    /// the checksum word after it (`checksum`, from [`Slice::checksum`]).
+    pub(super) fn header(&self, request_id: u64, checksum: Option<u32>) -> FrameHead {
+        let header = encode(
             self.opcode,
             self.buffer,
             self.remote_offset,
             self.len,
             self.token,
             request_id,
-        )
+            self.verify(),
+        );
+        FrameHead::new(header, checksum)
     }
 
     /// What the reply to this slice must match.
@@ -90,6 +105,7 @@ impl Slice {
             opcode: self.opcode,
             len: self.len,
             room: (self.region.len() as u64).saturating_sub(self.local_offset),
+            verify: self.verify(),
         }
     }
 
@@ -101,7 +117,8 @@ impl Slice {
 
 /// The header of a request frame: WRITE `len` payload bytes (which follow it) at
 /// `offset` of the target's buffer `buffer`, or READ `len` bytes from there, under the
-/// segment's `token`. The target echoes `request_id` in its reply.
+/// segment's `token`. The target echoes `request_id` in its reply. `verify`: a WRITE's
+/// checksum word follows the header; a READ asks for the range's checksum.
 fn encode(
     opcode: Opcode,
     buffer: u64,
@@ -109,11 +126,15 @@ fn encode(
     len: u64,
     token: Token,
     request_id: u64,
+    verify: bool,
 ) -> [u8; HEADER_LEN] {
     let mut h = Header::new(match opcode {
         Opcode::Write => Op::WriteReq,
         Opcode::Read => Op::ReadReq,
     });
+    if verify {
+        h.flags |= FLAG_CHECKSUM;
+    }
     h.request_id = request_id;
     h.buffer_id = buffer;
     h.offset = offset;
@@ -166,7 +187,7 @@ mod tests {
             (Opcode::Read, Op::ReadReq, 0),
         ] {
             let s = slice(opcode, 100, 4096);
-            let h = Header::decode(&s.header(42)).expect("header");
+            let h = Header::decode(&s.header(42, None)).expect("header");
             assert_eq!(
                 (h.op, h.request_id, h.buffer_id, h.offset, h.length, h.token),
                 (op, 42, 7, 300, 4096, [5; 16])
@@ -186,7 +207,8 @@ mod tests {
             Asked {
                 opcode: Opcode::Read,
                 len: 4096,
-                room: 8192 - 100
+                room: 8192 - 100,
+                verify: false,
             }
         );
         assert_eq!(s.destination().expect("dst").len(), 4096);
