@@ -35,6 +35,7 @@ pub const SECRET_FILE_ENV: &str = "FERRY_AUTH_SECRET_FILE";
 
 const SERVER_LABEL: &[u8] = b"ferry auth v1 server\0";
 const CLIENT_LABEL: &[u8] = b"ferry auth v1 client\0";
+const SEAL_LABEL: &[u8] = b"ferry seal v1 extract\0";
 
 /// The cluster secret, held as a keyed HMAC. Debug never prints it.
 #[derive(Clone)]
@@ -104,6 +105,14 @@ impl Secret {
 
     fn tag(&self, label: &[u8], transcript: &[u8]) -> [u8; MAC_LEN] {
         self.mac(label, transcript).finalize().into_bytes().into()
+    }
+
+    /// The HKDF extract step of a sealed connection's keys (`seal`): HMAC with the
+    /// secret as key over a label of its own and the handshake's transcript, so the keys
+    /// are bound to this secret and this handshake's fresh nonces, and unrelated to the
+    /// handshake's MACs.
+    pub(crate) fn extract_key(&self, transcript: &[u8]) -> [u8; MAC_LEN] {
+        self.tag(SEAL_LABEL, transcript)
     }
 
     fn verify(&self, label: &[u8], transcript: &[u8], tag: &[u8]) -> bool {

@@ -81,6 +81,8 @@ pub enum ErrorCode {
     NotifyRefused = 26,
     /// `Error::ResourceLimit`.
     ResourceLimit = 27,
+    /// `Error::Tampered`.
+    Tampered = 29,
 }
 
 impl ErrorCode {
@@ -114,6 +116,7 @@ impl ErrorCode {
             Self::SegmentClosed => "ERR_FERRY_SEGMENT_CLOSED",
             Self::NotifyRefused => "ERR_FERRY_NOTIFY_REFUSED",
             Self::ResourceLimit => "ERR_FERRY_RESOURCE_LIMIT",
+            Self::Tampered => "ERR_FERRY_TAMPERED",
         }
     }
 }
@@ -148,6 +151,7 @@ impl Numbered for ErrorCode {
         Self::SegmentClosed,
         Self::NotifyRefused,
         Self::ResourceLimit,
+        Self::Tampered,
     ];
 
     fn number(self) -> u32 {
@@ -274,6 +278,11 @@ pub enum Error {
     /// file table), memory, or a connection cap. The message names which, and its value.
     #[error("{0}")]
     ResourceLimit(String),
+    /// A sealed (encrypted) frame failed its authentication tag, or a connection's frame
+    /// counter would wrap: the bytes were changed on the way, or the stream cannot stay
+    /// sealed. The connection is dropped and nothing of the frame was delivered.
+    #[error("tampered frame: {0}")]
+    Tampered(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -319,6 +328,7 @@ impl Error {
             Self::SegmentClosed(_) => ErrorCode::SegmentClosed,
             Self::NotifyRefused(_) => ErrorCode::NotifyRefused,
             Self::ResourceLimit(_) => ErrorCode::ResourceLimit,
+            Self::Tampered(_) => ErrorCode::Tampered,
         }
     }
 
@@ -348,6 +358,7 @@ impl Error {
             | Self::NotifyFailed(_)
             | Self::NotifyRefused(_)
             | Self::ResourceLimit(_)
+            | Self::Tampered(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }

@@ -71,6 +71,7 @@ mod pending;
 mod plan;
 mod request;
 mod resource;
+mod seal;
 pub mod segment;
 mod server;
 pub mod status;
