@@ -66,6 +66,11 @@ pub struct EngineConfig {
     /// reach the engine may use it, and only engines that do the same can reach it
     /// (`allowUnauthenticated`). Needed to listen beyond loopback without a secret.
     pub allow_unauthenticated: bool,
+    /// Whether tcp data connections are sealed (AES-256-GCM, keys from the handshake):
+    /// `Auto` (default) seals them to and from peers beyond loopback, `Always` everywhere,
+    /// `Never` nowhere. Needs a secret (`auth_secret`, or the per-user one); `Always`
+    /// without any (`allow_unauthenticated`) is refused.
+    pub encrypt: crate::sealing::Encrypt,
     /// Serves the shm socket to processes of any uid, not only this one's (`shmAnyUid`).
     pub shm_any_uid: bool,
     /// Caps on authenticated connections per peer address and in total, and the budget of
@@ -95,6 +100,7 @@ impl Default for EngineConfig {
             metadata: None,
             auth_secret: None,
             allow_unauthenticated: false,
+            encrypt: crate::sealing::Encrypt::Auto,
             shm_any_uid: false,
             connections: ConnLimits::default(),
             frame_timeout: Duration::from_secs(30),
@@ -295,6 +301,21 @@ pub(crate) fn effective_secret(
         (None, true) => Ok(None),
         (None, false) => per_user().map(Some),
     }
+}
+
+/// Refuses `encrypt: Always` where there is no secret to derive keys from.
+pub(crate) fn check_encrypt(config: &EngineConfig) -> Result<()> {
+    if config.encrypt == crate::sealing::Encrypt::Always
+        && config.auth_secret.is_none()
+        && config.allow_unauthenticated
+    {
+        return Err(Error::InvalidArgument(
+            "encrypt: true needs a cluster secret (authSecret or FERRY_AUTH_SECRET_FILE): \
+             the keys are derived from it; allowUnauthenticated has none"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses to serve beyond loopback without a secret, unless that was asked for. The

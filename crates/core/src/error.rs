@@ -366,6 +366,9 @@ impl Error {
     /// An I/O failure in `context`; one that means a limit was reached (out of
     /// descriptors or kernel memory) is a `ResourceLimit` naming it.
     pub(crate) fn io(context: &str, err: &std::io::Error) -> Self {
+        if let Some(why) = crate::sealed_stream::tampered(err) {
+            return Self::Tampered(why);
+        }
         match crate::resource::limit_of(err) {
             Some(limit) => Self::ResourceLimit(format!("{limit} in this process ({context})")),
             None => Self::Io(format!("{context}: {err}")),

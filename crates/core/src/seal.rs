@@ -176,7 +176,9 @@ impl Opener {
             .key
             .open_in_place(nonce, Aad::from(prefix), sealed)
             .map_err(|_| {
-                Error::Tampered("a sealed frame failed its authentication; connection dropped".into())
+                Error::Tampered(
+                    "a sealed frame failed its authentication; connection dropped".into(),
+                )
             })
     }
 
@@ -219,9 +221,15 @@ mod tests {
             .seal_into(&[b"head", b"payload"], &mut rec)
             .expect("seal");
         assert!(!rec.windows(7).any(|w| w == b"payload"), "sealed");
-        assert_eq!(open(&mut server.opener, &rec).expect("open"), b"headpayload");
+        assert_eq!(
+            open(&mut server.opener, &rec).expect("open"),
+            b"headpayload"
+        );
         let mut back = Vec::new();
-        server.sealer.seal_into(&[b"reply"], &mut back).expect("seal");
+        server
+            .sealer
+            .seal_into(&[b"reply"], &mut back)
+            .expect("seal");
         assert_eq!(open(&mut client.opener, &back).expect("open"), b"reply");
     }
 
@@ -229,7 +237,10 @@ mod tests {
     fn every_flipped_bit_of_a_record_is_tampered() {
         let (mut client, _) = pair(b"t");
         let mut rec = Vec::new();
-        client.sealer.seal_into(&[b"0123456789"], &mut rec).expect("seal");
+        client
+            .sealer
+            .seal_into(&[b"0123456789"], &mut rec)
+            .expect("seal");
         for i in 0..rec.len() {
             let mut bad = rec.clone();
             bad[i] ^= 0x01;
@@ -251,7 +262,9 @@ mod tests {
         client.sealer.seal_into(&[b"first"], &mut a).expect("seal");
         client.sealer.seal_into(&[b"second"], &mut b).expect("seal");
         assert_eq!(
-            open(&mut server.opener, &b).expect_err("out of order").code(),
+            open(&mut server.opener, &b)
+                .expect_err("out of order")
+                .code(),
             "ERR_FERRY_TAMPERED"
         );
         let (_, mut fresh) = pair(b"t");
@@ -268,7 +281,9 @@ mod tests {
         // incarnation: fresh nonces of both ends) or the other direction seals it apart.
         let seal = |keys: &mut SealKeys| {
             let mut rec = Vec::new();
-            keys.sealer.seal_into(&[b"same bytes"], &mut rec).expect("seal");
+            keys.sealer
+                .seal_into(&[b"same bytes"], &mut rec)
+                .expect("seal");
             rec
         };
         let (mut c1, mut s1) = pair(b"handshake with nonces A");
@@ -289,10 +304,16 @@ mod tests {
         client.sealer.starting_at(u64::MAX - 1);
         server.opener.starting_at(u64::MAX - 1);
         let mut rec = Vec::new();
-        client.sealer.seal_into(&[b"last"], &mut rec).expect("the last nonce");
+        client
+            .sealer
+            .seal_into(&[b"last"], &mut rec)
+            .expect("the last nonce");
         assert_eq!(open(&mut server.opener, &rec).expect("opens"), b"last");
         let mut more = Vec::new();
-        let err = client.sealer.seal_into(&[b"more"], &mut more).expect_err("wraps");
+        let err = client
+            .sealer
+            .seal_into(&[b"more"], &mut more)
+            .expect_err("wraps");
         assert_eq!(err.code(), "ERR_FERRY_TAMPERED", "{err}");
         assert!(more.is_empty(), "nothing sealed");
         let err = server
@@ -306,6 +327,9 @@ mod tests {
     fn an_oversized_length_is_refused_before_any_allocation() {
         let err = record_len(u32::MAX.to_le_bytes()).expect_err("too long");
         assert_eq!(err.code(), "ERR_FERRY_TAMPERED");
-        assert_eq!(record_len((MAX_RECORD as u32).to_le_bytes()).expect("fits"), MAX_RECORD);
+        assert_eq!(
+            record_len((MAX_RECORD as u32).to_le_bytes()).expect("fits"),
+            MAX_RECORD
+        );
     }
 }

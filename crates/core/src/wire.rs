@@ -181,6 +181,9 @@ pub enum RejectCode {
     /// The connection was refused because a limit was reached: open files, memory, or a
     /// connection cap (the text names which).
     ResourceLimit = 7,
+    /// A sealed connection's frame failed its authentication: the connection is dropped
+    /// (request id 0: it concerns the connection, not one request).
+    Tampered = 8,
 }
 
 impl RejectCode {
@@ -193,6 +196,7 @@ impl RejectCode {
             4 => Self::Permission,
             6 => Self::Auth,
             7 => Self::ResourceLimit,
+            8 => Self::Tampered,
             _ => Self::BadRequest,
         }
     }
