@@ -36,6 +36,7 @@ import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
 import { authSuite } from './suites/auth'
 import { BLOCKS_CASES, blocksSuite } from './suites/blocks'
+import { encryptSuite } from './suites/encrypt'
 import { failoverSuite } from './suites/failover'
 import { livenessSuite } from './suites/liveness'
 import { notifySuite } from './suites/notify'
@@ -54,6 +55,7 @@ const suites: Record<string, Suite> = {
   liveness: livenessSuite,
   soak: soakSuite,
   auth: authSuite,
+  encrypt: encryptSuite,
   blocks: blocksSuite,
   notify: notifySuite,
   scale: scaleSuite,
@@ -158,6 +160,9 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
     auth      what the cluster secret costs: 1 MiB WRITEs over tcp and shm
               with and without it (ratio = with / without; target >= 0.97)
               and openSegment's median time with and without
+    encrypt   what sealing tcp costs (encrypt): tcp-1MiB-encrypt, 1 MiB
+              WRITEs sealed vs plaintext, both with the secret (ratio =
+              sealed / plaintext; target >= 0.5)
     blocks    many small blocks: writeBlocks/readBlocks over shm (4 KiB,
               64 KiB) vs memcpy of those blocks and over tcp (4 KiB) vs pure
               Node; then the native tebench loop, 1 thread, fixed addressing:

@@ -125,6 +125,11 @@ export const OPTIONS = {
     metavar: 'PATH',
     help: 'both roles: a file holding the cluster secret (at least 32 bytes; one trailing newline is not part of it); needed to listen beyond loopback',
   },
+  encrypt: {
+    type: 'boolean',
+    default: false,
+    help: "both roles: seal every tcp data connection (AES-256-GCM; the engine's encrypt: true); --noencrypt: none (encrypt: false); neither: the engine's default, 'auto' (sealed beyond loopback)",
+  },
   notifi: {
     type: 'boolean',
     default: false,

@@ -278,7 +278,7 @@ impl ClientHandshake {
         match (&self.secret, sealed) {
             (Some(secret), true) => {
                 let t = transcript(&self.hello, challenge);
-                SealKeys::derive(secret, &t, Side::Client)
+                SealKeys::derive(&secret.extract_key(&t), Side::Client)
                     .map(Some)
                     .map_err(|e| e.to_string())
             }
@@ -341,7 +341,7 @@ impl ServerHandshake {
         if !self.sealed {
             return Ok(None);
         }
-        SealKeys::derive(&self.secret, &self.transcript, Side::Server).map(Some)
+        SealKeys::derive(&self.secret.extract_key(&self.transcript), Side::Server).map(Some)
     }
 
     /// Checks the client's proof frame (header + MAC).

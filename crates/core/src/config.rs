@@ -386,7 +386,7 @@ pub(crate) fn advertised_name(advertise: &str, bound_port: u16) -> Result<String
 
 #[cfg(test)]
 mod tests {
-    use super::{advertised_name, EngineConfig, TransportKind};
+    use super::{advertised_name, check_encrypt, EngineConfig, TransportKind};
     use std::time::Duration;
 
     #[test]
@@ -480,5 +480,31 @@ mod tests {
             let e = advertised_name(bad, 7000).expect_err(bad);
             assert_eq!(e.code(), "ERR_FERRY_INVALID_ARGUMENT", "{bad}");
         }
+    }
+
+    #[test]
+    fn encrypt_always_needs_a_secret_to_derive_keys_from() {
+        use crate::sealing::Encrypt;
+        let none = EngineConfig {
+            encrypt: Encrypt::Always,
+            allow_unauthenticated: true,
+            ..EngineConfig::default()
+        };
+        let err = check_encrypt(&none).expect_err("no secret");
+        assert_eq!(err.code(), "ERR_FERRY_INVALID_ARGUMENT", "{err}");
+        // The per-user secret is one (the default without authSecret).
+        let per_user = EngineConfig {
+            encrypt: Encrypt::Always,
+            ..EngineConfig::default()
+        };
+        assert!(check_encrypt(&per_user).is_ok());
+        let auto = EngineConfig {
+            allow_unauthenticated: true,
+            ..EngineConfig::default()
+        };
+        assert!(
+            check_encrypt(&auto).is_ok(),
+            "auto without a secret seals nothing"
+        );
     }
 }

@@ -13,6 +13,28 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// completion it has a task report as failed.
 pub const INJECTED: &str = "fault injection: ";
 
+/// An I/O error's inner error that carries a sealed stream's `Error::Tampered` through the
+/// `std::io` interfaces (`sealed_stream`), recovered by [`Error::io`].
+#[derive(Debug)]
+pub(crate) struct TamperedIo(pub(crate) String);
+
+impl TamperedIo {
+    /// The tampering `e` reports, if it is a sealed stream's.
+    pub(crate) fn within(e: &std::io::Error) -> Option<String> {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<TamperedIo>())
+            .map(|t| t.0.clone())
+    }
+}
+
+impl std::fmt::Display for TamperedIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TamperedIo {}
+
 /// Whether `error` was injected (not a sign of anything about the peer).
 pub fn is_injected(error: &Error) -> bool {
     matches!(error, Error::Io(m) if m.starts_with(INJECTED))
@@ -366,7 +388,7 @@ impl Error {
     /// An I/O failure in `context`; one that means a limit was reached (out of
     /// descriptors or kernel memory) is a `ResourceLimit` naming it.
     pub(crate) fn io(context: &str, err: &std::io::Error) -> Self {
-        if let Some(why) = crate::sealed_stream::tampered(err) {
+        if let Some(why) = TamperedIo::within(err) {
             return Self::Tampered(why);
         }
         match crate::resource::limit_of(err) {

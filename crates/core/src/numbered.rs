@@ -167,6 +167,7 @@ mod tests {
                 (25, "ERR_FERRY_SEGMENT_CLOSED"),
                 (26, "ERR_FERRY_NOTIFY_REFUSED"),
                 (27, "ERR_FERRY_RESOURCE_LIMIT"),
+                (29, "ERR_FERRY_TAMPERED"),
             ]
         );
     }

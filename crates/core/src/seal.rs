@@ -24,7 +24,6 @@
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::hkdf::{Prk, HKDF_SHA256};
 
-use crate::auth::Secret;
 use crate::error::{Error, Result};
 use crate::wire::{HEADER_LEN, MAX_DATA_PAYLOAD};
 
@@ -98,9 +97,11 @@ impl std::fmt::Debug for SealKeys {
 }
 
 impl SealKeys {
-    /// The keys of the connection whose handshake had `transcript`, for `side`.
-    pub(crate) fn derive(secret: &Secret, transcript: &[u8], side: Side) -> Result<Self> {
-        let prk = Prk::new_less_safe(HKDF_SHA256, &secret.extract_key(transcript));
+    /// The keys of a connection for `side`, from its HKDF pseudorandom key `extracted`:
+    /// the extract step over the secret and the handshake transcript
+    /// (`auth::Secret::extract_key`).
+    pub(crate) fn derive(extracted: &[u8; 32], side: Side) -> Result<Self> {
+        let prk = Prk::new_less_safe(HKDF_SHA256, extracted);
         let to_server = Direction::new(&prk, CLIENT_TO_SERVER)?;
         let to_client = Direction::new(&prk, SERVER_TO_CLIENT)?;
         let (seal, open) = match side {
@@ -192,15 +193,12 @@ impl Opener {
 mod tests {
     use super::*;
 
-    fn secret() -> Secret {
-        Secret::new(vec![7u8; 32]).expect("secret")
-    }
-
     fn pair(transcript: &[u8]) -> (SealKeys, SealKeys) {
-        let s = secret();
+        let s = crate::auth::Secret::new(vec![7u8; 32]).expect("secret");
+        let extracted = s.extract_key(transcript);
         (
-            SealKeys::derive(&s, transcript, Side::Client).expect("client"),
-            SealKeys::derive(&s, transcript, Side::Server).expect("server"),
+            SealKeys::derive(&extracted, Side::Client).expect("client"),
+            SealKeys::derive(&extracted, Side::Server).expect("server"),
         )
     }
 

@@ -14,34 +14,14 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::error::Error;
+use crate::error::{Error, TamperedIo};
 use crate::seal::{record_len, Opener, Sealer, LEN_PREFIX, MAX_RECORD, TAG_LEN};
-
-/// An I/O error that carries a tampered record's `Error::Tampered` through the
-/// `std::io` interfaces, recovered by [`tampered`] (and `Error::io`).
-#[derive(Debug)]
-struct TamperedIo(String);
-
-impl std::fmt::Display for TamperedIo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for TamperedIo {}
 
 fn io_error(e: Error) -> io::Error {
     match e {
         Error::Tampered(why) => io::Error::new(io::ErrorKind::InvalidData, TamperedIo(why)),
         other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
     }
-}
-
-/// The tampering an I/O error reports, if it is one of a sealed stream's.
-pub(crate) fn tampered(e: &io::Error) -> Option<String> {
-    e.get_ref()
-        .and_then(|inner| inner.downcast_ref::<TamperedIo>())
-        .map(|t| t.0.clone())
 }
 
 /// Reads records from `inner` and hands out their plaintext once each verified.
@@ -114,11 +94,15 @@ impl<R: AsyncRead + Unpin> SealedRead<R> {
                 self.tampered = true;
                 io_error(e)
             })?;
-            self.record.clear();
-            self.record
-                .try_reserve(len + TAG_LEN)
-                .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
-            self.record.resize(len + TAG_LEN, 0);
+            // Resized, not cleared: only growth is zeroed, not every record's bytes again
+            // (the whole record is read over them before it is opened).
+            let want = len + TAG_LEN;
+            if want > self.record.len() {
+                self.record
+                    .try_reserve(want - self.record.len())
+                    .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+            }
+            self.record.resize(want, 0);
             self.at = 0;
             self.plain = None;
         }
@@ -290,10 +274,12 @@ mod tests {
     use crate::seal::{SealKeys, Side};
 
     fn keys() -> (SealKeys, SealKeys) {
-        let s = Secret::new(vec![3u8; 32]).expect("secret");
+        let extracted = Secret::new(vec![3u8; 32])
+            .expect("secret")
+            .extract_key(b"t");
         (
-            SealKeys::derive(&s, b"t", Side::Client).expect("keys"),
-            SealKeys::derive(&s, b"t", Side::Server).expect("keys"),
+            SealKeys::derive(&extracted, Side::Client).expect("keys"),
+            SealKeys::derive(&extracted, Side::Server).expect("keys"),
         )
     }
 
@@ -339,7 +325,7 @@ mod tests {
             let mut r = SealedRead::new(&rec[..], Some(s.opener));
             let mut dst = vec![0u8; 4096];
             let err = r.read_exact(&mut dst).await.expect_err("tampered");
-            assert!(tampered(&err).is_some(), "{err}");
+            assert!(TamperedIo::within(&err).is_some(), "{err}");
             assert_eq!(Error::io("read", &err).code(), "ERR_FERRY_TAMPERED");
             assert!(dst.iter().all(|b| *b == 0), "no byte handed out");
         });

@@ -386,6 +386,9 @@ fn admit(
 async fn serve_data(stream: TcpStream, local: &LocalSegment, keys: Option<SealKeys>) -> Result<()> {
     let (rd, wr) = stream.into_split();
     let (sealer, opener) = keys.map(SealKeys::split).unzip();
+    // Buffered under the records too: a sealed record's length prefix and body are read
+    // from the buffer, not a system call each (a READ request is a small record).
+    let rd = BufReader::with_capacity(IO_BUFFER, rd);
     let mut r = BufReader::with_capacity(IO_BUFFER, SealedRead::new(rd, opener));
     let mut w = BufWriter::with_capacity(IO_BUFFER, SealedWrite::new(wr, sealer));
     let served = serve_data_frames(&mut r, &mut w, local).await;
@@ -407,7 +410,7 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment, keys: Option<SealKe
     served
 }
 
-type DataReader = BufReader<SealedRead<tokio::net::tcp::OwnedReadHalf>>;
+type DataReader = BufReader<SealedRead<BufReader<tokio::net::tcp::OwnedReadHalf>>>;
 type DataWriter = BufWriter<SealedWrite<tokio::net::tcp::OwnedWriteHalf>>;
 
 async fn serve_data_frames(

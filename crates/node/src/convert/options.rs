@@ -90,6 +90,11 @@ pub struct EngineOptions {
     pub allow_unauthenticated: Option<bool>,
     /// Serve the shm socket to processes of any uid [false: this process's uid only].
     pub shm_any_uid: Option<bool>,
+    /// Seal (encrypt and authenticate, AES-256-GCM) tcp data connections: 'auto' seals
+    /// those to and from peers beyond loopback, true every one (peers that will not are
+    /// refused), false none (peers that require it refuse this engine) ['auto'; 'auto' |
+    /// true | false]. Needs a secret (authSecret or the per-user one).
+    pub encrypt: Option<Either<bool, String>>,
     /// Authenticated connections open at once, all peers [4096; 1..=1000000]; excess
     /// refused at once.
     pub max_connections: Option<f64>,
@@ -237,6 +242,19 @@ impl TryFrom<EngineOptions> for EngineConfig {
         c.auth_secret = auth_secret(o.auth_secret, o.auth_secret_hex)?;
         c.allow_unauthenticated = o.allow_unauthenticated.unwrap_or(false);
         c.shm_any_uid = o.shm_any_uid.unwrap_or(false);
+        c.encrypt = match o.encrypt {
+            None => ferry_core::Encrypt::Auto,
+            Some(Either::A(true)) => ferry_core::Encrypt::Always,
+            Some(Either::A(false)) => ferry_core::Encrypt::Never,
+            Some(Either::B(text)) => match text.as_str() {
+                "auto" => ferry_core::Encrypt::Auto,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "encrypt must be 'auto', true or false, got {text:?}"
+                    )))
+                }
+            },
+        };
         if let Some(v) = opt_int(o.max_connections, "maxConnections")? {
             c.connections.total = v;
         }

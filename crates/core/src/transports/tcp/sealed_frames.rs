@@ -24,6 +24,10 @@ pub(super) fn tamper_notice(header: &[u8; HEADER_LEN]) -> Option<Error> {
     })
 }
 
+/// Sealed bytes gathered before they are written: small frames (READ requests) leave
+/// many in one write, and a large one starts on its way before the next is sealed.
+const GATHER: usize = 128 << 10;
+
 /// Seals `frames` (none of them partly written: nothing writes a sealed connection
 /// inline) into `out` and writes all of it; marks each frame written once it is sealed.
 pub(super) async fn write_sealed(
@@ -32,13 +36,16 @@ pub(super) async fn write_sealed(
     frames: &mut [Frame],
     out: &mut Vec<u8>,
 ) -> Result<(), Error> {
+    out.clear();
     for frame in frames.iter_mut() {
-        out.clear();
         sealer.seal_into(&[&frame.header, frame.payload.as_slice()], out)?;
         frame.written = frame.total();
-        write_all(half, out).await?;
+        if out.len() >= GATHER {
+            write_all(half, out).await?;
+            out.clear();
+        }
     }
-    Ok(())
+    write_all(half, out).await
 }
 
 async fn write_all(half: &OwnedWriteHalf, mut bytes: &[u8]) -> Result<(), Error> {
