@@ -36,6 +36,7 @@ import { installCleanup, killAll } from './lib/children'
 import { emit, log } from './lib/log'
 import { authSuite } from './suites/auth'
 import { BLOCKS_CASES, blocksSuite } from './suites/blocks'
+import { encryptSuite } from './suites/encrypt'
 import { failoverSuite } from './suites/failover'
 import { integritySuite } from './suites/integrity'
 import { livenessSuite } from './suites/liveness'
@@ -56,6 +57,7 @@ const suites: Record<string, Suite> = {
   soak: soakSuite,
   auth: authSuite,
   integrity: integritySuite,
+  encrypt: encryptSuite,
   blocks: blocksSuite,
   notify: notifySuite,
   scale: scaleSuite,
@@ -163,6 +165,9 @@ const SUITE_HELP = `    tcp       tcp transport over loopback vs iperf3 -l 1M an
     integrity what verify costs: 1 MiB WRITEs (tcp-1MiB-verify) and READs
               over tcp with and without it (ratio = with / without; target
               >= 0.85)
+    encrypt   what sealing tcp costs (encrypt): tcp-1MiB-encrypt, 1 MiB
+              WRITEs sealed vs plaintext, both with the secret (ratio =
+              sealed / plaintext; target >= 0.5)
     blocks    many small blocks: writeBlocks/readBlocks over shm (4 KiB,
               64 KiB) vs memcpy of those blocks and over tcp (4 KiB) vs pure
               Node; then the native tebench loop, 1 thread, fixed addressing:

@@ -22,6 +22,8 @@ async function main(): Promise<void> {
     connectionsPerPeer: process.env.FERRY_BENCH_LANES ? Number(process.env.FERRY_BENCH_LANES) : undefined,
     // No secret at all, not even the per-user one (the auth suite's "off" side).
     allowUnauthenticated: process.env.FERRY_BENCH_UNAUTHENTICATED === '1' || undefined,
+    // Sealed data connections or not (the encrypt suite's sides); unset: the default.
+    encrypt: process.env.FERRY_BENCH_ENCRYPT === undefined ? undefined : process.env.FERRY_BENCH_ENCRYPT === 'true',
   })
   const region = engine.allocate(bytes)
   region.buffer.fill(0xa5)

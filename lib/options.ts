@@ -10,9 +10,15 @@ import type * as Native from './native'
  * option (a typo such as `peerTimeoutMS`) is refused with `ERR_FERRY_INVALID_ARGUMENT`.
  * @interface
  */
-export type EngineOptions = Omit<Native.EngineOptions, 'authSecret' | 'authSecretHex'> & {
+export type EngineOptions = Omit<Native.EngineOptions, 'authSecret' | 'authSecretHex' | 'encrypt'> & {
   /** The cluster secret (a string or its bytes, at least 32 bytes); see docs/security.md. */
   authSecret?: string | Uint8Array
+  /**
+   * Seal tcp data connections (AES-256-GCM, per-connection keys from the authenticated
+   * handshake): `'auto'` (default) to and from peers beyond loopback, `true` every one,
+   * `false` none. See docs/security.md.
+   */
+  encrypt?: 'auto' | boolean
 }
 /**
  * What `Engine.create` takes: the engine's settings and, for the start itself, an

@@ -101,6 +101,7 @@ export type FerryErrorCode =
   | 'ERR_FERRY_NOTIFY_REFUSED'
   | 'ERR_FERRY_RESOURCE_LIMIT'
   | 'ERR_FERRY_INTEGRITY'
+  | 'ERR_FERRY_TAMPERED'
   | 'ABORT_ERR'
 
 /** Error codes by number (`ferry_core::ErrorCode`); 0 is none. */
@@ -133,6 +134,7 @@ export const ERROR_CODE_NAMES: Readonly<Partial<Record<number, FerryErrorCode>>>
   26: 'ERR_FERRY_NOTIFY_REFUSED',
   27: 'ERR_FERRY_RESOURCE_LIMIT',
   28: 'ERR_FERRY_INTEGRITY',
+  29: 'ERR_FERRY_TAMPERED',
 }
 
 /** The number of each of the error codes. */
@@ -165,6 +167,7 @@ export const ERROR_CODE_NUMBERS = {
   ERR_FERRY_NOTIFY_REFUSED: 26,
   ERR_FERRY_RESOURCE_LIMIT: 27,
   ERR_FERRY_INTEGRITY: 28,
+  ERR_FERRY_TAMPERED: 29,
 } as const
 
 /** Why a peer was declared lost. */

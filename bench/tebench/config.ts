@@ -33,6 +33,8 @@ export interface Config {
   listen: string
   /** Both roles: the file holding the cluster secret; '' = none. */
   authSecretFile: string
+  /** --encrypt: the engine's `encrypt` option. */
+  encrypt: 'auto' | boolean
   /** --notifi: every submission carries a notification. */
   notifi: boolean
   /** --verify: every transfer's bytes checked end to end (the engine's `verify`). */
@@ -132,6 +134,7 @@ export function parseConfig(argv: string[]): Config {
     etcd: etcdAccess(v),
     listen: listenAddress(v.listen, v.rpc_server_port),
     authSecretFile: v.auth_secret_file,
+    encrypt: given.has('encrypt') ? v.encrypt : 'auto',
     notifi: v.notifi,
     verify: v.verify,
     advertise: v.seg_name.trim() || undefined,

@@ -25,11 +25,12 @@ export function metadataOptions(cfg: Config): EngineOptions {
 }
 
 /** The secret of `--auth_secret_file` (read here; the secret never is on a command line). */
-export function authOptions(cfg: Config): { authSecret?: Buffer } {
-  if (!cfg.authSecretFile) return {}
+export function authOptions(cfg: Config): { authSecret?: Buffer; encrypt?: 'auto' | boolean } {
+  const encrypt = cfg.encrypt === 'auto' ? {} : { encrypt: cfg.encrypt }
+  if (!cfg.authSecretFile) return encrypt
   let secret = readFileSync(cfg.authSecretFile)
   if (secret.at(-1) === 0x0a) secret = secret.subarray(0, secret.at(-2) === 0x0d ? -2 : -1)
-  return { authSecret: secret }
+  return { authSecret: secret, ...encrypt }
 }
 
 /** Engine options of the Ferry tuning flags (`--tcp_lanes`, `--verify`). */

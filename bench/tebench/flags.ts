@@ -130,6 +130,11 @@ export const OPTIONS = {
     default: false,
     help: "Ferry: check every transfer's bytes end to end (the engine's verify: a CRC32C at each end; a mismatch fails with ERR_FERRY_INTEGRITY)",
   },
+  encrypt: {
+    type: 'boolean',
+    default: false,
+    help: "both roles: seal every tcp data connection (AES-256-GCM; the engine's encrypt: true); --noencrypt: none (encrypt: false); neither: the engine's default, 'auto' (sealed beyond loopback)",
+  },
   notifi: {
     type: 'boolean',
     default: false,

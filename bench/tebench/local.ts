@@ -28,6 +28,7 @@ export function startLocalTarget(script: string, cfg: Config, out: Output, timeo
   const args = [...process.execArgv, script, '--rpc_server_port=0', `--total_buffer_size=${cfg.totalBufferSize}`]
   if (cfg.authSecretFile) args.push(`--auth_secret_file=${cfg.authSecretFile}`)
   if (cfg.notifi) args.push('--notifi')
+  if (cfg.encrypt !== 'auto') args.push(cfg.encrypt ? '--encrypt' : '--noencrypt')
   args.push(`--tcp_lanes=${cfg.tcpLanes}`, '--format=json')
   const child: ChildProcess = spawn(process.execPath, args, {
     env: { ...process.env, FERRY_TEBENCH_CHILD: '1' },

@@ -35,6 +35,7 @@ function initiatorFlags(cfg: Config, segment: string): string[] {
   if (cfg.totalBufferSize !== OPTIONS.total_buffer_size.default) parts.push(`--total_buffer_size=${cfg.totalBufferSize}`)
   if (cfg.xportType) parts.push(`--xport_type=${cfg.xportType}`)
   if (cfg.authSecretFile) parts.push(`--auth_secret_file=${cfg.authSecretFile}`)
+  if (cfg.encrypt !== 'auto') parts.push(cfg.encrypt ? '--encrypt' : '--noencrypt')
   return parts
 }
 

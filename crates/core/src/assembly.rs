@@ -127,6 +127,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
         .local_addr()
         .map_err(|e| Error::io("listen", &e))?;
     crate::config::check_exposure(&config, local_addr)?;
+    crate::config::check_encrypt(&config)?;
     let secret = crate::config::effective_secret(&config, crate::user_secret::user_secret)?;
     let name = segment_name(&config, local_addr)?;
     let listener = {
@@ -139,7 +140,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
     token[8..].copy_from_slice(&random_u64().to_le_bytes());
     let regions = Arc::new(RegionTable::default());
     let admission = Admission::new(config.connections, crate::resource::open_files_limit());
-    let credentials = crate::auth::register(engine_id, secret.clone());
+    let credentials = crate::auth::register(engine_id, secret.clone(), config.encrypt);
     let control_peers: Arc<ControlPeers> = Arc::default();
     let machine_id = config.machine_id.clone().unwrap_or_else(machine_identity);
     let shutdown = CancellationToken::new();
@@ -219,6 +220,7 @@ pub(crate) fn assemble(config: EngineConfig) -> Result<Shell> {
             .collect(),
         control_peers,
         secret,
+        encrypt: config.encrypt,
         admission,
         frame_timeout: config.frame_timeout,
         notify_inbox: Arc::new(Inbox::new(

@@ -21,6 +21,8 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::{Error, Result};
+use crate::seal::{SealKeys, Side};
+use crate::sealing::{self, Encrypt, Stance};
 pub use crate::wire::MAC_LEN;
 use crate::wire::{Header, Op, HEADER_LEN};
 
@@ -35,6 +37,7 @@ pub const SECRET_FILE_ENV: &str = "FERRY_AUTH_SECRET_FILE";
 
 const SERVER_LABEL: &[u8] = b"ferry auth v1 server\0";
 const CLIENT_LABEL: &[u8] = b"ferry auth v1 client\0";
+const SEAL_LABEL: &[u8] = b"ferry seal v1 extract\0";
 
 /// The cluster secret, held as a keyed HMAC. Debug never prints it.
 #[derive(Clone)]
@@ -106,6 +109,14 @@ impl Secret {
         self.mac(label, transcript).finalize().into_bytes().into()
     }
 
+    /// The HKDF extract step of a sealed connection's keys (`seal`): HMAC with the
+    /// secret as key over a label of its own and the handshake's transcript, so the keys
+    /// are bound to this secret and this handshake's fresh nonces, and unrelated to the
+    /// handshake's MACs.
+    pub(crate) fn extract_key(&self, transcript: &[u8]) -> [u8; MAC_LEN] {
+        self.tag(SEAL_LABEL, transcript)
+    }
+
     fn verify(&self, label: &[u8], transcript: &[u8], tag: &[u8]) -> bool {
         self.mac(label, transcript).verify_slice(tag).is_ok()
     }
@@ -127,17 +138,21 @@ pub enum Failure {
     Timeout,
     /// The peer's uid differs from ours (shm socket).
     Uid,
+    /// This engine requires a sealed (encrypted) data connection and the peer refuses
+    /// one (`encrypt`).
+    Plaintext,
 }
 
 impl Failure {
     /// Every reason, in the order metrics list them.
-    pub const ALL: [Failure; 6] = [
+    pub const ALL: [Failure; 7] = [
         Failure::NoSecret,
         Failure::BadProof,
         Failure::Protocol,
         Failure::Aborted,
         Failure::Timeout,
         Failure::Uid,
+        Failure::Plaintext,
     ];
 
     /// The metric label.
@@ -149,6 +164,7 @@ impl Failure {
             Failure::Aborted => "aborted",
             Failure::Timeout => "timeout",
             Failure::Uid => "uid",
+            Failure::Plaintext => "plaintext",
         }
     }
 }
@@ -156,25 +172,26 @@ impl Failure {
 /// The secret each open engine dials with, by engine id: the paths that connect know the
 /// local engine's id (control, descriptor fetch, transport requests from other crates) and
 /// find its secret here.
-static DIALERS: std::sync::Mutex<Vec<(u64, Secret)>> = std::sync::Mutex::new(Vec::new());
+static DIALERS: std::sync::Mutex<Vec<(u64, Secret, Encrypt)>> = std::sync::Mutex::new(Vec::new());
 
 /// Keeps an engine's secret registered for dialing while it lives.
 pub(crate) struct Registered(u64);
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        dialers().retain(|(id, _)| *id != self.0);
+        dialers().retain(|(id, _, _)| *id != self.0);
     }
 }
 
-fn dialers() -> std::sync::MutexGuard<'static, Vec<(u64, Secret)>> {
+fn dialers() -> std::sync::MutexGuard<'static, Vec<(u64, Secret, Encrypt)>> {
     DIALERS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Registers the secret engine `engine_id` dials with (none: it dials without).
-pub(crate) fn register(engine_id: u64, secret: Option<Secret>) -> Registered {
+/// Registers the secret engine `engine_id` dials with (none: it dials without), and its
+/// `encrypt` setting (which needs the secret: without one nothing is sealed).
+pub(crate) fn register(engine_id: u64, secret: Option<Secret>, encrypt: Encrypt) -> Registered {
     if let Some(s) = secret {
-        dialers().push((engine_id, s));
+        dialers().push((engine_id, s, encrypt));
     }
     Registered(engine_id)
 }
@@ -183,8 +200,17 @@ pub(crate) fn register(engine_id: u64, secret: Option<Secret>) -> Registered {
 pub(crate) fn dialing_secret(engine_id: u64) -> Option<Secret> {
     dialers()
         .iter()
-        .find(|(id, _)| *id == engine_id)
-        .map(|(_, s)| s.clone())
+        .find(|(id, _, _)| *id == engine_id)
+        .map(|(_, s, _)| s.clone())
+}
+
+/// Engine `engine_id`'s stance on sealing a data connection to a peer (loopback or not):
+/// refused without a secret (no keys).
+pub(crate) fn dialing_stance(engine_id: u64, peer_is_loopback: bool) -> Stance {
+    dialers()
+        .iter()
+        .find(|(id, _, _)| *id == engine_id)
+        .map_or(Stance::Refuse, |(_, _, e)| e.stance(peer_is_loopback))
 }
 
 /// A fresh 128-bit nonce from the OS.
@@ -215,6 +241,48 @@ impl ClientHandshake {
         Self {
             secret,
             hello: h.encode(),
+        }
+    }
+
+    /// The Hello of a client with `stance` on sealing this (data) connection; a client
+    /// without a secret seals nothing (no keys).
+    pub(crate) fn sealing(mut self, stance: Stance) -> Self {
+        if self.secret.is_some() {
+            if let Ok(mut h) = Header::decode(&self.hello) {
+                h.flags |= sealing::hello_flags(stance);
+                self.hello = h.encode();
+            }
+        }
+        self
+    }
+
+    /// After [`answer`](Self::answer) accepted `challenge`: the connection's keys when the
+    /// server sealed it, or why this client (with `stance`) cannot take the outcome.
+    pub(crate) fn keys(
+        &self,
+        challenge: &[u8; HEADER_LEN],
+        stance: Stance,
+    ) -> std::result::Result<Option<SealKeys>, String> {
+        let sealed = Header::decode(challenge)
+            .map(|h| h.flags & sealing::CHALLENGE_SEALED != 0)
+            .map_err(|e| format!("handshake: {e}"))?;
+        if !sealing::client_accepts(stance, sealed) {
+            return Err(if sealed {
+                "the peer requires encrypted data connections (its encrypt option); this \
+                 engine has encrypt: false"
+                    .into()
+            } else {
+                "the peer did not seal a connection this engine requires encrypted (encrypt)".into()
+            });
+        }
+        match (&self.secret, sealed) {
+            (Some(secret), true) => {
+                let t = transcript(&self.hello, challenge);
+                SealKeys::derive(&secret.extract_key(&t), Side::Client)
+                    .map(Some)
+                    .map_err(|e| e.to_string())
+            }
+            _ => Ok(None),
         }
     }
 
@@ -259,12 +327,21 @@ pub struct ServerHandshake {
     secret: Secret,
     transcript: [u8; 2 * HEADER_LEN],
     frame: [u8; HEADER_LEN + MAC_LEN],
+    sealed: bool,
 }
 
 impl ServerHandshake {
     /// The challenge frame to send (header + MAC).
     pub fn challenge(&self) -> &[u8; HEADER_LEN + MAC_LEN] {
         &self.frame
+    }
+
+    /// The connection's keys when it is sealed (after [`verify`](Self::verify) passed).
+    pub(crate) fn keys(&self) -> Result<Option<SealKeys>> {
+        if !self.sealed {
+            return Ok(None);
+        }
+        SealKeys::derive(&self.secret.extract_key(&self.transcript), Side::Server).map(Some)
     }
 
     /// Checks the client's proof frame (header + MAC).
@@ -285,11 +362,26 @@ impl ServerHandshake {
 }
 
 /// Answers a decoded Hello. `secret` is this server's; `server_id` goes in the challenge.
+/// Seals nothing (`on_hello_sealing` with a server that refuses sealing and a client that
+/// does not ask for it).
 pub fn on_hello(
     secret: Option<&Secret>,
     hello: &[u8; HEADER_LEN],
     server_id: u64,
     nonce: [u8; 16],
+) -> std::result::Result<HelloOutcome, Failure> {
+    on_hello_sealing(secret, hello, server_id, nonce, Stance::Refuse)
+}
+
+/// [`on_hello`] by a server with `stance` on sealing data connections: the challenge says
+/// whether this one is sealed; a client that refuses what the server requires is refused
+/// ([`Failure::Plaintext`]).
+pub(crate) fn on_hello_sealing(
+    secret: Option<&Secret>,
+    hello: &[u8; HEADER_LEN],
+    server_id: u64,
+    nonce: [u8; 16],
+    stance: Stance,
 ) -> std::result::Result<HelloOutcome, Failure> {
     let h = Header::decode(hello).map_err(|_| Failure::Protocol)?;
     if h.op != Op::Hello {
@@ -304,7 +396,17 @@ pub fn on_hello(
     if !announced {
         return Err(Failure::NoSecret);
     }
+    // Only data connections are sealed; the others are told nothing of it.
+    let data = h.buffer_id == crate::wire::ConnKind::Data as u64;
+    let sealed = if data {
+        sealing::server_verdict(h.flags, stance).ok_or(Failure::Plaintext)?
+    } else {
+        false
+    };
     let mut c = Header::new(Op::AuthChallenge);
+    if sealed {
+        c.flags = sealing::CHALLENGE_SEALED;
+    }
     c.request_id = server_id;
     c.token = nonce;
     c.length = MAC_LEN as u64;
@@ -317,6 +419,7 @@ pub fn on_hello(
         secret: secret.clone(),
         transcript,
         frame,
+        sealed,
     })))
 }
 
@@ -430,6 +533,69 @@ mod tests {
         let s = challenge_of(on_hello(Some(&k), c.hello(), 20, [2; 16]).expect("hello"));
         let (mut head, mac) = split(s.challenge());
         head[8] ^= 1; // another server engine id
+        assert_eq!(c.answer(&head, mac), Err(Failure::BadProof));
+    }
+
+    /// A sealing handshake between a client and a server with these stances: both ends'
+    /// keys, or the failure.
+    fn sealed_handshake(
+        client: Stance,
+        server: Stance,
+        nonces: ([u8; 16], [u8; 16]),
+    ) -> std::result::Result<(Option<SealKeys>, Option<SealKeys>), String> {
+        let k = secret(7);
+        let data = crate::wire::ConnKind::Data as u64;
+        let c = ClientHandshake::new(Some(k.clone()), data, 10, nonces.0).sealing(client);
+        let s = on_hello_sealing(Some(&k), c.hello(), 20, nonces.1, server)
+            .map_err(|f| f.label().to_string())?;
+        let s = challenge_of(s);
+        let (head, mac) = split(s.challenge());
+        let proof = c.answer(&head, mac).map_err(|f| f.label().to_string())?;
+        s.verify(&proof).map_err(|f| f.label().to_string())?;
+        let client_keys = c.keys(&head, client)?;
+        Ok((client_keys, s.keys().map_err(|e| e.to_string())?))
+    }
+
+    #[test]
+    fn a_sealed_handshake_gives_both_ends_matching_keys() {
+        let (c, s) = sealed_handshake(Stance::Require, Stance::Accept, ([1; 16], [2; 16]))
+            .expect("handshake");
+        let (mut c, mut s) = (c.expect("client keys"), s.expect("server keys"));
+        let mut rec = Vec::new();
+        c.sealer.seal_into(&[b"frame"], &mut rec).expect("seal");
+        let prefix: [u8; 4] = rec[..4].try_into().expect("prefix");
+        let mut body = rec[4..].to_vec();
+        assert_eq!(
+            s.opener.open_in_place(prefix, &mut body).expect("opens"),
+            b"frame"
+        );
+        // Neither end seals what neither asks for.
+        let (c, s) = sealed_handshake(Stance::Accept, Stance::Accept, ([1; 16], [2; 16]))
+            .expect("handshake");
+        assert!(c.is_none() && s.is_none());
+    }
+
+    #[test]
+    fn a_server_that_requires_sealing_refuses_a_plaintext_client() {
+        let refused = sealed_handshake(Stance::Refuse, Stance::Require, ([1; 16], [2; 16]));
+        assert_eq!(refused.expect_err("refused"), "plaintext");
+    }
+
+    #[test]
+    fn a_stripped_seal_flag_fails_the_handshake() {
+        // A relay clears the client's request to seal: the server's MAC covers the Hello as
+        // the client sent it no more, so the client refuses the challenge.
+        let k = secret(7);
+        let data = crate::wire::ConnKind::Data as u64;
+        let c = ClientHandshake::new(Some(k.clone()), data, 10, [1; 16]).sealing(Stance::Require);
+        let mut stripped = *c.hello();
+        let mut h = Header::decode(&stripped).expect("hello");
+        h.flags &= !(sealing::HELLO_SEAL_REQUIRED | sealing::HELLO_SEAL_ACCEPTED);
+        stripped = h.encode();
+        let s = challenge_of(
+            on_hello_sealing(Some(&k), &stripped, 20, [2; 16], Stance::Accept).expect("hello"),
+        );
+        let (head, mac) = split(s.challenge());
         assert_eq!(c.answer(&head, mac), Err(Failure::BadProof));
     }
 

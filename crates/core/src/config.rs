@@ -66,6 +66,11 @@ pub struct EngineConfig {
     /// reach the engine may use it, and only engines that do the same can reach it
     /// (`allowUnauthenticated`). Needed to listen beyond loopback without a secret.
     pub allow_unauthenticated: bool,
+    /// Whether tcp data connections are sealed (AES-256-GCM, keys from the handshake):
+    /// `Auto` (default) seals them to and from peers beyond loopback, `Always` everywhere,
+    /// `Never` nowhere. Needs a secret (`auth_secret`, or the per-user one); `Always`
+    /// without any (`allow_unauthenticated`) is refused.
+    pub encrypt: crate::sealing::Encrypt,
     /// Serves the shm socket to processes of any uid, not only this one's (`shmAnyUid`).
     pub shm_any_uid: bool,
     /// Caps on authenticated connections per peer address and in total, and the budget of
@@ -98,6 +103,7 @@ impl Default for EngineConfig {
             metadata: None,
             auth_secret: None,
             allow_unauthenticated: false,
+            encrypt: crate::sealing::Encrypt::Auto,
             shm_any_uid: false,
             connections: ConnLimits::default(),
             frame_timeout: Duration::from_secs(30),
@@ -301,6 +307,21 @@ pub(crate) fn effective_secret(
     }
 }
 
+/// Refuses `encrypt: Always` where there is no secret to derive keys from.
+pub(crate) fn check_encrypt(config: &EngineConfig) -> Result<()> {
+    if config.encrypt == crate::sealing::Encrypt::Always
+        && config.auth_secret.is_none()
+        && config.allow_unauthenticated
+    {
+        return Err(Error::InvalidArgument(
+            "encrypt: true needs a cluster secret (authSecret or FERRY_AUTH_SECRET_FILE): \
+             the keys are derived from it; allowUnauthenticated has none"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses to serve beyond loopback without a secret, unless that was asked for. The
 /// per-user secret does not count: no other host holds it.
 pub(crate) fn check_exposure(config: &EngineConfig, bound: SocketAddr) -> Result<()> {
@@ -369,7 +390,7 @@ pub(crate) fn advertised_name(advertise: &str, bound_port: u16) -> Result<String
 
 #[cfg(test)]
 mod tests {
-    use super::{advertised_name, EngineConfig, TransportKind};
+    use super::{advertised_name, check_encrypt, EngineConfig, TransportKind};
     use std::time::Duration;
 
     #[test]
@@ -463,5 +484,31 @@ mod tests {
             let e = advertised_name(bad, 7000).expect_err(bad);
             assert_eq!(e.code(), "ERR_FERRY_INVALID_ARGUMENT", "{bad}");
         }
+    }
+
+    #[test]
+    fn encrypt_always_needs_a_secret_to_derive_keys_from() {
+        use crate::sealing::Encrypt;
+        let none = EngineConfig {
+            encrypt: Encrypt::Always,
+            allow_unauthenticated: true,
+            ..EngineConfig::default()
+        };
+        let err = check_encrypt(&none).expect_err("no secret");
+        assert_eq!(err.code(), "ERR_FERRY_INVALID_ARGUMENT", "{err}");
+        // The per-user secret is one (the default without authSecret).
+        let per_user = EngineConfig {
+            encrypt: Encrypt::Always,
+            ..EngineConfig::default()
+        };
+        assert!(check_encrypt(&per_user).is_ok());
+        let auto = EngineConfig {
+            allow_unauthenticated: true,
+            ..EngineConfig::default()
+        };
+        assert!(
+            check_encrypt(&auto).is_ok(),
+            "auto without a secret seals nothing"
+        );
     }
 }

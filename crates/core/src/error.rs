@@ -13,6 +13,28 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// completion it has a task report as failed.
 pub const INJECTED: &str = "fault injection: ";
 
+/// An I/O error's inner error that carries a sealed stream's `Error::Tampered` through the
+/// `std::io` interfaces (`sealed_stream`), recovered by [`Error::io`].
+#[derive(Debug)]
+pub(crate) struct TamperedIo(pub(crate) String);
+
+impl TamperedIo {
+    /// The tampering `e` reports, if it is a sealed stream's.
+    pub(crate) fn within(e: &std::io::Error) -> Option<String> {
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<TamperedIo>())
+            .map(|t| t.0.clone())
+    }
+}
+
+impl std::fmt::Display for TamperedIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TamperedIo {}
+
 /// Whether `error` was injected (not a sign of anything about the peer).
 pub fn is_injected(error: &Error) -> bool {
     matches!(error, Error::Io(m) if m.starts_with(INJECTED))
@@ -83,6 +105,8 @@ pub enum ErrorCode {
     ResourceLimit = 27,
     /// `Error::Integrity`.
     Integrity = 28,
+    /// `Error::Tampered`.
+    Tampered = 29,
 }
 
 impl ErrorCode {
@@ -117,6 +141,7 @@ impl ErrorCode {
             Self::NotifyRefused => "ERR_FERRY_NOTIFY_REFUSED",
             Self::ResourceLimit => "ERR_FERRY_RESOURCE_LIMIT",
             Self::Integrity => "ERR_FERRY_INTEGRITY",
+            Self::Tampered => "ERR_FERRY_TAMPERED",
         }
     }
 }
@@ -152,6 +177,7 @@ impl Numbered for ErrorCode {
         Self::NotifyRefused,
         Self::ResourceLimit,
         Self::Integrity,
+        Self::Tampered,
     ];
 
     fn number(self) -> u32 {
@@ -282,6 +308,11 @@ pub enum Error {
     /// were corrupted on the way (`verify`). Never retried: a failover would hide it.
     #[error("integrity check failed: {0}")]
     Integrity(String),
+    /// A sealed (encrypted) frame failed its authentication tag, or a connection's frame
+    /// counter would wrap: the bytes were changed on the way, or the stream cannot stay
+    /// sealed. The connection is dropped and nothing of the frame was delivered.
+    #[error("tampered frame: {0}")]
+    Tampered(String),
     /// The final outcome of a transfer that did not complete.
     #[error("transfer {status}: {reason}")]
     TransferFailed {
@@ -328,6 +359,7 @@ impl Error {
             Self::NotifyRefused(_) => ErrorCode::NotifyRefused,
             Self::ResourceLimit(_) => ErrorCode::ResourceLimit,
             Self::Integrity(_) => ErrorCode::Integrity,
+            Self::Tampered(_) => ErrorCode::Tampered,
         }
     }
 
@@ -358,6 +390,7 @@ impl Error {
             | Self::NotifyRefused(_)
             | Self::ResourceLimit(_)
             | Self::Integrity(_)
+            | Self::Tampered(_)
             | Self::Io(_) => TransferStatus::Failed,
         }
     }
@@ -365,6 +398,9 @@ impl Error {
     /// An I/O failure in `context`; one that means a limit was reached (out of
     /// descriptors or kernel memory) is a `ResourceLimit` naming it.
     pub(crate) fn io(context: &str, err: &std::io::Error) -> Self {
+        if let Some(why) = TamperedIo::within(err) {
+            return Self::Tampered(why);
+        }
         match crate::resource::limit_of(err) {
             Some(limit) => Self::ResourceLimit(format!("{limit} in this process ({context})")),
             None => Self::Io(format!("{context}: {err}")),

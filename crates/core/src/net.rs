@@ -10,6 +10,8 @@ use tokio::net::TcpStream;
 use crate::admission::Admission;
 use crate::auth::{self, ClientHandshake, Failure, HelloOutcome, Secret};
 use crate::error::{Error, Result};
+use crate::seal::SealKeys;
+use crate::sealing::Stance;
 use crate::wire::{ConnKind, Header, Op, RejectCode, HEADER_LEN};
 
 /// Writes `head` then `body` with vectored writes: a header and its payload leave in one
@@ -196,8 +198,31 @@ pub(crate) async fn connect(
     local_engine_id: u64,
     timeout: Duration,
 ) -> Result<(TcpStream, u64)> {
-    let (stream, reached) = connect_reaching(addr, kind, local_engine_id, timeout).await?;
+    let (stream, reached, _) =
+        connect_sealing(addr, kind, local_engine_id, timeout, Stance::Refuse).await?;
     Ok((stream, reached.engine_id))
+}
+
+/// Connects a data connection that is sealed when this engine's `encrypt` setting asks it
+/// of the peer's address, or the peer's requires it: the stream, the peer's engine id,
+/// and the connection's keys when sealed.
+pub(crate) async fn connect_data(
+    addr: &str,
+    local_engine_id: u64,
+    timeout: Duration,
+) -> Result<(TcpStream, u64, Option<SealKeys>)> {
+    let stance = crate::auth::dialing_stance(local_engine_id, is_loopback_addr(addr));
+    let (stream, reached, keys) =
+        connect_sealing(addr, ConnKind::Data, local_engine_id, timeout, stance).await?;
+    Ok((stream, reached.engine_id, keys))
+}
+
+/// Whether `addr` (`host:port`) names a loopback address; a name that does not parse as
+/// an address is taken as beyond loopback (`localhost` included: it is sealed under
+/// `auto`, which costs only time).
+pub(crate) fn is_loopback_addr(addr: &str) -> bool {
+    addr.parse::<std::net::SocketAddr>()
+        .is_ok_and(|a| a.ip().is_loopback())
 }
 
 /// Who a handshake reached: its engine id, and what its `HelloAck` says it serves.
@@ -226,6 +251,19 @@ pub(crate) async fn connect_reaching(
     local_engine_id: u64,
     timeout: Duration,
 ) -> Result<(TcpStream, Reached)> {
+    let (stream, reached, _) =
+        connect_sealing(addr, kind, local_engine_id, timeout, Stance::Refuse).await?;
+    Ok((stream, reached))
+}
+
+/// `connect_reaching` by a client with `stance` on sealing the connection.
+async fn connect_sealing(
+    addr: &str,
+    kind: ConnKind,
+    local_engine_id: u64,
+    timeout: Duration,
+    stance: Stance,
+) -> Result<(TcpStream, Reached, Option<SealKeys>)> {
     let fail = |reason: String| Error::Connect {
         peer: addr.to_string(),
         reason,
@@ -242,8 +280,8 @@ pub(crate) async fn connect_reaching(
                 }
             })?;
             tune(&stream, kind);
-            match client_handshake_reaching(&mut stream, kind, local_engine_id).await {
-                Ok(reached) => return Ok((stream, reached)),
+            match client_handshake_reaching(&mut stream, kind, local_engine_id, stance).await {
+                Ok((reached, keys)) => return Ok((stream, reached, keys)),
                 // Cut before any verdict: a target whose handshake budget is full pushes
                 // out its oldest handshake (`handshakes`). A new connection is the newest
                 // there, so a flood must push it out again: a few more tries, in the time
@@ -312,19 +350,23 @@ pub(crate) async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     kind: ConnKind,
     local_engine_id: u64,
 ) -> std::result::Result<u64, HandshakeFailure> {
-    let reached = client_handshake_reaching(stream, kind, local_engine_id).await?;
+    let (reached, _) =
+        client_handshake_reaching(stream, kind, local_engine_id, Stance::Refuse).await?;
     Ok(reached.engine_id)
 }
 
-/// `client_handshake`, also returning what the `HelloAck` said the peer serves.
+/// `client_handshake`, also returning what the `HelloAck` said the peer serves, and the
+/// connection's keys when it is sealed (by a client with `stance`).
 async fn client_handshake_reaching<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     kind: ConnKind,
     local_engine_id: u64,
-) -> std::result::Result<Reached, HandshakeFailure> {
+    stance: Stance,
+) -> std::result::Result<(Reached, Option<SealKeys>), HandshakeFailure> {
     let secret = auth::dialing_secret(local_engine_id);
     let nonce = auth::nonce().map_err(|e| e.to_string())?;
-    let hs = ClientHandshake::new(secret, kind as u64, local_engine_id, nonce);
+    let hs = ClientHandshake::new(secret, kind as u64, local_engine_id, nonce).sealing(stance);
+    let mut keys = None;
     let io = |e: std::io::Error| format!("handshake: {e}");
     stream.write_all(hs.hello()).await.map_err(io)?;
     let mut head = [0u8; HEADER_LEN];
@@ -344,19 +386,27 @@ async fn client_handshake_reaching<S: AsyncRead + AsyncWrite + Unpin>(
             }
             other => format!("authentication failed: {}", other.label()),
         })?;
+        keys = hs.keys(&head, stance)?;
         stream.write_all(&proof).await.map_err(io)?;
         read_handshake(stream, &mut head).await?;
         h = decode_reply(&head, stream).await?;
     } else if hs.expects_challenge() {
         return Err("the peer does not authenticate (it has no authSecret); refusing it".into());
+    } else if stance == Stance::Require {
+        return Err(
+            "this engine requires encrypted data connections (encrypt), which needs \
+             a cluster secret"
+                .into(),
+        );
     }
     if h.op != Op::HelloAck {
         return Err(format!("expected HelloAck, got {:?}", h.op).into());
     }
-    Ok(Reached {
+    let reached = Reached {
         engine_id: h.request_id,
         features: h.flags,
-    })
+    };
+    Ok((reached, keys))
 }
 
 /// How a handshake the server closed without a verdict begins its error.
@@ -408,6 +458,19 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     secret: Option<&Secret>,
     engine_id: u64,
 ) -> std::result::Result<Header, Refused> {
+    server_handshake_sealing(stream, secret, engine_id, Stance::Refuse)
+        .await
+        .map(|(hello, _)| hello)
+}
+
+/// `server_handshake` by a server with `stance` on sealing data connections: also the
+/// connection's keys when it is sealed.
+pub(crate) async fn server_handshake_sealing<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    secret: Option<&Secret>,
+    engine_id: u64,
+    stance: Stance,
+) -> std::result::Result<(Header, Option<SealKeys>), Refused> {
     let cut = |e: std::io::Error| {
         Refused::silent(if e.kind() == std::io::ErrorKind::UnexpectedEof {
             Failure::Aborted
@@ -418,7 +481,8 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     let mut hello = [0u8; HEADER_LEN];
     stream.read_exact(&mut hello).await.map_err(cut)?;
     let nonce = auth::nonce().map_err(|_| Refused::silent(Failure::Protocol))?;
-    let outcome = auth::on_hello(secret, &hello, engine_id, nonce);
+    let outcome = auth::on_hello_sealing(secret, &hello, engine_id, nonce, stance);
+    let mut keys = None;
     let checked = match outcome {
         Ok(HelloOutcome::Open) => Ok(()),
         Ok(HelloOutcome::Challenge(hs)) => {
@@ -428,13 +492,17 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 .map_err(|_| Refused::silent(Failure::Protocol))?;
             let mut proof = [0u8; HEADER_LEN + auth::MAC_LEN];
             stream.read_exact(&mut proof).await.map_err(cut)?;
-            hs.verify(&proof)
+            hs.verify(&proof).and_then(|()| {
+                keys = hs.keys().map_err(|_| Failure::Protocol)?;
+                Ok(())
+            })
         }
         Err(f) => Err(f),
     };
     // The peer sent all it had to and waits for the verdict: it is told (`Refused::tell`).
     checked.map_err(|why| Refused { why, tell: true })?;
-    Header::decode(&hello).map_err(|_| Refused::silent(Failure::Protocol))
+    let hello = Header::decode(&hello).map_err(|_| Refused::silent(Failure::Protocol))?;
+    Ok((hello, keys))
 }
 
 /// Lets a verified peer in: HelloAck with this engine's id.
@@ -506,6 +574,10 @@ impl Refused {
         }
         let text: &[u8] = match self.why {
             Failure::NoSecret => b"this engine requires the cluster secret (authSecret)",
+            Failure::Plaintext => {
+                b"this engine requires encrypted data connections (encrypt): set encrypt to \
+                  'auto' or true"
+            }
             _ => b"authentication failed",
         };
         refuse(stream, RejectCode::Auth, text).await;

@@ -168,6 +168,7 @@ mod tests {
                 (26, "ERR_FERRY_NOTIFY_REFUSED"),
                 (27, "ERR_FERRY_RESOURCE_LIMIT"),
                 (28, "ERR_FERRY_INTEGRITY"),
+                (29, "ERR_FERRY_TAMPERED"),
             ]
         );
     }

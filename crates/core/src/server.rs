@@ -20,11 +20,14 @@ use crate::error::{Error, Result};
 use crate::kind::TransportKind;
 use crate::memory::{check_range, Access, Region, RegionTable, Window};
 use crate::net::{
-    acknowledge_serving, read_frame_within, read_header_within, refuse, server_handshake,
+    acknowledge_serving, read_frame_within, read_header_within, refuse, server_handshake_sealing,
     tune_accepted, write_all_pair, Refused, ACK_LINK_NOTIFY,
 };
 use crate::notify::serve::{serve_notify, OnLink, Receiving};
 use crate::resource::Overflow;
+use crate::seal::SealKeys;
+use crate::sealed_stream::{SealedRead, SealedWrite};
+use crate::sealing::Stance;
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
 use crate::wire::{
@@ -47,6 +50,8 @@ pub(crate) struct LocalSegment {
     pub control_peers: Arc<ControlPeers>,
     /// The cluster secret every connection must prove.
     pub secret: Option<Secret>,
+    /// Whether data connections are sealed (`sealing`); needs `secret`.
+    pub encrypt: crate::sealing::Encrypt,
     /// Connection caps and refusal counters.
     pub admission: Arc<Admission>,
     /// Deadline of the handshake and of each started frame.
@@ -191,20 +196,25 @@ async fn accept_until(
 }
 
 /// Runs the handshake within `frameTimeoutMs`, then lets the peer in: its Hello and its
-/// place among authenticated connections, or why it was refused (counted and told).
+/// place among authenticated connections, and its keys when sealed; or why it was refused
+/// (counted and told).
 async fn let_in(
     stream: &mut TcpStream,
     from: SocketAddr,
     local: &LocalSegment,
     handshake: Handshake,
-) -> Result<(Header, Slot)> {
+) -> Result<(Header, Slot, Option<SealKeys>)> {
     let (admission, ip) = (&local.admission, Some(from.ip()));
-    let verified = server_handshake(stream, local.secret.as_ref(), local.engine_id);
+    let stance = match local.secret {
+        Some(_) => local.encrypt.stance(from.ip().is_loopback()),
+        None => Stance::Refuse,
+    };
+    let verified = server_handshake_sealing(stream, local.secret.as_ref(), local.engine_id, stance);
     let outcome = tokio::time::timeout(local.frame_timeout, verified)
         .await
         .unwrap_or(Err(Refused::silent(Failure::Timeout)));
-    let hello = match outcome {
-        Ok(hello) => hello,
+    let (hello, keys) = match outcome {
+        Ok(verified) => verified,
         Err(refused) => {
             refused
                 .settle(stream, admission, ip, local.frame_timeout)
@@ -233,7 +243,7 @@ async fn let_in(
     tokio::time::timeout(local.frame_timeout, acked)
         .await
         .map_err(|_| Error::Protocol("HelloAck not sent within frameTimeoutMs".into()))??;
-    Ok((hello, slot))
+    Ok((hello, slot, keys))
 }
 
 async fn serve(
@@ -242,14 +252,20 @@ async fn serve(
     local: Arc<LocalSegment>,
     handshake: Handshake,
 ) -> Result<()> {
-    let (hello, _slot) = let_in(&mut stream, from, &local, handshake).await?;
+    let (hello, _slot, keys) = let_in(&mut stream, from, &local, handshake).await?;
     // On the heap, made only now: a connection in its handshake holds a small future (its
     // read buffers are a header and a proof), whatever serving it later takes.
-    Box::pin(serve_admitted(stream, hello, local)).await
+    Box::pin(serve_admitted(stream, hello, local, keys)).await
 }
 
-/// Serves an admitted connection of the kind its Hello named.
-async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegment>) -> Result<()> {
+/// Serves an admitted connection of the kind its Hello named (sealed with `keys`: only
+/// data connections are).
+async fn serve_admitted(
+    stream: TcpStream,
+    hello: Header,
+    local: Arc<LocalSegment>,
+    keys: Option<SealKeys>,
+) -> Result<()> {
     let kind = ConnKind::from_raw(hello.buffer_id)
         .ok_or_else(|| Error::Protocol(format!("unknown connection kind {}", hello.buffer_id)))?;
     tune_accepted(&stream, kind);
@@ -259,7 +275,7 @@ async fn serve_admitted(stream: TcpStream, hello: Header, local: Arc<LocalSegmen
             let _owed = local.farewell.owe();
             serve_control(stream, &local, hello.request_id).await
         }
-        ConnKind::Data => serve_data(stream, &local).await,
+        ConnKind::Data => serve_data(stream, &local, keys).await,
         ConnKind::Notify => serve_notify(stream, local.receiving(), hello.request_id).await,
         ConnKind::Shm => Err(Error::Protocol(
             "shm connections go to the shm socket".into(),
@@ -366,10 +382,44 @@ fn admit(
     Ok(region)
 }
 
-async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
+/// Serves a data connection. A sealed one (`keys`) hands the reader only verified
+/// records, and every frame arrives as one record: a WRITE's payload reaches registered
+/// memory only once all of it proved authentic (`sealed_stream`).
+async fn serve_data(stream: TcpStream, local: &LocalSegment, keys: Option<SealKeys>) -> Result<()> {
     let (rd, wr) = stream.into_split();
-    let mut r = BufReader::with_capacity(IO_BUFFER, rd);
-    let mut w = BufWriter::with_capacity(IO_BUFFER, wr);
+    let (sealer, opener) = keys.map(SealKeys::split).unzip();
+    // Buffered under the records too: a sealed record's length prefix and body are read
+    // from the buffer, not a system call each (a READ request is a small record).
+    let rd = BufReader::with_capacity(IO_BUFFER, rd);
+    let mut r = BufReader::with_capacity(IO_BUFFER, SealedRead::new(rd, opener));
+    let mut w = BufWriter::with_capacity(IO_BUFFER, SealedWrite::new(wr, sealer));
+    let served = serve_data_frames(&mut r, &mut w, local).await;
+    if r.get_ref().tampered() {
+        // The initiator is told, sealed (this direction is intact), before the drop: its
+        // requests on this connection fail as tampered, not as a vanished peer.
+        let mut notice = Header::new(Op::Error);
+        notice.flags = RejectCode::Tampered as u16;
+        let told = async {
+            w.write_all(&notice.encode()).await?;
+            w.flush().await
+        };
+        let _ = tokio::time::timeout(local.frame_timeout, told).await;
+        tracing::warn!("dropping a sealed data connection: a frame failed its authentication");
+        return Err(Error::Tampered(
+            "a frame from the initiator failed its authentication".into(),
+        ));
+    }
+    served
+}
+
+type DataReader = BufReader<SealedRead<BufReader<tokio::net::tcp::OwnedReadHalf>>>;
+type DataWriter = BufWriter<SealedWrite<tokio::net::tcp::OwnedWriteHalf>>;
+
+async fn serve_data_frames(
+    r: &mut DataReader,
+    w: &mut DataWriter,
+    local: &LocalSegment,
+) -> Result<()> {
     let io = |ctx: &'static str| move |e: std::io::Error| Error::io(ctx, &e);
     let within = |what: &'static str| {
         move |_| Error::Protocol(format!("{what} not complete within frameTimeoutMs"))
@@ -378,7 +428,7 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
     // largest such payload the connection got.
     let mut staging = Vec::new();
     loop {
-        let Some(h) = read_header_within(&mut r, local.frame_timeout).await? else {
+        let Some(h) = read_header_within(r, local.frame_timeout).await? else {
             return Ok(());
         };
         let mut reply = Header::new(Op::Error);
@@ -389,7 +439,7 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                     let mut dst = Window::new(&region, h.offset, h.length)
                         .map_err(|e| Error::Protocol(e.to_string()))?;
                     let landed = if h.checksummed() {
-                        let read = read_verified(&mut r, &mut staging, dst.as_mut_slice());
+                        let read = read_verified(r, &mut staging, dst.as_mut_slice());
                         tokio::time::timeout(local.frame_timeout, read)
                             .await
                             .map_err(within("WRITE payload"))??
@@ -414,15 +464,15 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                                 .map_err(io("write ack"))?;
                         }
                         Err(e) => {
-                            reject(&mut w, reply, RejectCode::Integrity, &e.to_string()).await?
+                            reject(w, reply, RejectCode::Integrity, &e.to_string()).await?
                         }
                     }
                 }
                 Err((code, reason)) => {
-                    tokio::time::timeout(local.frame_timeout, drain(&mut r, h.payload_len()))
+                    tokio::time::timeout(local.frame_timeout, drain(r, h.payload_len()))
                         .await
                         .map_err(within("refused WRITE payload"))??;
-                    reject(&mut w, reply, code, &reason).await?;
+                    reject(w, reply, code, &reason).await?;
                 }
             },
             Op::ReadReq => match admit(local, &h) {
@@ -436,11 +486,11 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
                         // runtime's thread for it.
                         reply.set_token_checksum(crate::integrity::checksum(src.as_slice()));
                     }
-                    write_all_pair(&mut w, &reply.encode(), src.as_slice())
+                    write_all_pair(w, &reply.encode(), src.as_slice())
                         .await
                         .map_err(io("write READ reply"))?;
                 }
-                Err((code, reason)) => reject(&mut w, reply, code, &reason).await?,
+                Err((code, reason)) => reject(w, reply, code, &reason).await?,
             },
             Op::Ping => {
                 reply.op = Op::Pong;
@@ -456,7 +506,7 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment) -> Result<()> {
         }
         // Flush when no further complete request is already buffered: replies to a burst
         // of small requests leave in one write.
-        if r.buffer().len() < HEADER_LEN {
+        if r.buffer().len() + r.get_ref().opened_len() < HEADER_LEN {
             w.flush().await.map_err(io("flush"))?;
         }
     }

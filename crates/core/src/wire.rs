@@ -192,6 +192,9 @@ pub enum RejectCode {
     ResourceLimit = 7,
     /// A verified WRITE's payload did not match its checksum: nothing of it landed.
     Integrity = 8,
+    /// A sealed connection's frame failed its authentication: the connection is dropped
+    /// (request id 0: it concerns the connection, not one request).
+    Tampered = 9,
 }
 
 impl RejectCode {
@@ -205,6 +208,7 @@ impl RejectCode {
             6 => Self::Auth,
             7 => Self::ResourceLimit,
             8 => Self::Integrity,
+            9 => Self::Tampered,
             _ => Self::BadRequest,
         }
     }

@@ -198,7 +198,7 @@ mod tests {
         assert!(ts.contains("  12: 'ERR_FERRY_PEER_LOST',\n"));
         assert!(ts.contains("  ERR_FERRY_PEER_LOST: 12,\n"));
         assert!(ts.contains(
-            "\n  | 'ERR_FERRY_SEGMENT_CLOSED'\n  | 'ERR_FERRY_NOTIFY_REFUSED'\n  | 'ERR_FERRY_RESOURCE_LIMIT'\n  | 'ERR_FERRY_INTEGRITY'\n  | 'ABORT_ERR'\n"
+            "\n  | 'ERR_FERRY_SEGMENT_CLOSED'\n  | 'ERR_FERRY_NOTIFY_REFUSED'\n  | 'ERR_FERRY_RESOURCE_LIMIT'\n  | 'ERR_FERRY_INTEGRITY'\n  | 'ERR_FERRY_TAMPERED'\n  | 'ABORT_ERR'\n"
         ));
         assert!(
             !ts.contains(": 'ABORT_ERR'"),

@@ -93,6 +93,11 @@ pub struct EngineOptions {
     /// Check every request's bytes end to end with a CRC32C, as a request's `verify` does
     /// [false]; a mismatch fails the request with ERR_FERRY_INTEGRITY.
     pub verify: Option<bool>,
+    /// Seal (encrypt and authenticate, AES-256-GCM) tcp data connections: 'auto' seals
+    /// those to and from peers beyond loopback, true every one (peers that will not are
+    /// refused), false none (peers that require it refuse this engine) ['auto'; 'auto' |
+    /// true | false]. Needs a secret (authSecret or the per-user one).
+    pub encrypt: Option<Either<bool, String>>,
     /// Authenticated connections open at once, all peers [4096; 1..=1000000]; excess
     /// refused at once.
     pub max_connections: Option<f64>,
@@ -241,6 +246,19 @@ impl TryFrom<EngineOptions> for EngineConfig {
         c.allow_unauthenticated = o.allow_unauthenticated.unwrap_or(false);
         c.shm_any_uid = o.shm_any_uid.unwrap_or(false);
         c.verify = o.verify.unwrap_or(false);
+        c.encrypt = match o.encrypt {
+            None => ferry_core::Encrypt::Auto,
+            Some(Either::A(true)) => ferry_core::Encrypt::Always,
+            Some(Either::A(false)) => ferry_core::Encrypt::Never,
+            Some(Either::B(text)) => match text.as_str() {
+                "auto" => ferry_core::Encrypt::Auto,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "encrypt must be 'auto', true or false, got {text:?}"
+                    )))
+                }
+            },
+        };
         if let Some(v) = opt_int(o.max_connections, "maxConnections")? {
             c.connections.total = v;
         }

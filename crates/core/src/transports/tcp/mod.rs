@@ -11,6 +11,7 @@ mod outgoing;
 mod pool_conn;
 mod reply;
 mod request;
+mod sealed_frames;
 mod stall;
 mod stripe;
 mod window;
@@ -43,6 +44,9 @@ use request::Slice;
 /// one data connection, and one that is never written to costs none.
 struct PeerPool {
     conns: Vec<Arc<PoolConn>>,
+    /// This engine requires its data connections to the peer sealed (`encrypt`): its
+    /// small awaited requests stay off the event-loop connections, which are plaintext.
+    sealed: bool,
     next: AtomicUsize,
     active: AtomicUsize,
 }
@@ -163,8 +167,11 @@ impl TcpTransport {
                         )
                     })
                     .collect();
+                let loopback = crate::net::is_loopback_addr(&peer.descriptor().tcp_addr);
+                let stance = crate::auth::dialing_stance(self.local_engine_id, loopback);
                 Arc::new(PeerPool {
                     conns,
+                    sealed: stance == crate::sealing::Stance::Require,
                     next: AtomicUsize::new(0),
                     active: AtomicUsize::new(1),
                 })
@@ -205,7 +212,11 @@ impl TcpTransport {
             engine_id: req.descriptor.engine_id,
             starts_share,
         };
-        if count == 1 && task.observer() == Observer::Progress && req.length <= LOOP_MAX {
+        if count == 1
+            && task.observer() == Observer::Progress
+            && req.length <= LOOP_MAX
+            && !pool.sealed
+        {
             // A small awaited request from a thread with an event loop: that loop watches
             // the reply (`event_loop`), when its connection is ready.
             let piece = req.slices(slice_size).next();

@@ -99,6 +99,8 @@ pub(super) struct WriteState {
     pub(super) inline_busy: bool,
     /// The connected socket's write half; `None` while disconnected.
     pub(super) half: Option<Arc<OwnedWriteHalf>>,
+    /// The connection is sealed: only the writer task writes it (`sealed_frames`).
+    pub(super) sealed: bool,
 }
 
 impl WriteState {

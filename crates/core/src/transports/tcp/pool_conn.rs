@@ -41,15 +41,17 @@ use tokio_util::sync::CancellationToken;
 use super::outgoing::{complete_prefix, write_frames, Frame, Queued, WriteState, BATCH_IOVECS};
 use super::reply::{self, Reply};
 use super::request::Slice;
+use super::sealed_frames::{tamper_notice, write_sealed};
 use super::stall::Stall;
 use super::window::Window;
 use crate::error::Error;
 use crate::lazy_now::LazyNow;
-use crate::net::{connect, read_header_bytes};
+use crate::net::{connect_data, read_header_bytes};
+use crate::seal::{SealKeys, Sealer};
+use crate::sealed_stream::SealedRead;
 use crate::segment::Peer;
 use crate::task::Observer;
 use crate::transport::AnsweredHook;
-use crate::wire::ConnKind;
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -231,7 +233,7 @@ impl PoolConn {
     /// request waiting only for the connection to be made is no such demand.
     pub(super) fn send(&self, slices: Slices) -> bool {
         let mut st = self.write_state();
-        let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty();
+        let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty() && !st.sealed;
         let mut waited = !idle;
         let small = slices.iter().all(|s| s.payload_len() <= INLINE_MAX)
             && slices.iter().map(Slice::payload_len).sum::<u64>() <= INLINE_BATCH_MAX;
@@ -353,9 +355,9 @@ async fn conn_actor(
         let addr = conn.peer.descriptor().tcp_addr.clone();
         let connected = tokio::select! {
             _ = shutdown.cancelled() => return,
-            c = connect(&addr, ConnKind::Data, local_engine_id, connect_timeout) => c,
+            c = connect_data(&addr, local_engine_id, connect_timeout) => c,
         };
-        let (stream, remote_engine) = match connected {
+        let (stream, remote_engine, keys) = match connected {
             Ok(connected) => connected,
             Err(e) => {
                 tracing::debug!(peer = conn.peer.name(), error = %e, "data connect failed");
@@ -377,17 +379,23 @@ async fn conn_actor(
         *conn.current.lock().unwrap_or_else(|p| p.into_inner()) = cancel.clone();
         let (rd, wr) = stream.into_split();
         let half = Arc::new(wr);
+        let (sealer, opener) = keys.map(SealKeys::split).unzip();
+        let rd = SealedRead::new(BufReader::with_capacity(IO_BUFFER, rd), opener);
         {
             let mut inf = conn.lock();
             inf.open = true;
             inf.remote_engine = remote_engine;
         }
-        conn.write_state().half = Some(half.clone());
+        {
+            let mut st = conn.write_state();
+            st.half = Some(half.clone());
+            st.sealed = sealer.is_some();
+        }
         let mut receiving = None;
         let (cause, stuck) = tokio::select! {
             _ = cancel.cancelled() => (Error::Closed, false),
-            e = read_loop(&conn, BufReader::with_capacity(IO_BUFFER, rd), &mut receiving) => (e, false),
-            e = write_loop(&conn, &half) => (e, false),
+            e = read_loop(&conn, rd, &mut receiving) => (e, false),
+            e = write_loop(&conn, &half, sealer) => (e, false),
             e = watch_stall(&conn, stuck_after) => (e, true),
         };
         let error = conn.error_for_break(cause);
@@ -494,13 +502,20 @@ fn next_batch(conn: &PoolConn) -> Vec<Frame> {
     }
 }
 
-/// Writes queued frames in order until the connection fails.
-async fn write_loop(conn: &PoolConn, half: &OwnedWriteHalf) -> Error {
+/// Writes queued frames in order until the connection fails; sealed with `sealer` when
+/// the connection is sealed.
+async fn write_loop(conn: &PoolConn, half: &OwnedWriteHalf, mut sealer: Option<Sealer>) -> Error {
+    let mut sealed = Vec::new();
     loop {
         let mut frames = next_batch(conn);
         if frames.is_empty() {
             conn.work.notified().await;
             continue;
+        }
+        if let Some(sealer) = sealer.as_mut() {
+            if let Err(e) = write_sealed(half, sealer, &mut frames, &mut sealed).await {
+                return e;
+            }
         }
         loop {
             match write_frames(half, &mut frames) {
@@ -527,7 +542,7 @@ async fn write_loop(conn: &PoolConn, half: &OwnedWriteHalf) -> Error {
 /// breaks and this future is dropped mid-reply, the actor fails that slice.
 async fn read_loop(
     conn: &PoolConn,
-    mut r: BufReader<OwnedReadHalf>,
+    mut r: SealedRead<BufReader<OwnedReadHalf>>,
     receiving: &mut Option<Slice>,
 ) -> Error {
     loop {
@@ -541,6 +556,12 @@ async fn read_loop(
                 return e;
             }
         };
+        if r.is_sealed() {
+            if let Some(tampered) = tamper_notice(&header) {
+                tracing::warn!(peer = conn.peer.name(), error = %tampered, "dropping data connection");
+                return tampered;
+            }
+        }
         let (slice, reply) = match reply::decode(&header, |id| conn.take(id), Slice::asked) {
             Ok(decoded) => {
                 conn.peer.heard_from(|| conn.lock().remote_engine);

@@ -461,9 +461,10 @@ mod tests {
             (6, RejectCode::Auth),
             (7, RejectCode::ResourceLimit),
             (8, RejectCode::Integrity),
+            (9, RejectCode::Tampered),
             // Unknown codes (none, or a newer peer's) read as BadRequest.
             (0, RejectCode::BadRequest),
-            (9, RejectCode::BadRequest),
+            (10, RejectCode::BadRequest),
             (u16::MAX, RejectCode::BadRequest),
         ];
         for opcode in [Opcode::Write, Opcode::Read] {

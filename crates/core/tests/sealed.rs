@@ -1,0 +1,190 @@
+//! Sealed (encrypted) tcp data connections (`encrypt`): data moves both ways; a bit
+//! flipped on the wire drops the connection with `ERR_FERRY_TAMPERED` and moves no byte
+//! into either side's memory; a target that requires sealing refuses a plaintext
+//! initiator. The same flip without sealing lands corrupted bytes: the relay works.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_core::auth::Secret;
+use ferry_core::{
+    Encrypt, Engine, EngineConfig, Opcode, Region, TaskSnapshot, TransferStatus, TransportKind,
+};
+use ferry_testkit::{bytes_of, fill, one, request, within, FlipRelay, Toward};
+
+const BOUND: Duration = Duration::from_secs(60);
+/// Two of the default 512 KiB slices: two frames, on two connections when the pool has
+/// them.
+const LEN: u64 = 1 << 20;
+/// Where the relay flips a bit: past the handshake (under 300 bytes each way), inside the
+/// first data frame of every connection.
+const FLIP_AT: u64 = 100_000;
+
+fn secret() -> Secret {
+    Secret::new(vec![0x5a; 32]).expect("secret")
+}
+
+fn engine(encrypt: Encrypt, advertise: Option<String>) -> Engine {
+    Engine::new(EngineConfig {
+        transports: vec![TransportKind::Tcp],
+        auth_secret: Some(secret()),
+        encrypt,
+        advertise,
+        ..EngineConfig::default()
+    })
+    .expect("engine")
+}
+
+/// A target reached through a flipping relay (the target advertises the relay), an
+/// initiator, a region on each (the target's filled with one pattern, the initiator's
+/// with another), and the target's segment opened.
+struct Wire {
+    target: Engine,
+    initiator: Engine,
+    remote: Arc<Region>,
+    local: Arc<Region>,
+    seg: u64,
+    relay: Option<FlipRelay>,
+}
+
+impl Wire {
+    fn new(encrypt: Encrypt, flip: Option<Toward>) -> Self {
+        // The relay forwards to the target, whose port is known only once it listens: a
+        // placeholder target first finds a free port, the real one then advertises the
+        // relay.
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+        let port = probe.local_addr().expect("addr").port();
+        drop(probe);
+        let backend: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let relay = flip.map(|toward| FlipRelay::start(backend, toward, FLIP_AT));
+        let target = Engine::new(EngineConfig {
+            transports: vec![TransportKind::Tcp],
+            auth_secret: Some(secret()),
+            encrypt,
+            listen: backend.to_string(),
+            advertise: relay.as_ref().map(|r| r.addr().to_string()),
+            ..EngineConfig::default()
+        })
+        .expect("target");
+        let initiator = engine(encrypt, None);
+        let remote = target.allocate(LEN).expect("remote");
+        let local = initiator.allocate(LEN).expect("local");
+        fill(&remote, 1);
+        fill(&local, 2);
+        let seg = initiator
+            .open_segment_blocking(target.segment_name())
+            .expect("open")
+            .handle;
+        Self {
+            target,
+            initiator,
+            remote,
+            local,
+            seg,
+            relay,
+        }
+    }
+
+    fn run(&self, opcode: Opcode) -> TaskSnapshot {
+        let req = request(opcode, &self.local, self.seg, &self.remote, 0, LEN);
+        one(self.initiator.transfer_blocking(&[req]).expect("transfer"))
+    }
+
+    fn flipped(&self) -> u64 {
+        self.relay.as_ref().map_or(0, FlipRelay::flipped)
+    }
+}
+
+impl Drop for Wire {
+    fn drop(&mut self) {
+        self.initiator.close();
+        self.target.close();
+    }
+}
+
+fn code(snap: &TaskSnapshot) -> &'static str {
+    snap.error.as_ref().map_or("none", |e| e.code())
+}
+
+#[test]
+fn a_sealed_pair_moves_data_both_ways() {
+    within(BOUND, "sealed write and read", || {
+        let w = Wire::new(Encrypt::Always, None);
+        let sent = bytes_of(&w.local);
+        assert_eq!(w.run(Opcode::Write).status, TransferStatus::Completed);
+        assert_eq!(bytes_of(&w.remote), sent);
+        fill(&w.remote, 3);
+        let stored = bytes_of(&w.remote);
+        assert_eq!(w.run(Opcode::Read).status, TransferStatus::Completed);
+        assert_eq!(bytes_of(&w.local), stored);
+    });
+}
+
+#[test]
+fn a_flipped_write_frame_is_tampered_and_nothing_lands_in_the_target() {
+    within(BOUND, "tampered write", || {
+        let w = Wire::new(Encrypt::Always, Some(Toward::Target));
+        let before = bytes_of(&w.remote);
+        let snap = w.run(Opcode::Write);
+        assert_eq!(snap.status, TransferStatus::Failed, "{:?}", snap.error);
+        assert_eq!(code(&snap), "ERR_FERRY_TAMPERED", "{:?}", snap.error);
+        assert!(w.flipped() > 0, "the relay flipped nothing");
+        assert!(
+            bytes_of(&w.remote) == before,
+            "bytes of a tampered WRITE landed"
+        );
+    });
+}
+
+#[test]
+fn a_flipped_read_reply_is_tampered_and_nothing_lands_in_the_initiator() {
+    within(BOUND, "tampered read", || {
+        let w = Wire::new(Encrypt::Always, Some(Toward::Initiator));
+        let before = bytes_of(&w.local);
+        let snap = w.run(Opcode::Read);
+        assert_eq!(snap.status, TransferStatus::Failed, "{:?}", snap.error);
+        assert_eq!(code(&snap), "ERR_FERRY_TAMPERED", "{:?}", snap.error);
+        assert!(w.flipped() > 0, "the relay flipped nothing");
+        assert!(
+            bytes_of(&w.local) == before,
+            "bytes of a tampered READ landed"
+        );
+    });
+}
+
+#[test]
+fn without_sealing_the_same_flip_lands_corrupted_bytes() {
+    // The control: the relay does corrupt, and plaintext connections cannot tell.
+    within(BOUND, "plaintext write through the flipping relay", || {
+        let w = Wire::new(Encrypt::Never, Some(Toward::Target));
+        let sent = bytes_of(&w.local);
+        let snap = w.run(Opcode::Write);
+        assert_eq!(snap.status, TransferStatus::Completed, "{:?}", snap.error);
+        let landed = bytes_of(&w.remote);
+        let differ = sent.iter().zip(&landed).filter(|(a, b)| a != b).count();
+        assert!(differ >= 1, "the flip did not land");
+    });
+}
+
+#[test]
+fn a_target_that_requires_sealing_refuses_a_plaintext_initiator() {
+    within(BOUND, "plaintext initiator, sealing target", || {
+        let target = engine(Encrypt::Always, None);
+        let initiator = engine(Encrypt::Never, None);
+        let remote = target.allocate(4096).expect("remote");
+        let local = initiator.allocate(4096).expect("local");
+        let seg = initiator
+            .open_segment_blocking(target.segment_name())
+            .expect("open: control connections are not sealed")
+            .handle;
+        let snap = one(initiator
+            .transfer_blocking(&[request(Opcode::Write, &local, seg, &remote, 0, 4096)])
+            .expect("transfer"));
+        assert_eq!(snap.status, TransferStatus::Failed);
+        let err = snap.error.expect("error");
+        assert_eq!(err.code(), "ERR_FERRY_CONNECT", "{err}");
+        assert!(err.to_string().contains("encrypt"), "{err}");
+        initiator.close();
+        target.close();
+    });
+}
