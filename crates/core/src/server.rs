@@ -463,9 +463,7 @@ async fn serve_data_frames(
                                 .await
                                 .map_err(io("write ack"))?;
                         }
-                        Err(e) => {
-                            reject(w, reply, RejectCode::Integrity, &e.to_string()).await?
-                        }
+                        Err(e) => reject(w, reply, RejectCode::Integrity, &e.to_string()).await?,
                     }
                 }
                 Err((code, reason)) => {
