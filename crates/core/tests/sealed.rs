@@ -10,7 +10,7 @@ use ferry_core::auth::Secret;
 use ferry_core::{
     Encrypt, Engine, EngineConfig, Opcode, Region, TaskSnapshot, TransferStatus, TransportKind,
 };
-use ferry_testkit::{bytes_of, fill, one, request, within, FlipRelay, Toward};
+use ferry_testkit::{bytes_of, fill, one, request, unused_port, within, FlipRelay, Toward};
 
 const BOUND: Duration = Duration::from_secs(60);
 /// Two of the default 512 KiB slices: two frames, on two connections when the pool has
@@ -49,12 +49,10 @@ struct Wire {
 
 impl Wire {
     fn new(encrypt: Encrypt, flip: Option<Toward>) -> Self {
-        // The relay forwards to the target, whose port is known only once it listens: a
-        // placeholder target first finds a free port, the real one then advertises the
-        // relay.
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
-        let port = probe.local_addr().expect("addr").port();
-        drop(probe);
+        // The relay forwards to the target, which must advertise the relay: the target
+        // listens on a port picked beforehand, one no outgoing connection can take
+        // meanwhile (below the ephemeral range).
+        let port = unused_port();
         let backend: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let relay = flip.map(|toward| FlipRelay::start(backend, toward, FLIP_AT));
         let target = Engine::new(EngineConfig {
