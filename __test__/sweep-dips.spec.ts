@@ -67,3 +67,18 @@ test('without memcpy the plain rule holds: more than 10 % below the next smaller
     ],
   )
 })
+
+test('a fall to the memory’s limit, memcpy on every core at that size, is no dip', (t) => {
+  // 1 thread, its copies shared with the idle core: the cliff comes a size later than
+  // one-thread memcpy's, where the engine still copies as fast as memcpy on both cores.
+  const points: SweepPoint[] = [
+    { size: 512 * K, engine: 55, memcpy: 25, memoryLimit: 42 },
+    { size: 1 * M, engine: 30, memcpy: 24, memoryLimit: 23.5 },
+    // Below the limit: a dip.
+    { size: 2 * M, engine: 20, memcpy: 23.3, memoryLimit: 23 },
+  ]
+  t.deepEqual(
+    sweepSteps(points).map((s) => s.dip),
+    [false, false, true],
+  )
+})

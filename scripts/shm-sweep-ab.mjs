@@ -6,9 +6,9 @@
 // threads (bench/baselines/memcpy_bench.c, its working set one block per thread as
 // tebench's `fixed` addressing) between them. Prints, per case, the median GB/s of each
 // build and of memcpy over the rounds, B/A, and marks a dip: a size more than 10 % slower
-// than the next smaller one and more than 10 % below memcpy's step at the same sizes
-// (bench/lib/sweep-dips.ts), so that a fall the caches or the memory make memcpy take too
-// is not counted. 4 KiB also shows the median Avg Lat (µs an op).
+// than the next smaller one and more than 10 % below memcpy's step at the same sizes, and
+// below memcpy on every core there (bench/lib/sweep-dips.ts), so that a fall the caches or
+// the memory make memcpy take too is not counted. 4 KiB also shows the median Avg Lat (µs an op).
 //
 //   node scripts/shm-sweep-ab.mjs OLD.node [NEW.node] [--rounds N] [--duration S] [--threads 1,16]
 //
@@ -36,6 +36,8 @@ const duration = flag('--duration', '1');
 const threads = flag('--threads', [...new Set([1, os.availableParallelism()])].join(','))
   .split(',')
   .map(Number);
+// memcpy on every core: the memory's limit (bench/lib/sweep-dips.ts).
+const allCores = os.availableParallelism();
 const [a, b] = args;
 if (!a) {
   console.error('usage: node scripts/shm-sweep-ab.mjs OLD.node [NEW.node] [--rounds N] [--duration S] [--threads 1,N]');
@@ -84,8 +86,12 @@ for (let round = 0; round < rounds; round++) {
           if (!cases.has(key)) cases.set(key, { A: [], B: [] });
           cases.get(key)[build].push({ bw: r.bwGbps, lat: r.avgLatUs });
         }
-        // memcpy between the builds (before the first in the first round: it needs the sizes).
-        if (op === 'read' && i === 0) memcpyRun(t);
+        // memcpy between the builds (after the first: it needs the sizes), on as many
+        // threads and on every core.
+        if (op === 'read' && i === 0) {
+          memcpyRun(t);
+          if (!threads.includes(allCores) && t === threads[0]) memcpyRun(allCores);
+        }
       }
     }
   }
@@ -100,16 +106,20 @@ for (const op of ['read', 'write']) {
   for (const t of threads) {
     console.log(
       `\nshm ${op.toUpperCase()} threads=${t}: median GB/s over ${rounds} rounds, step from the next smaller size ` +
-        '(* = dip: >10 % down and >10 % below memcpy\'s step)',
+        '(* = dip: >10 % down, >10 % below memcpy\'s step and below memcpy on every core)',
     );
     const rows = [...cases].filter(([key]) => key.startsWith(`${op} ${t} `)).map(([key, runs]) => [Number(key.split(' ')[2]), runs]);
     const mem = rows.map(([size]) => median(memcpy.get(`${t} ${size}`) ?? []));
+    const limit = rows.map(([size]) => median(memcpy.get(`${allCores} ${size}`) ?? []));
     const judged = {};
     for (const build of names) {
-      judged[build] = sweepSteps(rows.map(([size, runs], i) => ({ size, engine: median(runs[build].map((r) => r.bw)), memcpy: mem[i] })));
+      judged[build] = sweepSteps(
+        rows.map(([size, runs], i) => ({ size, engine: median(runs[build].map((r) => r.bw)), memcpy: mem[i], memoryLimit: limit[i] })),
+      );
     }
     rows.forEach(([size, runs], i) => {
       let line = String(size).padStart(9) + `  memcpy ${mem[i].toFixed(2).padStart(7)} ${pct(judged.A[i].memcpyStep)}`;
+      if (t !== allCores) line += ` (${allCores} cores ${limit[i].toFixed(2).padStart(7)})`;
       for (const build of names) {
         const s = judged[build][i];
         line += `  ${build} ${median(runs[build].map((r) => r.bw)).toFixed(2).padStart(7)} ${pct(s.engineStep)}${s.dip ? '*' : ' '}`;

@@ -4,7 +4,11 @@
  * memcpy of the same sizes, on as many threads, did in the same run. The issue's rule ("no
  * size more than 10 % slower than the next smaller one, until memory bandwidth bounds it")
  * is then measured rather than asserted: where the caches or the memory make memcpy itself
- * fall from one size to the next, the engine may fall as much, and no more.
+ * fall from one size to the next, the engine may fall as much, and no more; and wherever it
+ * still copies as fast as memcpy on every core at that size (the memory's limit), it may
+ * fall at all. The second matters where the engine spreads one thread's copy over idle
+ * cores: their caches hold twice the block, so its cliff comes a size after one-thread
+ * memcpy's.
  */
 
 /** One size of a sweep: the engine's and memcpy's rate there (any unit, the same for all). */
@@ -13,6 +17,8 @@ export interface SweepPoint {
   engine: number
   /** memcpy of `size`-byte blocks on as many threads; null where it was not measured. */
   memcpy: number | null
+  /** memcpy of `size`-byte blocks on every core: the memory's limit; absent where not measured. */
+  memoryLimit?: number | null
 }
 
 /** How the step from the next smaller size was judged. */
@@ -25,7 +31,8 @@ export interface SweepStep {
   /**
    * The engine fell more than the tolerance from the next smaller size, and more than
    * that below memcpy's step (a step of memcpy above 1 counts as 1: the engine need not
-   * rise as memcpy does, only not fall). Without memcpy's step, the plain rule.
+   * rise as memcpy does, only not fall). Without memcpy's step, the plain rule. Never
+   * where the engine is at the memory's limit there.
    */
   dip: boolean
 }
@@ -41,7 +48,8 @@ export function sweepSteps(points: readonly SweepPoint[], tolerance = DIP_TOLERA
     const engineStep = prev && valid(prev.engine) && valid(p.engine) ? p.engine / prev.engine : null
     const memcpyStep = prev && valid(prev.memcpy) && valid(p.memcpy) ? p.memcpy / prev.memcpy : null
     const bound = Math.min(1, memcpyStep ?? 1)
-    const dip = engineStep !== null && engineStep < 1 - tolerance && engineStep < (1 - tolerance) * bound
+    const atLimit = valid(p.memoryLimit) && valid(p.engine) && p.engine >= p.memoryLimit
+    const dip = !atLimit && engineStep !== null && engineStep < 1 - tolerance && engineStep < (1 - tolerance) * bound
     return { size: p.size, engineStep, memcpyStep, dip }
   })
 }
