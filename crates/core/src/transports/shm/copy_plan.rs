@@ -171,13 +171,8 @@ const MEMORY_BOUND_MIN: u64 = 4 << 20;
 const SATURATING_COPIERS_UNKNOWN: usize = 4;
 
 /// A thread that copied a large block (one split) within this long is counted as keeping
-/// its core busy (`large_copiers`). Several scheduler time slices: on a machine loaded by
-/// other processes a submitting thread loses its core for a few of them between two of its
-/// copies, and while it waits for it the other submitting threads must not take it for
-/// free and wake copy threads (a third runnable thread for two cores, whose jobs the
-/// submitting thread then waits for). A thread that stopped copying large blocks leaves the
-/// others without helpers this long at most.
-pub(super) const BUSY_WINDOW: Duration = Duration::from_millis(20);
+/// its core busy (`large_copiers`).
+pub(super) const BUSY_WINDOW: Duration = Duration::from_millis(1);
 
 /// The copy policy of one machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
