@@ -260,9 +260,10 @@ impl CopyPolicy {
     /// How many copy threads are asked to help with a split copy of `jobs` jobs, with
     /// `other_copiers` other threads copying large blocks and `awake` copy threads looking
     /// for work: all of them, but no more than there are jobs the submitting thread leaves,
-    /// nor, on a copy that does not repay a wake-up, than are awake, nor, on a copy larger
-    /// than the caches, than fill the memory's bandwidth beside the others; and at least one
-    /// (a helper that finds none left returns at once).
+    /// nor than cores the other copiers and the submitting thread leave free, nor, on a copy
+    /// that does not repay a wake-up, than are awake, nor, on a copy larger than the caches,
+    /// than fill the memory's bandwidth beside the others; and at least one (a helper that
+    /// finds none left returns at once).
     pub(super) fn helpers(
         &self,
         split: &Split,
@@ -271,7 +272,14 @@ impl CopyPolicy {
         awake: usize,
     ) -> usize {
         let submitter_copies = usize::from(split.own_bytes > 0);
-        let mut helpers = self.copy_threads.min(jobs.saturating_sub(submitter_copies));
+        // The submitting thread keeps a core whether or not it copies this one (it copies
+        // the next of its batch meanwhile), and so does every other copier: a helper beyond
+        // the cores they leave only takes turns with them.
+        let free_cores = self.cores.saturating_sub(other_copiers + 1);
+        let mut helpers = self
+            .copy_threads
+            .min(jobs.saturating_sub(submitter_copies))
+            .min(free_cores);
         if !split.wakes {
             helpers = helpers.min(awake);
         }
@@ -945,6 +953,39 @@ mod tests {
         let two = CopyPolicy::new(&machine(2, None, None));
         let shared = split(two.plan(&plain(MIB, Caller::Polled)));
         assert_eq!(two.helpers(&shared, 16, 0, ALL_AWAKE), 1);
+    }
+
+    #[test]
+    fn helpers_take_no_more_cores_than_the_other_copiers_leave_free() {
+        // 16 cores, 8 copy threads, a 4 MiB copy within the caches cut in 9 jobs: alone it
+        // takes every copy thread; beside 11 other threads copying large blocks, the 4 cores
+        // they and this thread leave take 4 helpers; beside 14, one helper.
+        let sixteen = CopyPolicy::new(&machine(16, Some(2 * MIB), Some(39.0)));
+        assert_eq!(copiers(&sixteen, 4 * MIB, 0), 9);
+        assert_eq!(copiers(&sixteen, 4 * MIB, 11), 5);
+        assert_eq!(copiers(&sixteen, 4 * MIB, 14), 2);
+        assert_eq!(copiers(&sixteen, 4 * MIB, 15), 1);
+        // On every machine, a copy takes only free cores (or, with none, its own alone).
+        for cores in [2, 4, 8, 16, 64] {
+            for (l2, rate) in [
+                (Some(2 * MIB), Some(39.0)),
+                (Some(MIB), Some(137.0)),
+                (None, None),
+            ] {
+                let policy = CopyPolicy::new(&machine(cores, l2, rate));
+                for others in 0..cores + 2 {
+                    for len in sweep() {
+                        let now = copiers(&policy, len, others);
+                        assert!(
+                            now == 1 || others + now <= cores,
+                            "{cores} cores {l2:?} {rate:?}, {others} others: {len} takes {now}"
+                        );
+                    }
+                }
+            }
+        }
+        // A lone thread's copy still takes the idle cores.
+        assert!(copiers(&sixteen, MIB, 0) >= 4);
     }
 
     #[test]
