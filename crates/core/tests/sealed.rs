@@ -10,7 +10,7 @@ use ferry_core::auth::Secret;
 use ferry_core::{
     Encrypt, Engine, EngineConfig, Opcode, Region, TaskSnapshot, TransferStatus, TransportKind,
 };
-use ferry_testkit::{bytes_of, fill, one, request, unused_port, within, FlipRelay, Toward};
+use ferry_testkit::{bytes_of, fill, one, request, within, Flip, Proxy};
 
 const BOUND: Duration = Duration::from_secs(60);
 /// Two of the default 512 KiB slices: two frames, on two connections when the pool has
@@ -44,26 +44,26 @@ struct Wire {
     remote: Arc<Region>,
     local: Arc<Region>,
     seg: u64,
-    relay: Option<FlipRelay>,
+    relay: Proxy,
 }
 
 impl Wire {
-    fn new(encrypt: Encrypt, flip: Option<Toward>) -> Self {
-        // The relay forwards to the target, which must advertise the relay: the target
-        // listens on a port picked beforehand, one no outgoing connection can take
-        // meanwhile (below the ephemeral range).
-        let port = unused_port();
-        let backend: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let relay = flip.map(|toward| FlipRelay::start(backend, toward, FLIP_AT));
+    /// `to_target`: where the relay flips a byte (none: it forwards intact).
+    fn new(encrypt: Encrypt, to_target: Option<bool>) -> Self {
+        let relay = Proxy::start();
+        relay.corrupt(to_target.map(|to_target| Flip {
+            to_target,
+            at: FLIP_AT,
+        }));
         let target = Engine::new(EngineConfig {
             transports: vec![TransportKind::Tcp],
             auth_secret: Some(secret()),
             encrypt,
-            listen: backend.to_string(),
-            advertise: relay.as_ref().map(|r| r.addr().to_string()),
+            advertise: Some(relay.addr().to_string()),
             ..EngineConfig::default()
         })
         .expect("target");
+        relay.forward_to(target.local_addr());
         let initiator = engine(encrypt, None);
         let remote = target.allocate(LEN).expect("remote");
         let local = initiator.allocate(LEN).expect("local");
@@ -89,7 +89,7 @@ impl Wire {
     }
 
     fn flipped(&self) -> u64 {
-        self.relay.as_ref().map_or(0, FlipRelay::flipped)
+        self.relay.flipped()
     }
 }
 
@@ -121,7 +121,7 @@ fn a_sealed_pair_moves_data_both_ways() {
 #[test]
 fn a_flipped_write_frame_is_tampered_and_nothing_lands_in_the_target() {
     within(BOUND, "tampered write", || {
-        let w = Wire::new(Encrypt::Always, Some(Toward::Target));
+        let w = Wire::new(Encrypt::Always, Some(true));
         let before = bytes_of(&w.remote);
         let snap = w.run(Opcode::Write);
         assert_eq!(snap.status, TransferStatus::Failed, "{:?}", snap.error);
@@ -137,7 +137,7 @@ fn a_flipped_write_frame_is_tampered_and_nothing_lands_in_the_target() {
 #[test]
 fn a_flipped_read_reply_is_tampered_and_nothing_lands_in_the_initiator() {
     within(BOUND, "tampered read", || {
-        let w = Wire::new(Encrypt::Always, Some(Toward::Initiator));
+        let w = Wire::new(Encrypt::Always, Some(false));
         let before = bytes_of(&w.local);
         let snap = w.run(Opcode::Read);
         assert_eq!(snap.status, TransferStatus::Failed, "{:?}", snap.error);
@@ -154,7 +154,7 @@ fn a_flipped_read_reply_is_tampered_and_nothing_lands_in_the_initiator() {
 fn without_sealing_the_same_flip_lands_corrupted_bytes() {
     // The control: the relay does corrupt, and plaintext connections cannot tell.
     within(BOUND, "plaintext write through the flipping relay", || {
-        let w = Wire::new(Encrypt::Never, Some(Toward::Target));
+        let w = Wire::new(Encrypt::Never, Some(true));
         let sent = bytes_of(&w.local);
         let snap = w.run(Opcode::Write);
         assert_eq!(snap.status, TransferStatus::Completed, "{:?}", snap.error);

@@ -11,8 +11,8 @@
 //! - [`lists`]: scattered block lists run to their end, counted by status and checked
 //!   byte for byte (the attempt-deadline tests of each transport);
 //! - [`notes`]: a target-side notification handler that checks the data is in place;
-//! - [`Proxy`]: a TCP forwarder whose connections a test freezes or cuts;
-//! - [`FlipRelay`]: a TCP relay that flips a bit of every connection at an offset;
+//! - [`Proxy`]: a TCP forwarder whose connections a test freezes, cuts, pauses or corrupts
+//!   (a byte flipped at a stream position, [`Flip`]);
 //! - [`raw`]: raw wire clients' pieces ([`raw::hello`], [`raw::read_to_close`],
 //!   [`raw::ops_in`]), this process's shm sockets ([`raw::shm_sockets`]) and its resident
 //!   memory ([`raw::resident_bytes`]);
@@ -23,7 +23,6 @@
 //! - [`unused_port`]: a port for a server started later, outside the kernel's ephemeral range.
 
 mod etcd;
-mod flip;
 pub mod lists;
 pub mod notes;
 mod pair;
@@ -35,7 +34,6 @@ mod still;
 mod wait;
 
 pub use etcd::{etcd_healthy, etcd_missing, spawn_etcd, EtcdServer};
-pub use flip::{FlipRelay, Toward};
 pub use pair::{request, Pair};
 pub use ports::unused_port;
 pub use proxy::{Flip, Proxy};

@@ -35,6 +35,8 @@ struct State {
     open: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
     /// Where a byte is flipped in streams of connections accepted from now on.
     flip: Mutex<Option<Flip>>,
+    /// Bytes flipped so far, every stream together.
+    flipped: AtomicU64,
 }
 
 /// One byte flipped in each stream of one direction that gets that far.
@@ -63,6 +65,7 @@ impl Proxy {
             next: AtomicU64::new(0),
             open: Mutex::default(),
             flip: Mutex::default(),
+            flipped: AtomicU64::new(0),
         });
         let proxy = Self {
             addr,
@@ -111,6 +114,11 @@ impl Proxy {
     /// forwarded intact again).
     pub fn corrupt(&self, flip: Option<Flip>) {
         *self.state.flip.lock().expect("flip") = flip;
+    }
+
+    /// How many bytes were flipped so far (one per stream that got as far as its `at`).
+    pub fn flipped(&self) -> u64 {
+        self.state.flipped.load(Ordering::SeqCst)
     }
 
     /// The connections open now are closed on both sides (no goodbye reaches either
@@ -210,6 +218,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>, 
         }
         if let Some(at) = flip.filter(|at| (passed..passed + n as u64).contains(at)) {
             buf[(at - passed) as usize] ^= 0xFF;
+            state.flipped.fetch_add(1, Ordering::SeqCst);
         }
         passed += n as u64;
         if paused {
