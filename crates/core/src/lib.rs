@@ -13,7 +13,7 @@
 //! let seg = initiator.open_segment_blocking(target.segment_name())?;
 //! let req = Request { opcode: Opcode::Write, local: local.id(), local_offset: 0,
 //!     segment: seg.handle, remote_buffer: buf.id(), remote_offset: 0, length: 1 << 20,
-//!     hint: ferry_core::TransportHint::Auto };
+//!     hint: ferry_core::TransportHint::Auto, verify: false };
 //! let done = initiator.transfer_blocking(&[req])?;
 //! assert_eq!(done[0].status, ferry_core::TransferStatus::Completed);
 //! initiator.close();
