@@ -182,7 +182,10 @@ fn without_verify_the_corruption_goes_unseen() {
         corrupt_everything(&initiator_provider);
         let snap = run(&r, Opcode::Write, false);
         assert_eq!(snap.status, TransferStatus::Completed, "{snap:?}");
-        assert!(bytes_of(&r.remote) != bytes_of(&r.local), "corrupted, unseen");
+        assert!(
+            bytes_of(&r.remote) != bytes_of(&r.local),
+            "corrupted, unseen"
+        );
         let snap = run(&r, Opcode::Read, false);
         assert_eq!(snap.status, TransferStatus::Completed, "{snap:?}");
         assert_counted(&r, 0);
