@@ -191,3 +191,33 @@ fn without_verify_the_corruption_goes_unseen() {
         assert_counted(&r, 0);
     });
 }
+
+/// The check runs before the request counts as complete, so a notification attached to
+/// a corrupted verified WRITE is never sent: the next one the target gets is the barrier.
+#[test]
+fn a_corrupted_verified_write_sends_no_notification() {
+    within(BOUND, "notify", || {
+        let (r, initiator_provider) = rig();
+        let (seen, ticks) = ferry_testkit::notes::handler(&r, bytes_of(&r.local));
+        corrupt_everything(&initiator_provider);
+        let req = Request {
+            hint: TransportHint::Prefer(TransportKind::Rdma),
+            verify: true,
+            ..r.request(Opcode::Write, 0, LEN)
+        };
+        let (tx, rx) = mpsc::channel();
+        r.initiator
+            .transfer_notify(&[req], b"corrupted".to_vec(), move |snaps, err| {
+                let _ = tx.send((snaps, err.map(|e| e.code().to_string())));
+            })
+            .expect("submit");
+        let (snaps, err) = rx.recv_timeout(Duration::from_secs(30)).expect("ended");
+        assert_integrity_failure(&one(snaps));
+        assert_eq!(err, None, "nothing was sent, so nothing was refused");
+        r.initiator
+            .notify_blocking(r.seg, b"barrier")
+            .expect("barrier");
+        ferry_testkit::notes::wait_for(&ticks, 1);
+        assert_eq!(ferry_testkit::notes::payloads(&seen), ["barrier"]);
+    });
+}
