@@ -11,8 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_core::blocks::{Blocks, PerBlock};
+use ferry_core::memory::{Region, RegionId};
+use ferry_core::segment::Peer;
+use ferry_core::transport::{Attempt, BoxFuture, Transport, TransportContext, TransportFactory};
 use ferry_core::{
-    Engine, EngineConfig, Opcode, Request, TaskSnapshot, TransferStatus, TransportHint,
+    Engine, EngineConfig, Error, Opcode, Request, TaskSnapshot, TransferStatus, TransportHint,
     TransportKind,
 };
 use ferry_testkit::{bytes_at, bytes_of, fill, one, within, Pair};
@@ -220,4 +223,136 @@ fn a_corrupted_verified_write_sends_no_notification() {
         ferry_testkit::notes::wait_for(&ticks, 1);
         assert_eq!(ferry_testkit::notes::payloads(&seen), ["barrier"]);
     });
+}
+
+/// The rdma transport of a build without checks: it reads every control message as an
+/// endpoint handshake, so it refuses a check as a malformed one.
+#[derive(Debug)]
+struct WithoutChecks(RdmaFactory);
+
+impl TransportFactory for WithoutChecks {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Rdma
+    }
+
+    fn build(&self, context: TransportContext) -> ferry_core::Result<Arc<dyn Transport>> {
+        Ok(Arc::new(OldTarget(self.0.build(context)?)))
+    }
+}
+
+struct OldTarget(Arc<dyn Transport>);
+
+impl Transport for OldTarget {
+    fn kind(&self) -> TransportKind {
+        self.0.kind()
+    }
+    fn submit(&self, attempts: &[Attempt]) -> Vec<ferry_core::Result<()>> {
+        self.0.submit(attempts)
+    }
+    fn reports_starts(&self) -> bool {
+        self.0.reports_starts()
+    }
+    fn fail_peer(&self, peer: &Peer, error: Error) {
+        self.0.fail_peer(peer, error);
+    }
+    fn forget_peer(&self, peer: &Peer, error: Error) {
+        self.0.forget_peer(peer, error);
+    }
+    fn shutdown(&self) {
+        self.0.shutdown();
+    }
+    fn reachable(&self, peer: &Peer) -> Result<(), String> {
+        self.0.reachable(peer)
+    }
+    fn attach(&self, peer: &Arc<Peer>) -> Option<BoxFuture<ferry_core::Result<()>>> {
+        self.0.attach(peer)
+    }
+    fn region_added(&self, region: &Arc<Region>) -> ferry_core::Result<()> {
+        self.0.region_added(region)
+    }
+    fn region_released(&self, id: RegionId) {
+        self.0.region_released(id);
+    }
+    fn serves(&self, region: &Region) -> bool {
+        self.0.serves(region)
+    }
+    fn describe(&self) -> Option<serde_json::Value> {
+        self.0.describe()
+    }
+    fn describe_buffer(&self, region: &Region) -> Option<serde_json::Value> {
+        self.0.describe_buffer(region)
+    }
+    fn control(&self, request: &[u8]) -> ferry_core::Result<Vec<u8>> {
+        if request.starts_with(br#"{"check""#) {
+            return Err(Error::Protocol(
+                "rdma handshake: malformed: missing field `engine_id`".into(),
+            ));
+        }
+        self.0.control(request)
+    }
+}
+
+/// A target too old to check: the verified request fails rather than claim a check, and
+/// an unverified one still moves.
+#[test]
+fn a_target_that_does_not_check_fails_verified_requests() {
+    within(BOUND, "old target", || {
+        let rdma = RdmaConfig {
+            provider_instance: Some(Arc::new(EmulatedProvider::default())),
+            ..RdmaConfig::default()
+        };
+        let target = Engine::new(EngineConfig {
+            transports: vec![TransportKind::Rdma, TransportKind::Tcp],
+            extra_transports: vec![Arc::new(WithoutChecks(RdmaFactory { config: rdma }))],
+            ..EngineConfig::default()
+        })
+        .expect("target");
+        let initiator = engine(Arc::new(EmulatedProvider::default()));
+        let r = Pair::new(target, initiator, LEN);
+        fill(&r.local, 6);
+        for opcode in [Opcode::Write, Opcode::Read] {
+            let snap = run(&r, opcode, true);
+            assert_integrity_failure(&snap);
+            let error = snap.error.expect("an error").to_string();
+            assert!(error.contains("did not check"), "{opcode:?}: {error}");
+        }
+        let snap = run(&r, Opcode::Write, false);
+        assert_eq!(snap.status, TransferStatus::Completed, "{snap:?}");
+        assert_eq!(snap.transport, Some(TransportKind::Rdma));
+    });
+}
+
+/// What a check costs: median request time of verified and unverified rdma WRITEs and
+/// READs, interleaved in the same run. Prints; asserts nothing:
+/// `cargo test --release -p ferry-verbs --test integrity -- --ignored --nocapture cost`.
+#[test]
+#[ignore = "a measurement"]
+fn cost_of_a_check() {
+    let (r, _) = rig();
+    for (len, rounds) in [(4u64 << 10, 200), (LEN, 50)] {
+        for opcode in [Opcode::Write, Opcode::Read] {
+            let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+            for _ in 0..rounds {
+                for (i, verify) in [false, true].into_iter().enumerate() {
+                    let req = Request {
+                        hint: TransportHint::Require(TransportKind::Rdma),
+                        verify,
+                        ..r.request(opcode, 0, len)
+                    };
+                    let start = std::time::Instant::now();
+                    let snap = one(r.initiator.transfer_blocking(&[req]).expect("transfer"));
+                    times[i].push(start.elapsed());
+                    assert_eq!(snap.status, TransferStatus::Completed, "{snap:?}");
+                }
+            }
+            let median = |v: &mut Vec<Duration>| {
+                v.sort();
+                v[v.len() / 2]
+            };
+            let (plain, verified) = (median(&mut times[0]), median(&mut times[1]));
+            println!(
+                "{opcode:?} {len} B: plain {plain:?}, verified {verified:?} (median of {rounds})"
+            );
+        }
+    }
 }
