@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// Faults applied to work requests posted by an initiator QP of the emulated device.
 ///
-/// The three probabilities are drawn once per work request (one draw, so their sum must
+/// The four probabilities are drawn once per work request (one draw, so their sum must
 /// not exceed 1); `delay` applies to every completion.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct EmulatedFaults {
@@ -19,6 +19,10 @@ pub struct EmulatedFaults {
     /// Probability that a work request completes with `RemAccessErr` without touching
     /// remote memory.
     pub remote_access: f64,
+    /// Probability that a work request's bytes are corrupted on the way: one byte of a
+    /// WRITE's payload or of a READ's response is flipped, and the work request completes
+    /// successfully (what an end-to-end check, `verify`, is there to catch).
+    pub corrupt: f64,
     /// Extra time before each completion is delivered.
     pub delay: Duration,
     /// Seed of the random source deciding the faults.
@@ -27,7 +31,7 @@ pub struct EmulatedFaults {
 
 /// A fault specification that could not be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid emulated verbs fault spec {spec:?}: {reason} (expected e.g. \"silent_loss=0.1,retry_exceeded=0.05,remote_access=0,delay_ms=5,seed=7\")")]
+#[error("invalid emulated verbs fault spec {spec:?}: {reason} (expected e.g. \"silent_loss=0.1,retry_exceeded=0.05,remote_access=0,corrupt=0,delay_ms=5,seed=7\")")]
 pub struct FaultSpecError {
     /// The specification given.
     pub spec: String,
@@ -37,7 +41,7 @@ pub struct FaultSpecError {
 
 impl EmulatedFaults {
     /// Parses `key=value` pairs separated by commas: `silent_loss`, `retry_exceeded`,
-    /// `remote_access` (probabilities in 0..=1), `delay_ms` (milliseconds) and `seed`.
+    /// `remote_access`, `corrupt` (probabilities in 0..=1), `delay_ms` (milliseconds) and `seed`.
     /// Keys left out keep their default (no fault); an empty spec means no faults.
     ///
     /// # Errors
@@ -76,16 +80,18 @@ impl EmulatedFaults {
                 "silent_loss" => faults.silent_loss = probability(value)?,
                 "retry_exceeded" => faults.retry_exceeded = probability(value)?,
                 "remote_access" => faults.remote_access = probability(value)?,
+                "corrupt" => faults.corrupt = probability(value)?,
                 "delay_ms" => faults.delay = Duration::from_millis(integer(value)?),
                 "seed" => faults.seed = integer(value)?,
                 other => {
                     return Err(fail(format!(
-                        "unknown key {other:?} (known: silent_loss, retry_exceeded, remote_access, delay_ms, seed)"
+                        "unknown key {other:?} (known: silent_loss, retry_exceeded, remote_access, corrupt, delay_ms, seed)"
                     )))
                 }
             }
         }
-        let sum = faults.silent_loss + faults.retry_exceeded + faults.remote_access;
+        let sum =
+            faults.silent_loss + faults.retry_exceeded + faults.remote_access + faults.corrupt;
         if sum > 1.0 + 1e-9 {
             return Err(fail(format!("probabilities sum to {sum}, above 1")));
         }
@@ -100,6 +106,7 @@ pub(crate) enum Fault {
     SilentLoss,
     RetryExceeded,
     RemoteAccess,
+    Corrupt,
 }
 
 impl EmulatedFaults {
@@ -111,6 +118,8 @@ impl EmulatedFaults {
             Fault::RetryExceeded
         } else if u < self.silent_loss + self.retry_exceeded + self.remote_access {
             Fault::RemoteAccess
+        } else if u < self.silent_loss + self.retry_exceeded + self.remote_access + self.corrupt {
+            Fault::Corrupt
         } else {
             Fault::None
         }
@@ -118,7 +127,10 @@ impl EmulatedFaults {
 
     /// Whether any fault can happen (no random draw is needed otherwise).
     pub(crate) fn any(&self) -> bool {
-        self.silent_loss > 0.0 || self.retry_exceeded > 0.0 || self.remote_access > 0.0
+        self.silent_loss > 0.0
+            || self.retry_exceeded > 0.0
+            || self.remote_access > 0.0
+            || self.corrupt > 0.0
     }
 }
 
@@ -205,7 +217,7 @@ mod tests {
     #[test]
     fn parses_a_full_spec() {
         let f = EmulatedFaults::parse(
-            "silent_loss=0.1, retry_exceeded=0.05,remote_access=0,delay_ms=5,seed=7",
+            "silent_loss=0.1, retry_exceeded=0.05,remote_access=0,corrupt=0.25,delay_ms=5,seed=7",
         )
         .expect("valid spec");
         assert_eq!(
@@ -214,6 +226,7 @@ mod tests {
                 silent_loss: 0.1,
                 retry_exceeded: 0.05,
                 remote_access: 0.0,
+                corrupt: 0.25,
                 delay: Duration::from_millis(5),
                 seed: 7,
             }
@@ -244,12 +257,14 @@ mod tests {
             silent_loss: 0.1,
             retry_exceeded: 0.2,
             remote_access: 0.3,
+            corrupt: 0.1,
             ..Default::default()
         };
         assert_eq!(f.decide(0.05), Fault::SilentLoss);
         assert_eq!(f.decide(0.2), Fault::RetryExceeded);
         assert_eq!(f.decide(0.5), Fault::RemoteAccess);
-        assert_eq!(f.decide(0.7), Fault::None);
+        assert_eq!(f.decide(0.65), Fault::Corrupt);
+        assert_eq!(f.decide(0.75), Fault::None);
     }
 
     #[test]

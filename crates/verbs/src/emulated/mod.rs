@@ -32,7 +32,8 @@
 //! rkey validation, in-order completion, and the error state that flushes every outstanding
 //! and later work request. [`EmulatedFaults`] injects loss, errors and delay; its
 //! `retry_exceeded` fault ends a work request in `RetryExcErr` after the modeled timeout
-//! without sending it, and `silent_loss` drops one with no completion ever.
+//! without sending it, `silent_loss` drops one with no completion ever, and `corrupt` flips
+//! one byte of what one carries (a WRITE's payload, a READ's response) and completes it.
 //!
 //! Threads: the responder has a listener and one thread per inbound connection; each QP
 //! has a worker (sends and completes) and a receiver per connection. Dropping a QP joins

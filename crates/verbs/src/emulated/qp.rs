@@ -94,6 +94,8 @@ struct Entry {
     signaled: bool,
     byte_len: u64,
     delay: Duration,
+    /// The `corrupt` fault: one byte of what it carries is flipped on the way.
+    corrupt: bool,
     phase: Phase,
 }
 
@@ -481,7 +483,7 @@ impl QpShared {
                     status: WcStatus::RemAccessErr,
                     not_before: now + delay,
                 },
-                Fault::None => Phase::Queued,
+                Fault::None | Fault::Corrupt => Phase::Queued,
             };
             let seq = g.next_seq;
             g.next_seq += 1;
@@ -495,6 +497,7 @@ impl QpShared {
                 signaled: wr.signaled,
                 byte_len: wr.sg_list.iter().map(|s| u64::from(s.length)).sum(),
                 delay,
+                corrupt: fault == Fault::Corrupt,
                 phase,
             });
         }

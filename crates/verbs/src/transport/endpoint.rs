@@ -10,6 +10,7 @@ use std::time::Instant;
 use ferry_core::fence::Landing;
 use ferry_core::task::Task;
 
+use super::verify::PendingCheck;
 use super::LocalMr;
 use crate::provider::{CompletionQueue, QueuePair, SendWr, Sge, VerbsError, WrOpcode};
 
@@ -28,6 +29,8 @@ pub(crate) struct Work {
     /// The first slice of its attempt's share for this endpoint: posting it starts the
     /// attempt's deadline (`Task::started`).
     pub starts_share: bool,
+    /// A verified attempt's check, which runs once its last work request completed.
+    pub check: Option<Arc<PendingCheck>>,
 }
 
 /// A posted slice.
@@ -36,6 +39,8 @@ pub(crate) struct Slot {
     pub attempt: u32,
     pub bytes: u32,
     pub posted: Instant,
+    /// A verified attempt's check (`Work::check`).
+    pub check: Option<Arc<PendingCheck>>,
     _local: Arc<LocalMr>,
     /// Holds the task's fence until the completion is taken or the QP was moved to ERR
     /// and the slot dropped (`break_all`): a cancel settles only after that.
@@ -189,6 +194,7 @@ impl Endpoint {
             attempt: w.attempt,
             bytes: w.len,
             posted,
+            check: w.check,
             _local: w.local,
             _landing: landing,
         });

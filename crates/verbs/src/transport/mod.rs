@@ -19,7 +19,8 @@
 //! `device` and `submit`; `peer_link` holds the state towards one peer. The shells make the
 //! verbs calls: `device` (opening devices, making queue pairs), `submit` and `endpoint`
 //! (posting; `endpoint` also keeps the table of posted slices), `poller` (completions and
-//! deadlines), `links` and `handshake` (connection setup, reset, reconnect).
+//! deadlines), `links` and `handshake` (connection setup, reset, reconnect), and `verify`
+//! (a verified attempt's end-to-end check, a control message after its completions).
 
 mod config;
 mod device;
@@ -32,6 +33,7 @@ mod peer_link;
 mod poller;
 mod published;
 mod submit;
+mod verify;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -377,7 +379,10 @@ impl Transport for RdmaTransport {
         if self.shared.stopping.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        self.shared.accept(request)
+        match verify::parse_check(request) {
+            Some(check) => self.shared.answer_check(&check),
+            None => self.shared.accept(request),
+        }
     }
 }
 

@@ -115,6 +115,10 @@ fn on_completion(
     if wc.status == WcStatus::Success {
         if let Some(slot) = slot {
             slot.task.slice_done(slot.attempt, u64::from(slot.bytes));
+            // A verified attempt completes with its check, after every work request.
+            if let Some(check) = slot.check.as_ref().filter(|c| c.landed()) {
+                shared.start_check(link, slot.task.clone(), slot.attempt, check);
+            }
         }
         return;
     }

@@ -9,6 +9,7 @@ use ferry_core::transport::Attempt;
 use ferry_core::{Error, Opcode, Result};
 
 use super::endpoint::{PushError, Work};
+use super::verify::PendingCheck;
 use super::Shared;
 use crate::provider::WrOpcode;
 
@@ -64,7 +65,13 @@ impl Shared {
             })?;
         let slice = self.config.slice_size as u64;
         let slices_u32 = u32::try_from(req.slice_count(slice))
-            .map_err(|_| Error::InvalidArgument("request has too many slices".into()))?;
+            .ok()
+            .filter(|n| *n < u32::MAX)
+            .ok_or_else(|| Error::InvalidArgument("request has too many slices".into()))?;
+        // A verified attempt ends with its check, one slice more than it posts.
+        let check = req
+            .verify
+            .then(|| Arc::new(PendingCheck::new(slices_u32, remote.addr, local.clone())));
         let opcode = wr_opcode(req.opcode);
         let local_base = local.region.as_ptr() as u64;
         let start = link.next.fetch_add(1, Ordering::Relaxed) as usize;
@@ -90,9 +97,11 @@ impl Shared {
                 rkey: *rkey,
                 local: local.clone(),
                 starts_share,
+                check: check.clone(),
             });
         }
-        a.task.expect_slices(a.attempt, slices_u32);
+        a.task
+            .expect_slices(a.attempt, slices_u32 + u32::from(check.is_some()));
         let shares = per_ep.iter().filter(|w| !w.is_empty()).count();
         if shares > 1 {
             // Its deadline runs once every endpoint posted some of it.

@@ -72,7 +72,7 @@ impl QpShared {
         idx: usize,
         now: Instant,
     ) -> MutexGuard<'a, Inner> {
-        let payload = match self.prepare(&g.sq[idx]) {
+        let mut payload = match self.prepare(&g.sq[idx]) {
             Ok(p) => p,
             Err(status) => {
                 let delay = g.sq[idx].delay;
@@ -93,6 +93,9 @@ impl QpShared {
             return g;
         };
         let e = &g.sq[idx];
+        if e.corrupt {
+            flip_one_byte(&mut payload);
+        }
         let req = Request {
             op: match e.opcode {
                 WrOpcode::RdmaWrite => Op::Write,
@@ -319,6 +322,9 @@ impl QpShared {
                 Status::Ok
                     if e.opcode == WrOpcode::RdmaRead && u64::from(resp.len) == e.byte_len =>
                 {
+                    if e.corrupt {
+                        flip_one_byte(&mut data);
+                    }
                     self.scatter(e, &data)
                 }
                 _ => {
@@ -393,6 +399,14 @@ impl QpShared {
                 close_conn(g);
             }
         }
+    }
+}
+
+/// The `corrupt` fault: flips the bits of the middle byte of what a work request carries.
+fn flip_one_byte(bytes: &mut [u8]) {
+    let middle = bytes.len() / 2;
+    if let Some(b) = bytes.get_mut(middle) {
+        *b ^= 0xff;
     }
 }
 
