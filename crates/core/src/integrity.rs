@@ -21,32 +21,42 @@ pub fn check(what: &str, expected: u32, bytes: &[u8]) -> Result<(), Error> {
 /// the copy that brought it (from the socket) has left it in cache, rather than in a
 /// second pass over the whole range once it is in.
 pub struct Running {
-    digest: crc_fast::Digest,
+    /// The CRC's register between pieces (before its final xor), as `crc_fast` keeps it;
+    /// the digest itself, with its folding constants, is rebuilt around it per piece, so
+    /// that this stays two words wherever it waits.
+    state: u64,
+    len: u64,
 }
+
+const ALGORITHM: crc_fast::CrcAlgorithm = crc_fast::CrcAlgorithm::Crc32Iscsi;
 
 impl Running {
     /// A CRC32C of no bytes yet.
     pub fn new() -> Self {
         Self {
-            digest: crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi),
+            state: crc_fast::Digest::new(ALGORITHM).get_state(),
+            len: 0,
         }
     }
 
     /// Takes `piece`, the bytes that follow those taken so far.
     pub fn update(&mut self, piece: &[u8]) {
-        self.digest.update(piece);
+        let mut digest = crc_fast::Digest::new_with_init_state(ALGORITHM, self.state);
+        digest.update(piece);
+        self.state = digest.get_state();
+        self.len += piece.len() as u64;
     }
 
     /// The CRC32C of the bytes taken so far.
     pub fn value(&self) -> u32 {
-        // The CRC-32/ISCSI digest is 32 bits wide: the upper half is zero.
-        self.digest.finalize() as u32
+        // CRC-32/ISCSI is 32 bits wide: the upper half is zero.
+        crc_fast::Digest::new_with_init_state(ALGORITHM, self.state).finalize() as u32
     }
 
     /// Checks that the bytes taken so far (`what`: where they are) have the CRC32C
     /// `expected`, the source's.
     pub fn check(&self, what: &str, expected: u32) -> Result<(), Error> {
-        let len = usize::try_from(self.digest.get_amount()).unwrap_or(usize::MAX);
+        let len = usize::try_from(self.len).unwrap_or(usize::MAX);
         verdict(what, expected, self.value(), len)
     }
 }
