@@ -34,6 +34,7 @@ pub mod auth;
 pub mod batch;
 mod block_submit;
 pub mod blocks;
+mod checksummed_read;
 mod config;
 pub mod control;
 mod deadlines;

@@ -535,10 +535,12 @@ async fn read_verified<R: AsyncReadExt + Unpin>(
         staging.resize(dst.len(), 0);
     }
     let staged = &mut staging[..dst.len()];
-    r.read_exact(staged).await.map_err(truncated)?;
-    // The staged payload is still in cache: its check and its copy are each a fraction of
-    // what reading it from the socket cost.
-    let checked = crate::integrity::check("WRITE payload", u32::from_le_bytes(word), staged)
+    // Checksummed as it arrives, piece by piece (`read_checksummed`).
+    let running = crate::checksummed_read::read_checksummed(r, staged)
+        .await
+        .map_err(truncated)?;
+    let checked = running
+        .check("WRITE payload", u32::from_le_bytes(word))
         .map(|()| dst.copy_from_slice(staged));
     Ok(checked)
 }

@@ -129,7 +129,7 @@ fn auth_secret(text: Option<String>, hex: Option<String>) -> Result<Option<Secre
 
 fn decode_hex(h: &str) -> Result<Vec<u8>, Error> {
     let bad = || Error::InvalidArgument("authSecretHex must be an even count of hex digits".into());
-    if h.len() % 2 != 0 {
+    if !h.len().is_multiple_of(2) {
         return Err(bad());
     }
     (0..h.len())

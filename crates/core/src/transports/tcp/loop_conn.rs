@@ -17,6 +17,7 @@ use super::reply::{self, Reply};
 use super::request::Slice;
 use crate::error::{Error, Result};
 use crate::event_loop::watch::{Interest, Watcher};
+use crate::integrity::Running;
 use crate::lazy_now::LazyNow;
 use crate::memory::Window;
 use crate::segment::Peer;
@@ -54,6 +55,8 @@ enum Body {
         got: usize,
         /// The source's CRC32C, when the reply carried one (`verify`).
         checksum: Option<u32>,
+        /// The CRC32C of what arrived so far, taken as it is copied in (`verify`).
+        landed: Running,
     },
     Error {
         slice: Slice,
@@ -329,10 +332,19 @@ impl LoopConn {
             if let Some(body) = st.body.as_mut() {
                 let src = &st.rx[st.rx_start..st.rx_end];
                 let (complete, took) = match body {
-                    Body::Read { dst, got, .. } => {
+                    Body::Read {
+                        slice,
+                        dst,
+                        got,
+                        landed,
+                        ..
+                    } => {
                         let dst = dst.as_mut_slice();
                         let take = avail.min(dst.len() - *got);
                         dst[*got..*got + take].copy_from_slice(&src[..take]);
+                        if slice.verify() {
+                            landed.update(&src[..take]);
+                        }
                         *got += take;
                         (*got == dst.len(), take)
                     }
@@ -349,10 +361,10 @@ impl LoopConn {
                 match st.body.take() {
                     Some(Body::Read {
                         slice,
-                        dst,
                         checksum,
+                        landed,
                         ..
-                    }) => match reply::check_read(slice.verify(), checksum, dst.as_slice()) {
+                    }) => match reply::check_read(slice.verify(), checksum, &landed) {
                         Ok(()) => settle.done.push(slice),
                         Err(e) => settle.failed.push((slice, e)),
                     },
@@ -393,6 +405,7 @@ impl LoopConn {
                             dst,
                             got: 0,
                             checksum,
+                            landed: Running::new(),
                         })
                     }
                     Err(e) => {

@@ -44,7 +44,9 @@ use super::request::Slice;
 use super::sealed_frames::{tamper_notice, write_sealed};
 use super::stall::Stall;
 use super::window::Window;
+use crate::checksummed_read::read_checksummed;
 use crate::error::Error;
+use crate::integrity::Running;
 use crate::lazy_now::LazyNow;
 use crate::net::{connect_data, read_header_bytes};
 use crate::seal::{SealKeys, Sealer};
@@ -593,8 +595,9 @@ async fn read_loop(
             Reply::Written { .. } => Ok(None),
             Reply::Read { checksum, .. } => match slice.destination() {
                 Err(e) => Err(e),
-                Ok(mut dst) => match r.read_exact(dst.as_mut_slice()).await {
-                    Ok(_) => Ok(reply::check_read(slice.verify(), checksum, dst.as_slice()).err()),
+                Ok(mut dst) => match receive_read(&mut r, dst.as_mut_slice(), slice.verify()).await
+                {
+                    Ok(landed) => Ok(reply::check_read(slice.verify(), checksum, &landed).err()),
                     Err(e) => Err(Error::io("receive READ payload", &e)),
                 },
             },
@@ -618,4 +621,18 @@ async fn read_loop(
             }
         }
     }
+}
+
+/// Reads a READ reply's payload into `dst`, the slice's destination, and the CRC32C of
+/// what landed when it is `verified` (taken as it arrives: `read_checksummed`).
+async fn receive_read<R: AsyncReadExt + Unpin>(
+    r: &mut R,
+    dst: &mut [u8],
+    verified: bool,
+) -> std::io::Result<Running> {
+    if verified {
+        return read_checksummed(r, dst).await;
+    }
+    r.read_exact(dst).await?;
+    Ok(Running::new())
 }

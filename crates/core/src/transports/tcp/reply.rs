@@ -16,6 +16,7 @@
 //! is checked against the connection's own books, which only this side writes.
 
 use crate::error::Error;
+use crate::integrity::Running;
 use crate::kind::Opcode;
 use crate::wire::{Header, Op, RejectCode, WireError, MAX_ERROR_PAYLOAD};
 
@@ -206,14 +207,19 @@ pub(super) fn check_written(verify: bool, checked: bool) -> Result<(), Error> {
     Ok(())
 }
 
-/// Whether a READ whose `landed` bytes are in completes: a verified one only if the
-/// target sent the source's checksum and the bytes match it. On a mismatch the bytes
-/// stay where they landed (the request's own destination) and the request fails.
-pub(super) fn check_read(verify: bool, checksum: Option<u32>, landed: &[u8]) -> Result<(), Error> {
+/// Whether a READ whose bytes are in completes: a verified one only if the target sent
+/// the source's checksum and the bytes match it (`landed`: their CRC32C, taken as they
+/// arrived). On a mismatch the bytes stay where they landed (the request's own
+/// destination) and the request fails.
+pub(super) fn check_read(
+    verify: bool,
+    checksum: Option<u32>,
+    landed: &Running,
+) -> Result<(), Error> {
     match (verify, checksum) {
         (false, _) => Ok(()),
         (true, None) => Err(crate::integrity::unchecked("READ")),
-        (true, Some(expected)) => crate::integrity::check("READ payload", expected, landed),
+        (true, Some(expected)) => landed.check("READ payload", expected),
     }
 }
 
@@ -265,10 +271,13 @@ mod tests {
         // READ: only bytes that match the checksum the target took of its source.
         let bytes = [9u8; 100];
         let sum = crate::integrity::checksum(&bytes);
-        assert!(check_read(false, None, &bytes).is_ok());
-        assert!(check_read(true, Some(sum), &bytes).is_ok());
+        let mut landed = Running::new();
+        landed.update(&bytes[..30]);
+        landed.update(&bytes[30..]);
+        assert!(check_read(false, None, &landed).is_ok());
+        assert!(check_read(true, Some(sum), &landed).is_ok());
         for (checksum, why) in [(None, "no checksum sent"), (Some(sum ^ 1), "a mismatch")] {
-            let e = check_read(true, checksum, &bytes).expect_err(why);
+            let e = check_read(true, checksum, &landed).expect_err(why);
             assert_eq!(e.code(), "ERR_FERRY_INTEGRITY", "{why}");
         }
         // The reply's flag and token carry what was checked and the checksum.
