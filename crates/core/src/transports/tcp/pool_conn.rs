@@ -48,7 +48,7 @@ use crate::error::Error;
 use crate::lazy_now::LazyNow;
 use crate::net::{connect_data, read_header_bytes};
 use crate::seal::{SealKeys, Sealer};
-use crate::sealed_stream::SealedRead;
+use crate::sealed_stream::{read_buffer, SealedRead};
 use crate::segment::Peer;
 use crate::task::Observer;
 use crate::transport::AnsweredHook;
@@ -380,7 +380,8 @@ async fn conn_actor(
         let (rd, wr) = stream.into_split();
         let half = Arc::new(wr);
         let (sealer, opener) = keys.map(SealKeys::split).unzip();
-        let rd = SealedRead::new(BufReader::with_capacity(IO_BUFFER, rd), opener);
+        let buffer = read_buffer(opener.is_some(), IO_BUFFER);
+        let rd = SealedRead::new(BufReader::with_capacity(buffer, rd), opener);
         {
             let mut inf = conn.lock();
             inf.open = true;
