@@ -91,7 +91,11 @@ pub(super) fn seal_frames(
     seal_locked(&mut sealed_frames::lock(out), half, frames)
 }
 
-fn seal_locked(out: &mut SealedOut, half: &OwnedWriteHalf, frames: &mut [Frame]) -> Result<(), Error> {
+fn seal_locked(
+    out: &mut SealedOut,
+    half: &OwnedWriteHalf,
+    frames: &mut [Frame],
+) -> Result<(), Error> {
     for frame in frames.iter_mut().filter(|f| f.written < f.total()) {
         out.seal_frame(half, &frame.header, frame.payload.as_slice())?;
         frame.written = frame.total();
@@ -103,7 +107,11 @@ fn seal_locked(out: &mut SealedOut, half: &OwnedWriteHalf, frames: &mut [Frame])
 /// what the socket takes now. `false` when sealed bytes are left or something failed:
 /// the writer task must take over (it sends the rest, or meets the error and breaks the
 /// connection; a frame left unsealed goes back to it to seal).
-pub(super) fn seal_inline(out: &SharedSealedOut, half: &OwnedWriteHalf, frames: &mut [Frame]) -> bool {
+pub(super) fn seal_inline(
+    out: &SharedSealedOut,
+    half: &OwnedWriteHalf,
+    frames: &mut [Frame],
+) -> bool {
     let mut out = sealed_frames::lock(out);
     seal_locked(&mut out, half, frames).is_ok() && out.send_now(half).unwrap_or(false)
 }

@@ -81,7 +81,8 @@ impl SealedOut {
         header: &[u8],
         payload: &[u8],
     ) -> Result<(), Error> {
-        self.sealer.seal_into(&[header, payload], &mut self.pending)?;
+        self.sealer
+            .seal_into(&[header, payload], &mut self.pending)?;
         if self.pending.len() - self.sent >= GATHER {
             self.send_now(half)?;
         }
@@ -157,7 +158,9 @@ mod tests {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let extracted = Secret::new(vec![9u8; 32]).expect("secret").extract_key(b"t");
+            let extracted = Secret::new(vec![9u8; 32])
+                .expect("secret")
+                .extract_key(b"t");
             let client = SealKeys::derive(&extracted, Side::Client).expect("keys");
             let server = SealKeys::derive(&extracted, Side::Server).expect("keys");
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -181,7 +184,10 @@ mod tests {
             // An inline writer seals its frames; nobody reads yet, so the socket takes only
             // part and the rest stays pending.
             let mut first = frames(&region, 0..COUNT / 2, LEN);
-            assert!(!seal_inline(&out, &half, &mut first), "the socket took it all");
+            assert!(
+                !seal_inline(&out, &half, &mut first),
+                "the socket took it all"
+            );
             assert!(first.iter().all(|f| f.written == f.total()), "all sealed");
             // The writer task seals more behind it, then sends everything.
             let mut second = frames(&region, COUNT / 2..COUNT, LEN);
