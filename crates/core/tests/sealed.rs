@@ -13,8 +13,8 @@ use ferry_core::{
 use ferry_testkit::{bytes_of, fill, one, request, unused_port, within, FlipRelay, Toward};
 
 const BOUND: Duration = Duration::from_secs(60);
-/// Several frames (a sealed pool slices at 128 KiB at most), on several connections when
-/// the pool has them.
+/// Two of the default 512 KiB slices: two frames, on two connections when the pool has
+/// them.
 const LEN: u64 = 1 << 20;
 /// Where the relay flips a bit: past the handshake (under 300 bytes each way), inside the
 /// first data frame of every connection.

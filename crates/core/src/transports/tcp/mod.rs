@@ -45,8 +45,7 @@ use request::Slice;
 struct PeerPool {
     conns: Vec<Arc<PoolConn>>,
     /// This engine requires its data connections to the peer sealed (`encrypt`): its
-    /// small awaited requests stay off the event-loop connections, which are plaintext,
-    /// and its requests are sliced finer (`sealed_frames::slice_size`).
+    /// small awaited requests stay off the event-loop connections, which are plaintext.
     sealed: bool,
     next: AtomicUsize,
     active: AtomicUsize,
@@ -191,8 +190,7 @@ impl TcpTransport {
         }
         let token = req.descriptor.token_bytes()?;
         let pool = self.pool(&req.peer);
-        // A sealed pool slices finer, so that sealing, sending and opening overlap.
-        let slice_size = sealed_frames::slice_size(self.config.slice_size, pool.sealed);
+        let slice_size = self.config.slice_size;
         let count = u32::try_from(req.slice_count(slice_size)).map_err(|_| {
             Error::InvalidArgument(format!(
                 "request of {} bytes has too many slices",

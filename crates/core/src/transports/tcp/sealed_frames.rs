@@ -5,12 +5,6 @@
 //! the connection's [`SealedOut`] under its lock (`outgoing::seal_frames`), and sealed
 //! bytes reach the socket only from the front of its pending bytes: records leave in the
 //! order of their nonces, whichever thread sealed them.
-//!
-//! A sealed pool slices requests finer than a plaintext one ([`slice_size`]): a record is
-//! sealed whole before it leaves and opened whole before any of it is handed on, so each
-//! end works on one record at a time while the other waits for it. Smaller records let
-//! the sender seal the next frame while the receiver opens the one before, and give a
-//! request's slices to more lanes (and so more I/O threads) at once.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -31,21 +25,6 @@ pub(super) fn tamper_notice(header: &[u8; HEADER_LEN]) -> Option<Error> {
     notice.then(|| {
         Error::Tampered("the target found a frame from this engine tampered with on the way".into())
     })
-}
-
-/// The largest slice of a request on a sealed pool: small enough that sealing and opening
-/// one record is short beside moving a MiB, large enough that a frame's header, its
-/// record's prefix and tag and its acknowledgement stay a small share of its bytes.
-pub(super) const SEALED_SLICE_MAX: u64 = 128 << 10;
-
-/// The slice size of a pool's requests: the configured one, at most
-/// [`SEALED_SLICE_MAX`] when the pool's connections are sealed.
-pub(super) fn slice_size(configured: u64, sealed: bool) -> u64 {
-    if sealed {
-        configured.min(SEALED_SLICE_MAX)
-    } else {
-        configured
-    }
 }
 
 /// Sealed bytes gathered before they are written: small frames (READ requests) leave
@@ -207,24 +186,5 @@ mod tests {
                 assert_eq!(&frame[HEADER_LEN..], &all.as_slice()[at..at + LEN as usize]);
             }
         });
-    }
-
-    #[test]
-    fn a_sealed_pool_slices_at_most_its_cap_and_a_plaintext_one_as_configured() {
-        let default = crate::config::TcpConfig::default().slice_size;
-        assert!(default > SEALED_SLICE_MAX, "the cap is below the default");
-        assert_eq!(slice_size(default, true), SEALED_SLICE_MAX);
-        assert_eq!(slice_size(default, false), default);
-        // A configured size below the cap is kept, sealed or not.
-        assert_eq!(slice_size(64 << 10, true), 64 << 10);
-        assert_eq!(slice_size(64 << 10, false), 64 << 10);
-    }
-
-    #[test]
-    fn a_sealed_mebibyte_is_several_frames_that_stripe_over_lanes() {
-        let slices = (1u64 << 20).div_ceil(slice_size(crate::wire::MAX_DATA_PAYLOAD, true));
-        assert_eq!(slices, 8);
-        let s = super::super::stripe::stripe(slices as usize, 4, 1, 0);
-        assert_eq!(s.ways, 4, "every lane of a four-lane group gets a share");
     }
 }
