@@ -17,23 +17,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use crate::error::{Error, TamperedIo};
 use crate::seal::{record_len, Opener, Sealer, LEN_PREFIX, MAX_RECORD, TAG_LEN};
 
-/// The read buffer under (and, on the target, over) a sealed stream. Every byte that
-/// passes through a read buffer is copied once more, and a large record's first bytes
-/// arrive in it with the prefix before them: a small buffer still takes a burst of small
-/// records (READ requests, acknowledgements) in one system call, and lets little of a large
-/// record's body take the extra copy.
-pub(crate) const SEALED_READ_BUFFER: usize = 8 << 10;
-
-/// The read buffer of a stream: `plain` bytes for a plaintext one, [`SEALED_READ_BUFFER`]
-/// for a sealed one.
-pub(crate) fn read_buffer(sealed: bool, plain: usize) -> usize {
-    if sealed {
-        SEALED_READ_BUFFER.min(plain)
-    } else {
-        plain
-    }
-}
-
 fn io_error(e: Error) -> io::Error {
     match e {
         Error::Tampered(why) => io::Error::new(io::ErrorKind::InvalidData, TamperedIo(why)),
@@ -346,14 +329,6 @@ mod tests {
             assert_eq!(Error::io("read", &err).code(), "ERR_FERRY_TAMPERED");
             assert!(dst.iter().all(|b| *b == 0), "no byte handed out");
         });
-    }
-
-    #[test]
-    fn a_sealed_stream_reads_through_a_small_buffer_and_a_plaintext_one_as_asked() {
-        assert_eq!(read_buffer(true, 64 << 10), SEALED_READ_BUFFER);
-        assert_eq!(read_buffer(true, 64 << 10), 8 << 10);
-        assert_eq!(read_buffer(false, 64 << 10), 64 << 10);
-        assert_eq!(read_buffer(true, 4096), 4096);
     }
 
     #[test]

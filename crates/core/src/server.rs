@@ -26,7 +26,7 @@ use crate::net::{
 use crate::notify::serve::{serve_notify, OnLink, Receiving};
 use crate::resource::Overflow;
 use crate::seal::SealKeys;
-use crate::sealed_stream::{read_buffer, SealedRead, SealedWrite};
+use crate::sealed_stream::{SealedRead, SealedWrite};
 use crate::sealing::Stance;
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
@@ -389,11 +389,9 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment, keys: Option<SealKe
     let (rd, wr) = stream.into_split();
     let (sealer, opener) = keys.map(SealKeys::split).unzip();
     // Buffered under the records too: a sealed record's length prefix and body are read
-    // from the buffer, not a system call each (a READ request is a small record). Small
-    // buffers when sealed: what passes through them is copied once more.
-    let buffer = read_buffer(opener.is_some(), IO_BUFFER);
-    let rd = BufReader::with_capacity(buffer, rd);
-    let mut r = BufReader::with_capacity(buffer, SealedRead::new(rd, opener));
+    // from the buffer, not a system call each (a READ request is a small record).
+    let rd = BufReader::with_capacity(IO_BUFFER, rd);
+    let mut r = BufReader::with_capacity(IO_BUFFER, SealedRead::new(rd, opener));
     let mut w = BufWriter::with_capacity(IO_BUFFER, SealedWrite::new(wr, sealer));
     let served = serve_data_frames(&mut r, &mut w, local).await;
     if r.get_ref().tampered() {

@@ -214,9 +214,8 @@ fn a_sealed_pair_moves_verified_data_both_ways() {
 
 #[test]
 fn a_sealed_pair_moves_polled_batches_both_ways() {
-    // Small polled submissions are sealed and written by the submitting thread itself
-    // while their connection is idle, and by its writer task behind others: one
-    // submission per piece, back to back, mixes both on each connection.
+    // The batch API's polled submissions, one per piece, back to back: many small sealed
+    // frames queued on each connection at once, in order behind one sealer.
     within(BOUND, "sealed polled writes and reads", || {
         let w = Wire::new(Encrypt::Always, None);
         let pieces = 32;

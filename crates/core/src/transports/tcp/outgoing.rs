@@ -10,8 +10,6 @@ use smallvec::SmallVec;
 use tokio::net::tcp::OwnedWriteHalf;
 
 use super::request::Slice;
-use super::sealed_frames::{self, SealedOut, SharedSealedOut};
-use crate::error::Error;
 use crate::memory::Window;
 use crate::wire::FrameHead;
 
@@ -79,43 +77,6 @@ pub(super) fn write_frames(half: &OwnedWriteHalf, frames: &mut [Frame]) -> std::
     Ok(())
 }
 
-/// Seals `frames` (none of them partly written) into a sealed connection's `out` behind
-/// what is pending there, marking each written once it is sealed (`sealed_frames`: the
-/// pending bytes go out in order, from whichever thread). A frame that could not be
-/// sealed and those behind it stay unwritten.
-pub(super) fn seal_frames(
-    out: &SharedSealedOut,
-    half: &OwnedWriteHalf,
-    frames: &mut [Frame],
-) -> Result<(), Error> {
-    seal_locked(&mut sealed_frames::lock(out), half, frames)
-}
-
-fn seal_locked(
-    out: &mut SealedOut,
-    half: &OwnedWriteHalf,
-    frames: &mut [Frame],
-) -> Result<(), Error> {
-    for frame in frames.iter_mut().filter(|f| f.written < f.total()) {
-        out.seal_frame(half, &frame.header, frame.payload.as_slice())?;
-        frame.written = frame.total();
-    }
-    Ok(())
-}
-
-/// A submitting thread's inline write of a sealed connection: seals `frames` and writes
-/// what the socket takes now. `false` when sealed bytes are left or something failed:
-/// the writer task must take over (it sends the rest, or meets the error and breaks the
-/// connection; a frame left unsealed goes back to it to seal).
-pub(super) fn seal_inline(
-    out: &SharedSealedOut,
-    half: &OwnedWriteHalf,
-    frames: &mut [Frame],
-) -> bool {
-    let mut out = sealed_frames::lock(out);
-    seal_locked(&mut out, half, frames).is_ok() && out.send_now(half).unwrap_or(false)
-}
-
 /// How many frames from the front are completely written.
 pub(super) fn complete_prefix(frames: &[Frame]) -> usize {
     frames.iter().take_while(|f| f.written == f.total()).count()
@@ -138,9 +99,8 @@ pub(super) struct WriteState {
     pub(super) inline_busy: bool,
     /// The connected socket's write half; `None` while disconnected.
     pub(super) half: Option<Arc<OwnedWriteHalf>>,
-    /// The connection's sealing end when it is sealed: whoever writes the connection
-    /// seals and sends through it (`sealed_frames`).
-    pub(super) sealed: Option<SharedSealedOut>,
+    /// The connection is sealed: only the writer task writes it (`sealed_frames`).
+    pub(super) sealed: bool,
 }
 
 impl WriteState {

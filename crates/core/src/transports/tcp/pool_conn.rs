@@ -13,8 +13,7 @@
 //! together in as few `writev` calls as the socket allows. Everything else (large Promise
 //! frames, frames behind others, the rest of a partial write) goes through the connection's
 //! writer task, which keeps frames in submission order and writes what it has queued in
-//! batches too. On a sealed connection either of them seals the frames on the way
-//! (`sealed_frames`); its large frames, polled or not, go to the writer task.
+//! batches too.
 //!
 //! Replies are decoded by `reply::decode`, the same decoder the loop connections use.
 //!
@@ -39,20 +38,17 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::outgoing::{
-    complete_prefix, seal_frames, seal_inline, write_frames, Frame, Queued, WriteState,
-    BATCH_IOVECS,
-};
+use super::outgoing::{complete_prefix, write_frames, Frame, Queued, WriteState, BATCH_IOVECS};
 use super::reply::{self, Reply};
 use super::request::Slice;
-use super::sealed_frames::{self, tamper_notice, SealedOut, SharedSealedOut};
+use super::sealed_frames::{tamper_notice, write_sealed};
 use super::stall::Stall;
 use super::window::Window;
 use crate::error::Error;
 use crate::lazy_now::LazyNow;
 use crate::net::{connect_data, read_header_bytes};
-use crate::seal::SealKeys;
-use crate::sealed_stream::{read_buffer, SealedRead};
+use crate::seal::{SealKeys, Sealer};
+use crate::sealed_stream::SealedRead;
 use crate::segment::Peer;
 use crate::task::Observer;
 use crate::transport::AnsweredHook;
@@ -237,19 +233,15 @@ impl PoolConn {
     /// request waiting only for the connection to be made is no such demand.
     pub(super) fn send(&self, slices: Slices) -> bool {
         let mut st = self.write_state();
-        let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty();
+        let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty() && !st.sealed;
         let mut waited = !idle;
         let small = slices.iter().all(|s| s.payload_len() <= INLINE_MAX)
             && slices.iter().map(Slice::payload_len).sum::<u64>() <= INLINE_BATCH_MAX;
         let polled = slices
             .first()
             .is_some_and(|s| s.task.observer() == Observer::Poll);
-        // A sealed connection's large frames go to its writer task even when polled:
-        // sealing is most of their cost, and each lane's writer seals its share on its own
-        // I/O thread, where this thread would seal every lane's share in turn.
-        let inline = small || (polled && st.sealed.is_none());
-        let (half, sealed) = match &st.half {
-            Some(h) if idle && inline => (h.clone(), st.sealed.clone()),
+        let half = match &st.half {
+            Some(h) if idle && (small || polled) => h.clone(),
             _ => {
                 st.queue.extend(slices.into_iter().map(Queued::Fresh));
                 drop(st);
@@ -284,19 +276,11 @@ impl PoolConn {
                 }
             }
         }
-        // Sealed: what the socket did not take stays in the connection's sealed bytes,
-        // which the writer task sends (`sealed_frames`).
-        let all_sent = match &sealed {
-            Some(out) => seal_inline(out, &half, &mut frames),
-            None => {
-                let _ = write_frames(&half, &mut frames);
-                true
-            }
-        };
+        let _ = write_frames(&half, &mut frames);
         let written = complete_prefix(&frames);
         let mut st = self.write_state();
         st.hand_back(&half, frames.into_iter().skip(written), unregistered);
-        if st.queue.is_empty() && all_sent {
+        if st.queue.is_empty() {
             return waited;
         }
         drop(st);
@@ -396,9 +380,7 @@ async fn conn_actor(
         let (rd, wr) = stream.into_split();
         let half = Arc::new(wr);
         let (sealer, opener) = keys.map(SealKeys::split).unzip();
-        let sealed = sealer.map(SealedOut::shared);
-        let buffer = read_buffer(opener.is_some(), IO_BUFFER);
-        let rd = SealedRead::new(BufReader::with_capacity(buffer, rd), opener);
+        let rd = SealedRead::new(BufReader::with_capacity(IO_BUFFER, rd), opener);
         {
             let mut inf = conn.lock();
             inf.open = true;
@@ -407,13 +389,13 @@ async fn conn_actor(
         {
             let mut st = conn.write_state();
             st.half = Some(half.clone());
-            st.sealed = sealed.clone();
+            st.sealed = sealer.is_some();
         }
         let mut receiving = None;
         let (cause, stuck) = tokio::select! {
             _ = cancel.cancelled() => (Error::Closed, false),
             e = read_loop(&conn, rd, &mut receiving) => (e, false),
-            e = write_loop(&conn, &half, sealed) => (e, false),
+            e = write_loop(&conn, &half, sealer) => (e, false),
             e = watch_stall(&conn, stuck_after) => (e, true),
         };
         let error = conn.error_for_break(cause);
@@ -426,7 +408,6 @@ async fn conn_actor(
         {
             let mut st = conn.write_state();
             st.half = None;
-            st.sealed = None;
             st.writer_busy = false;
             // Partly written frames are registered: `fail_all` below fails them.
             st.queue.retain(|q| matches!(q, Queued::Fresh(_)));
@@ -521,28 +502,18 @@ fn next_batch(conn: &PoolConn) -> Vec<Frame> {
     }
 }
 
-/// Writes queued frames in order until the connection fails; sealed into `sealed` when
-/// the connection is sealed, whose pending bytes (its own, or an inline writer's) go out
-/// before the next frames are taken.
-async fn write_loop(
-    conn: &PoolConn,
-    half: &OwnedWriteHalf,
-    sealed: Option<SharedSealedOut>,
-) -> Error {
+/// Writes queued frames in order until the connection fails; sealed with `sealer` when
+/// the connection is sealed.
+async fn write_loop(conn: &PoolConn, half: &OwnedWriteHalf, mut sealer: Option<Sealer>) -> Error {
+    let mut sealed = Vec::new();
     loop {
-        if let Some(out) = &sealed {
-            if let Err(e) = sealed_frames::drain(out, half).await {
-                return e;
-            }
-        }
         let mut frames = next_batch(conn);
         if frames.is_empty() {
             conn.work.notified().await;
             continue;
         }
-        if let Some(out) = &sealed {
-            // Sealed whole (each frame marked written), sent by the drain above.
-            if let Err(e) = seal_frames(out, half, &mut frames) {
+        if let Some(sealer) = sealer.as_mut() {
+            if let Err(e) = write_sealed(half, sealer, &mut frames, &mut sealed).await {
                 return e;
             }
         }
