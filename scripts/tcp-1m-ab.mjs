@@ -8,11 +8,20 @@
 // GB/s of each build, B/A, and each build's median ratio to the baseline of its round.
 //
 //   node scripts/tcp-1m-ab.mjs OLD.node NEW.node [--rounds N] [--duration S] [--threads 2] [--ops write,read]
-//     [--xport tcp|shm] [--size BYTES]
+//     [--xport tcp|shm] [--size BYTES] [--encrypt]
+//
+// --encrypt: both builds run sealed (tebench --encrypt, a cluster secret in a temporary
+// file), and the baseline of each round is plaintext tcp (--noencrypt, the same secret) on
+// build A instead of iperf3: B/A is the sealed speedup, A/base and B/base each build's
+// sealed-to-plaintext ratio in the same round.
 //
 // Each build is loaded through NAPI_RS_NATIVE_LIBRARY_PATH (binding.cjs); copy each addon
 // aside after its build (`npm run build:native`). Every iperf3 process is killed by pid.
 import { execFileSync, spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 
 const args = process.argv.slice(2);
 const flag = (name, dflt) => {
@@ -27,20 +36,34 @@ const ops = flag('--ops', 'write,read').split(',');
 // baseline then: iperf3 is the tcp 1 MiB one).
 const xport = flag('--xport', 'tcp');
 const size = Number(flag('--size', String(1 << 20)));
-const baseline = xport === 'tcp' && size === 1 << 20;
+const encryptAt = args.indexOf('--encrypt');
+const encrypt = encryptAt >= 0;
+if (encrypt) args.splice(encryptAt, 1);
+// The baseline: plaintext tcp on build A (--encrypt), or iperf3 (tcp 1 MiB).
+const baseline = encrypt || (xport === 'tcp' && size === 1 << 20);
+const baseName = encrypt ? 'plain' : 'iperf3';
+let secretDir;
+let secretFile;
+if (encrypt) {
+  secretDir = mkdtempSync(join(tmpdir(), 'ferry-ab-'));
+  secretFile = join(secretDir, 'secret');
+  writeFileSync(secretFile, randomBytes(32).toString('hex'), { mode: 0o600 });
+  process.on('exit', () => rmSync(secretDir, { recursive: true, force: true }));
+}
 const [a, b] = args;
 if (!a || !b) {
-  console.error('usage: node scripts/tcp-1m-ab.mjs OLD.node NEW.node [--rounds N] [--duration S] [--threads 2] [--ops write,read]');
+  console.error('usage: node scripts/tcp-1m-ab.mjs OLD.node NEW.node [--rounds N] [--duration S] [--threads 2] [--ops write,read] [--xport tcp|shm] [--size BYTES] [--encrypt]');
   process.exit(2);
 }
 const builds = { A: a, B: b };
 
-function engineRun(build, op) {
+function engineRun(build, op, sealed = encrypt) {
+  const sealing = encrypt ? [`--auth_secret_file=${secretFile}`, sealed ? '--encrypt' : '--noencrypt'] : [];
   const out = execFileSync(
     process.execPath,
     ['--import=tsx', 'bench/tebench.ts', '--local', `--xport_type=${xport}`, `--op_type=${op}`, `--duration=${duration}`,
       `--start_block_size=${size}`, `--max_block_size=${size}`, `--start_num_threads=${threads}`, `--max_num_threads=${threads}`,
-      '--total_buffer_size=256M', '--format=json'],
+      '--total_buffer_size=256M', '--format=json', ...sealing],
     { env: { ...process.env, NAPI_RS_NATIVE_LIBRARY_PATH: builds[build] }, encoding: 'utf8', timeout: 300_000 },
   );
   for (const line of out.split('\n')) {
@@ -84,25 +107,29 @@ const median = (xs) => {
 const cases = new Map(); // op -> { A: [gbps], B: [gbps], rA: [ratio], rB: [ratio] }
 for (let round = 0; round < rounds; round++) {
   for (const op of ops) {
-    const steps = baseline ? ['A', 'B', 'iperf3'] : ['A', 'B'];
+    const steps = baseline ? ['A', 'B', 'base'] : ['A', 'B'];
     for (let k = 0; k < round % steps.length; k++) steps.push(steps.shift());
     if (baseline && round % 2) steps.reverse();
     const got = {};
-    for (const step of steps) got[step] = step === 'iperf3' ? await iperf3Run() : engineRun(step, op);
-    got.iperf3 ??= NaN;
+    for (const step of steps) {
+      if (step !== 'base') got[step] = engineRun(step, op);
+      else got.base = encrypt ? engineRun('A', op, false) : await iperf3Run();
+    }
+    got.base ??= NaN;
     if (!cases.has(op)) cases.set(op, { A: [], B: [], base: [], rA: [], rB: [] });
     const c = cases.get(op);
     c.A.push(got.A);
     c.B.push(got.B);
-    c.base.push(got.iperf3);
-    c.rA.push(got.A / got.iperf3);
-    c.rB.push(got.B / got.iperf3);
-    console.error(`round ${round + 1} ${op}: A ${got.A.toPrecision(3)} B ${got.B.toPrecision(3)} iperf3x${threads} ${got.iperf3.toFixed(2)} GB/s (order ${steps.join(' ')})`);
+    c.base.push(got.base);
+    c.rA.push(got.A / got.base);
+    c.rB.push(got.B / got.base);
+    console.error(`round ${round + 1} ${op}: A ${got.A.toPrecision(3)} B ${got.B.toPrecision(3)} ${baseName} ${got.base.toFixed(2)} GB/s (order ${steps.join(' ')})`);
   }
 }
 const f = (x) => (Number.isFinite(x) ? x.toPrecision(3) : '-');
-console.log(`${xport} ${size} B, ${threads} threads, batch 1: medians over ${rounds} interleaved rounds of ${duration} s (A = ${a}, B = ${b}); baseline ${threads} x iperf3 -l 1M side by side`);
-console.log('op    | A GB/s | B GB/s | B/A  | iperf3 GB/s | A/iperf3 | B/iperf3');
+const baseLabel = encrypt ? 'plaintext tcp on A (A and B sealed)' : `${threads} x iperf3 -l 1M side by side`;
+console.log(`${xport} ${size} B, ${threads} threads, batch 1: medians over ${rounds} interleaved rounds of ${duration} s (A = ${a}, B = ${b}); baseline ${baseLabel}`);
+console.log(`op    | A GB/s | B GB/s | B/A  | ${baseName.padStart(6)} GB/s | A/${baseName} | B/${baseName}`);
 for (const [op, v] of cases) {
   const la = median(v.A);
   const lb = median(v.B);

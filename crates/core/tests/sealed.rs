@@ -211,3 +211,33 @@ fn a_sealed_pair_moves_verified_data_both_ways() {
         assert!(failures.iter().all(|(_, n)| *n == 0), "{failures:?}");
     });
 }
+
+#[test]
+fn a_sealed_pair_moves_polled_batches_both_ways() {
+    // The batch API's polled submissions, one per piece, back to back: many small sealed
+    // frames queued on each connection at once, in order behind one sealer.
+    within(BOUND, "sealed polled writes and reads", || {
+        let w = Wire::new(Encrypt::Always, None);
+        let pieces = 32;
+        let piece = LEN / pieces;
+        let run = |opcode| {
+            let batch = w.initiator.allocate_batch(pieces as usize).expect("batch");
+            for i in 0..pieces {
+                let req = request(opcode, &w.local, w.seg, &w.remote, i * piece, piece);
+                w.initiator.submit_transfer(batch, &[req]).expect("submit");
+            }
+            let snaps = ferry_testkit::wait_batch(&w.initiator, batch, BOUND);
+            for s in &snaps {
+                assert_eq!(s.status, TransferStatus::Completed, "{:?}", s.error);
+            }
+            w.initiator.free_batch(batch).expect("free");
+        };
+        let sent = bytes_of(&w.local);
+        run(Opcode::Write);
+        assert_eq!(bytes_of(&w.remote), sent);
+        fill(&w.remote, 3);
+        let stored = bytes_of(&w.remote);
+        run(Opcode::Read);
+        assert_eq!(bytes_of(&w.local), stored);
+    });
+}
