@@ -120,12 +120,12 @@ fn checksum_spans(region: &Arc<Region>, spans: &[(u64, u64)]) -> Result<u32> {
             spans.len()
         )));
     }
-    let mut crc = 0;
+    let mut crc = ferry_core::integrity::Running::new();
     for &(offset, len) in spans {
         let window = Window::new(region, offset, len)?;
-        crc = crc32c::crc32c_append(crc, window.as_slice());
+        crc.update(window.as_slice());
     }
-    Ok(crc)
+    Ok(crc.value())
 }
 
 /// What the answer to a check (or the lack of one) means for the attempt. `local` is the
