@@ -559,8 +559,15 @@ impl Transport for ShmTransport {
         let plan = self
             .policy
             .plan(&copy_request(request, more_follow, Caller::Polled));
-        if plan != Plan::Inline {
-            return None;
+        if let Plan::Split(split) = plan {
+            // A split copy that other copiers make inline after all is made here too, as
+            // the attempt would make it (and counted a large copy alike): through a task it
+            // would cost the task's bookkeeping beside the same memcpy.
+            let others = self.large_copiers.others_copying();
+            let awake = self.copy_threads.awake();
+            if !self.split_policy().inline_after_all(&split, others, awake) {
+                return None;
+            }
         }
         let copy = |peer: &Arc<ShmPeer>, mapping: &Arc<RemoteMapping>| {
             copy_spans(peer, mapping, request.local, request.opcode, request.spans)
