@@ -709,6 +709,13 @@ pub(crate) mod tests {
 
     /// A waiting task of a sample request, and the group it reports to (which it holds).
     pub(crate) fn waiting_task() -> (Arc<Task>, Arc<Group>) {
+        waiting_task_of(crate::request::tests::sample())
+    }
+
+    /// A waiting task of `request`, and the group it reports to (which it holds).
+    pub(crate) fn waiting_task_of(
+        request: crate::request::ValidatedRequest,
+    ) -> (Arc<Task>, Arc<Group>) {
         let group = Group::new(1, Box::new(|| {}));
         let told = Told {
             group: Some(group.clone()),
@@ -716,7 +723,7 @@ pub(crate) mod tests {
         };
         let lane = Counters::default().lane();
         let task = Task::new(
-            crate::request::tests::sample(),
+            request,
             told,
             lane,
             Observer::Poll,

@@ -217,7 +217,7 @@ impl LoopConn {
 
     /// Registers `slice` and writes its frame (on the loop's thread). Hands the slice back
     /// when the connection cannot take it now.
-    pub(super) fn send(&self, slice: Slice) -> std::result::Result<Sent, Slice> {
+    pub(super) fn send(&self, mut slice: Slice) -> std::result::Result<Sent, Slice> {
         let mut st = self.lock();
         if !st.open || !st.out.is_empty() {
             return Err(slice);
@@ -240,7 +240,8 @@ impl LoopConn {
         };
         st.next_id = st.next_id.wrapping_add(1);
         let id = st.next_id;
-        let header = slice.header(id, slice.checksum(&payload));
+        let checksum = slice.checksum(&payload);
+        let header = slice.header(id, checksum);
         st.inflight.insert(id, slice);
         let body = payload.as_slice();
         let head_len = header.len();
@@ -533,6 +534,7 @@ mod tests {
                 token: [0; 16],
                 engine_id: 0,
                 starts_share: true,
+                payload_crc: None,
             };
             self.conn.lock().inflight.insert(id, slice);
         }

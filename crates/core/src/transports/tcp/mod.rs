@@ -211,6 +211,7 @@ impl TcpTransport {
             token,
             engine_id: req.descriptor.engine_id,
             starts_share,
+            payload_crc: None,
         };
         if count == 1
             && task.observer() == Observer::Progress

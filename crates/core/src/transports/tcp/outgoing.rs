@@ -243,6 +243,7 @@ mod tests {
                     token: [0; 16],
                     engine_id: 0,
                     starts_share: true,
+                    payload_crc: None,
                 })
             };
             // The connection the write started on broke (none now), or broke and another

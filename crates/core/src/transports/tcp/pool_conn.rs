@@ -172,7 +172,7 @@ impl PoolConn {
     /// is room: `take`); refuses it if the connection is closing, or fails it when it
     /// cannot go on it (a payload outside its region, or a connection to another
     /// incarnation of the peer than it was planned for).
-    fn register(&self, slice: Slice, now: &LazyNow) -> Registered {
+    fn register(&self, mut slice: Slice, now: &LazyNow) -> Registered {
         let payload = match slice.payload() {
             Ok(w) => w,
             Err(e) => {

@@ -31,6 +31,9 @@ pub(super) struct Slice {
     /// The first slice of its attempt's share for one connection: when its frame goes
     /// out, the attempt's deadline starts running there (`Task::started`).
     pub(super) starts_share: bool,
+    /// Its payload's CRC32C once taken (`checksum`): kept while a full window holds the
+    /// slice back, so that its retry does not read the payload again.
+    pub(super) payload_crc: Option<u32>,
     /// Holds its task's fence while its frame may still be written or answered.
     #[allow(dead_code)] // held for its drop
     pub(super) landing: Landing<Task>,
@@ -78,10 +81,13 @@ impl Slice {
     }
 
     /// The checksum its request frame carries: a verified WRITE's CRC32C of `payload` (its
-    /// `payload()`), taken before the frame is registered, off the connection's lock.
-    pub(super) fn checksum(&self, payload: &Window) -> Option<u32> {
-        (self.verify() && self.opcode == Opcode::Write)
-            .then(|| crate::integrity::checksum(payload.as_slice()))
+    /// `payload()`), taken before the frame is registered, off the connection's lock, and
+    /// only once however often a full window holds the slice back.
+    pub(super) fn checksum(&mut self, payload: &Window) -> Option<u32> {
+        if self.payload_crc.is_none() && self.verify() && self.opcode == Opcode::Write {
+            self.payload_crc = Some(crate::integrity::checksum(payload.as_slice()));
+        }
+        self.payload_crc
     }
 
     /// The request frame's header, sent as request `request_id` of its connection, and
@@ -165,6 +171,7 @@ mod tests {
             token: [5; 16],
             engine_id: 9,
             starts_share: true,
+            payload_crc: None,
         }
     }
 
@@ -197,6 +204,36 @@ mod tests {
             assert_eq!(s.payload_len(), payload);
             assert_eq!(s.payload().expect("payload").len() as u64, payload);
         }
+    }
+
+    #[test]
+    fn a_verified_writes_checksum_is_taken_once_however_often_it_is_held_back() {
+        let mut request = crate::request::tests::sample();
+        request.verify = true;
+        let task = crate::task::tests::waiting_task_of(request).0;
+        let mut s = Slice {
+            landing: Landing::new(&task),
+            task,
+            payload_crc: None,
+            ..slice(Opcode::Write, 0, 4096)
+        };
+        let payload = s.payload().expect("payload");
+        let first = s.checksum(&payload).expect("a verified WRITE's checksum");
+        assert_eq!(first, crate::integrity::checksum(&[0u8; 4096]));
+        // Held back by a full window, then registered again: not read again (a payload
+        // read again would give another checksum here).
+        Window::new(&s.region, 0, 4096)
+            .expect("window")
+            .as_mut_slice()
+            .fill(1);
+        let payload = s.payload().expect("payload");
+        assert_ne!(crate::integrity::checksum(payload.as_slice()), first);
+        assert_eq!(s.checksum(&payload), Some(first));
+        // An unverified WRITE and a READ carry none.
+        let mut plain = slice(Opcode::Write, 0, 4096);
+        assert_eq!(plain.checksum(&payload), None);
+        let mut read = slice(Opcode::Read, 0, 4096);
+        assert_eq!(read.checksum(&payload), None);
     }
 
     #[test]
