@@ -6,15 +6,15 @@
 //! them through, and checks that nothing of the first attempt lands over the retry's bytes,
 //! nor over what the caller writes into the target once the task settled.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_core::failover::FailoverPolicy;
 use ferry_core::{
-    Engine, EngineConfig, EngineEvent, Opcode, Request, TaskSnapshot, TransferStatus,
+    Engine, EngineConfig, EngineEvent, Opcode, Region, Request, TaskSnapshot, TransferStatus,
     TransportHint, TransportKind,
 };
-use ferry_testkit::{assert_still, fill, hash_region, request, wait_batch, Proxy};
+use ferry_testkit::{assert_still, fill, hash_region, request, wait_batch, within, Proxy};
 
 const SIZE: u64 = 64 << 20;
 /// What each of two data connections holds in the relay before one is cut: frames of the
@@ -60,8 +60,21 @@ fn status(engine: &Engine, batch: u64) -> TaskSnapshot {
     engine.transfer_status(batch, 0).expect("status")
 }
 
-#[test]
-fn a_failover_retry_never_races_its_predecessors_bytes() {
+/// A 64 MiB tcp write failing over to shm with its first attempt's frames held: the relay
+/// holds frames on two data connections, one of them is cut, and the failover is decided;
+/// the other's frames are still held, unanswered.
+struct HeldFailover {
+    proxy: Proxy,
+    target: Engine,
+    initiator: Engine,
+    remote: Arc<Region>,
+    /// The hash of the source once the first attempt's frames were held: what the retry
+    /// carries (pattern B; the held frames carry A).
+    retry_hash: u64,
+}
+
+/// Sets up [`HeldFailover`]; `submit` starts the write (a batch or a Promise-style call).
+fn held_failover(submit: impl FnOnce(&Engine, Request)) -> HeldFailover {
     let proxy = Proxy::start();
     let (target, initiator) = engines(&proxy);
     let remote = target.allocate(SIZE).expect("remote");
@@ -92,12 +105,11 @@ fn a_failover_retry_never_races_its_predecessors_bytes() {
 
     // The first attempt (tcp) carries pattern A; once both connections hold its frames,
     // the source turns to pattern B, which the retry carries.
-    let batch = initiator.allocate_batch(1).expect("batch");
     let write = Request {
         hint: TransportHint::Prefer(TransportKind::Tcp),
         ..request(Opcode::Write, &local, seg, &remote, 0, SIZE)
     };
-    initiator.submit_transfer(batch, &[write]).expect("submit");
+    submit(&initiator, write);
     let mut busy = Vec::new();
     wait_until("both data connections hold written frames", || {
         busy = proxy.holding();
@@ -120,6 +132,28 @@ fn a_failover_retry_never_races_its_predecessors_bytes() {
         failovers.lock().unwrap_or_else(|p| p.into_inner())[0],
         (TransportKind::Tcp, TransportKind::Shm)
     );
+    HeldFailover {
+        proxy,
+        target,
+        initiator,
+        remote,
+        retry_hash,
+    }
+}
+
+#[test]
+fn a_failover_retry_never_races_its_predecessors_bytes() {
+    let mut batch = 0;
+    let HeldFailover {
+        proxy,
+        target,
+        initiator,
+        remote,
+        retry_hash,
+    } = held_failover(|initiator, write| {
+        batch = initiator.allocate_batch(1).expect("batch");
+        initiator.submit_transfer(batch, &[write]).expect("submit");
+    });
 
     // The retry waits for the held frames: watched for the observation window of
     // `assert_still`, or until the task ended (a retry that did not wait would have run
@@ -166,4 +200,74 @@ fn a_failover_retry_never_races_its_predecessors_bytes() {
     initiator.free_batch(batch).expect("free");
     initiator.close();
     target.close();
+}
+
+/// The engine closes (by `close`) while a failover's next attempt waits for its
+/// predecessor's held frames: close returns, the task settles once with `ERR_FERRY_CLOSED`
+/// (no panic, no hang), and the retry never runs: nothing lands in the target after close,
+/// even once the relay lets go of what it held.
+fn a_deferred_retry_never_runs_once_the_engine_closed(close: impl FnOnce(&Engine)) {
+    let (tx, rx) = mpsc::channel();
+    let HeldFailover {
+        proxy,
+        target,
+        initiator,
+        remote,
+        retry_hash,
+    } = held_failover(move |initiator, write| {
+        initiator
+            .transfer(&[write], move |s| {
+                let _ = tx.send(s);
+            })
+            .expect("transfer");
+    });
+    assert!(
+        rx.try_recv().is_err(),
+        "the transfer settled while its frames were held"
+    );
+    close(&initiator);
+    let snaps = rx
+        .recv_timeout(BOUND)
+        .expect("the transfer settles at close");
+    assert_eq!(snaps[0].status, TransferStatus::Canceled, "{:?}", snaps[0]);
+    assert_eq!(
+        snaps[0].error.as_ref().map(|e| e.code()),
+        Some("ERR_FERRY_CLOSED"),
+        "{:?}",
+        snaps[0]
+    );
+    assert_eq!(snaps[0].attempts, 1, "the retry began: {:?}", snaps[0]);
+    wait_until("the engine is closed", || initiator.is_closed());
+    assert!(
+        rx.recv_timeout(Duration::from_millis(100)).is_err(),
+        "settled twice"
+    );
+    proxy.resume();
+    assert_still(&remote, "a write whose engine closed during its failover");
+    assert_ne!(
+        hash_region(&remote),
+        retry_hash,
+        "the retry ran after close"
+    );
+    target.close();
+}
+
+#[test]
+fn a_deferred_retry_never_runs_once_the_engine_closed_from_outside() {
+    a_deferred_retry_never_runs_once_the_engine_closed(|initiator| {
+        let initiator = initiator.clone();
+        within(BOUND, "close", move || initiator.close());
+    });
+}
+
+/// Closed from the engine's own runtime (its I/O threads), which then shuts down in the
+/// background while the held connections still drop.
+#[test]
+fn a_deferred_retry_never_runs_once_the_engine_closed_from_its_runtime() {
+    a_deferred_retry_never_runs_once_the_engine_closed(|initiator| {
+        let closing = initiator.clone();
+        initiator
+            .spawn(async move { closing.close() })
+            .expect("spawn");
+    });
 }
