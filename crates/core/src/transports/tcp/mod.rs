@@ -309,6 +309,7 @@ impl Transport for TcpTransport {
         self.lanes.registry.break_all(Some(peer.handle()), &error);
         if let Some(pool) = pool {
             for conn in &pool.conns {
+                conn.tear_down();
                 conn.fail_all(&error);
                 conn.fail_queued(&error);
                 conn.cancel();
@@ -330,6 +331,7 @@ impl Transport for TcpTransport {
         self.lanes.registry.break_all(None, &Error::Closed);
         for pool in self.pools() {
             for conn in &pool.conns {
+                conn.tear_down();
                 conn.fail_all(&Error::Closed);
                 conn.fail_queued(&Error::Closed);
             }

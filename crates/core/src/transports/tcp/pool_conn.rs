@@ -297,6 +297,22 @@ impl PoolConn {
         waited
     }
 
+    /// Shuts the open connection's socket down both ways: nothing more is written or
+    /// answered on it. Done before what it holds is failed, so that work settles only
+    /// once its connection is torn down (`fence`), as a loop connection's break does.
+    pub(super) fn tear_down(&self) {
+        use std::os::fd::AsRawFd;
+        let st = self.write_state();
+        if let Some(half) = &st.half {
+            let stream: &tokio::net::TcpStream = (**half).as_ref();
+            let fd = stream.as_raw_fd();
+            // SAFETY: `fd` is the socket of the write half this guard keeps alive (its
+            // `Arc` is held under the lock), so it is open; shutdown(2) only changes the
+            // connection's state and never closes or frees the descriptor.
+            let _ = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+    }
+
     /// Closes the connection's books and fails everything in flight with `error`.
     pub(super) fn fail_all(&self, error: &Error) {
         let drained: Vec<Slice> = {
