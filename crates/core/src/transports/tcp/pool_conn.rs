@@ -301,15 +301,8 @@ impl PoolConn {
     /// answered on it. Done before what it holds is failed, so that work settles only
     /// once its connection is torn down (`fence`), as a loop connection's break does.
     pub(super) fn tear_down(&self) {
-        use std::os::fd::AsRawFd;
-        let st = self.write_state();
-        if let Some(half) = &st.half {
-            let stream: &tokio::net::TcpStream = (**half).as_ref();
-            let fd = stream.as_raw_fd();
-            // SAFETY: `fd` is the socket of the write half this guard keeps alive (its
-            // `Arc` is held under the lock), so it is open; shutdown(2) only changes the
-            // connection's state and never closes or frees the descriptor.
-            let _ = unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        if let Some(half) = &self.write_state().half {
+            shut_down_both(half);
         }
     }
 
@@ -343,6 +336,17 @@ impl PoolConn {
             cause
         }
     }
+}
+
+/// Shuts the socket under `half` down both ways (its descriptor stays open until the
+/// halves drop).
+fn shut_down_both(half: &OwnedWriteHalf) {
+    use std::os::fd::AsRawFd;
+    let stream: &tokio::net::TcpStream = half.as_ref();
+    // SAFETY: the descriptor belongs to the socket `half` borrows, which is alive for this
+    // call, so it is open; shutdown(2) changes the connection's state only and never
+    // closes or frees the descriptor.
+    let _ = unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_RDWR) };
 }
 
 /// Owns one data connection's life: connect on demand, run, fail what was in flight when
@@ -425,6 +429,9 @@ async fn conn_actor(
         };
         let error = conn.error_for_break(cause);
         tracing::debug!(peer = conn.peer.name(), error = %error, stuck, "data connection ended");
+        // Torn down before what it holds fails: work settles only once its connection
+        // can carry nothing more (`fence`).
+        shut_down_both(&half);
         // The reader has stopped (its future is gone): the reply it was taking in, off the
         // books, fails with the connection now, not at its attempt deadline.
         if let Some(slice) = receiving.take() {
