@@ -20,6 +20,7 @@ import * as https from 'node:https'
 import * as os from 'node:os'
 import * as path from 'node:path'
 import { startEtcd as startEtcdProcess, type EtcdTlsFiles } from '../support/etcd'
+import { onCi } from './helpers'
 
 export interface EtcdServer {
   /** `etcd://127.0.0.1:port`, for `EngineOptions.metadata`. */
@@ -29,12 +30,6 @@ export interface EtcdServer {
   pid: number
   /** Kills the server by pid (SIGKILL), waits for it, removes its data directory. */
   stop(): Promise<void>
-}
-
-/** Whether this runs under CI: `CI` set to anything but empty, `false` or `0`. */
-function onCi(): boolean {
-  const ci = (process.env.CI ?? '').trim().toLowerCase()
-  return ci !== '' && ci !== 'false' && ci !== '0'
 }
 
 /** Why `cmd args` does not run here, or undefined if it does. */

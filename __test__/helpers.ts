@@ -17,6 +17,15 @@ export interface TargetProcess {
 
 const live = new Set<ChildProcess>()
 
+/**
+ * Whether this runs under CI: `CI` set to anything but empty, `false` or `0`. CI installs
+ * every tool the tests need (`.ci/run`), so there a test that lacks one fails, never skips.
+ */
+export function onCi(): boolean {
+  const ci = (process.env.CI ?? '').trim().toLowerCase()
+  return ci !== '' && ci !== 'false' && ci !== '0'
+}
+
 /** Kills every child still alive (call from test.after.always). */
 export function killAll(): void {
   for (const p of live) {

@@ -70,6 +70,24 @@ impl<R> SealedRead<R> {
     }
 }
 
+impl<T: AsyncRead> SealedRead<tokio::io::BufReader<T>> {
+    /// Whether a whole record of at least `min_plain` plaintext bytes waits in the buffer
+    /// under this reader, received and not yet opened, as the next one to open (nothing
+    /// of a record is read partly): what the reader hands out next needs no network.
+    pub(crate) fn whole_record_buffered(&self, min_plain: usize) -> bool {
+        let at_a_record = self.prefix_got == 0 && self.plain.is_some();
+        self.opener.is_some() && at_a_record && whole_record(self.inner.buffer(), min_plain)
+    }
+}
+
+/// Whether `buf` starts with a whole record of at least `min_plain` plaintext bytes.
+fn whole_record(buf: &[u8], min_plain: usize) -> bool {
+    let Some(prefix) = buf.first_chunk::<LEN_PREFIX>() else {
+        return false;
+    };
+    record_len(*prefix).is_ok_and(|len| len >= min_plain && buf.len() >= LEN_PREFIX + len + TAG_LEN)
+}
+
 impl<R: AsyncRead + Unpin> SealedRead<R> {
     /// Reads the next record whole and opens it; `Ok(false)` on a clean end of stream
     /// before its first byte.

@@ -504,10 +504,23 @@ async fn serve_data_frames(
         }
         // Flush when no further complete request is already buffered: replies to a burst
         // of small requests leave in one write.
-        if r.buffer().len() + r.get_ref().opened_len() < HEADER_LEN {
+        if !request_buffered(r) {
             w.flush().await.map_err(io("flush"))?;
         }
     }
+}
+
+/// Whether the next request's header already waits on this side, so that this reply may
+/// wait in the writer for the ones after it: plaintext handed out and not consumed (on a
+/// plaintext connection: read from the socket), opened and not handed out yet, or, sealed,
+/// a whole record received and not yet opened (a burst's requests arrive together but are
+/// opened one record at a time). A record partly received needs the network: its sender
+/// may be waiting for these replies.
+fn request_buffered<T: tokio::io::AsyncRead + Unpin>(
+    r: &BufReader<SealedRead<BufReader<T>>>,
+) -> bool {
+    let sealed = r.get_ref();
+    r.buffer().len() + sealed.opened_len() >= HEADER_LEN || sealed.whole_record_buffered(HEADER_LEN)
 }
 
 /// Reads a verified WRITE's checksum word and payload, and copies the payload into `dst`
@@ -580,4 +593,102 @@ async fn reject<W: AsyncWriteExt + Unpin>(
     w.write_all(text)
         .await
         .map_err(|e| Error::io("write error", &e))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, BufReader};
+
+    use super::*;
+    use crate::seal::Side;
+
+    fn keys() -> (SealKeys, SealKeys) {
+        let extracted = Secret::new(vec![5u8; 32])
+            .expect("secret")
+            .extract_key(b"flush");
+        (
+            SealKeys::derive(&extracted, Side::Client).expect("keys"),
+            SealKeys::derive(&extracted, Side::Server).expect("keys"),
+        )
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+    }
+
+    /// A data connection's reader as `serve_data` builds it, over `wire`.
+    fn reader(wire: &[u8], opener: Option<crate::seal::Opener>) -> DataReaderOver<&[u8]> {
+        let rd = BufReader::with_capacity(IO_BUFFER, wire);
+        BufReader::with_capacity(IO_BUFFER, SealedRead::new(rd, opener))
+    }
+
+    type DataReaderOver<T> = BufReader<SealedRead<BufReader<T>>>;
+
+    /// Reads one request frame's header (a READ request is its header alone).
+    async fn take_header<T: tokio::io::AsyncRead + Unpin>(r: &mut DataReaderOver<T>) {
+        let mut head = [0u8; HEADER_LEN];
+        r.read_exact(&mut head).await.expect("a header");
+        assert_eq!(Header::decode(&head).expect("decode").op, Op::ReadReq);
+    }
+
+    /// A burst of sealed READ requests (each frame its own record, as the pool's writer
+    /// seals them, written together) then part of one more: each request but the last
+    /// whole one sees another waiting (its reply is held for the burst's one write); the
+    /// last sees only a record partly received, which needs the network (flushed).
+    #[test]
+    fn a_sealed_burst_is_answered_in_one_write_and_a_partial_record_flushes() {
+        rt().block_on(async {
+            let (mut c, s) = keys();
+            let frame = Header::new(Op::ReadReq).encode();
+            let mut wire = Vec::new();
+            for _ in 0..3 {
+                c.sealer.seal_into(&[&frame], &mut wire).expect("seal");
+            }
+            let mut partial = Vec::new();
+            c.sealer.seal_into(&[&frame], &mut partial).expect("seal");
+            wire.extend_from_slice(&partial[..partial.len() / 2]);
+            let mut r = reader(&wire, Some(s.opener));
+            for (i, more) in [true, true, false].into_iter().enumerate() {
+                take_header(&mut r).await;
+                assert_eq!(request_buffered(&r), more, "after request {i}");
+            }
+        });
+    }
+
+    /// A whole record too short to hold a request's header does not count as one: its
+    /// header would need the network too.
+    #[test]
+    fn a_whole_record_shorter_than_a_header_is_no_request() {
+        rt().block_on(async {
+            let (mut c, s) = keys();
+            let mut wire = Vec::new();
+            c.sealer
+                .seal_into(&[&Header::new(Op::ReadReq).encode()], &mut wire)
+                .expect("seal");
+            c.sealer.seal_into(&[&[0u8; 8]], &mut wire).expect("seal");
+            let mut r = reader(&wire, Some(s.opener));
+            take_header(&mut r).await;
+            assert!(!request_buffered(&r));
+        });
+    }
+
+    /// The same burst in plaintext: the reader's buffer holds the rest of it.
+    #[test]
+    fn a_plaintext_burst_is_answered_in_one_write() {
+        rt().block_on(async {
+            let frame = Header::new(Op::ReadReq).encode();
+            let mut wire = Vec::new();
+            for _ in 0..3 {
+                wire.extend_from_slice(&frame);
+            }
+            wire.extend_from_slice(&frame[..HEADER_LEN / 2]);
+            let mut r = reader(&wire, None);
+            for (i, more) in [true, true, false].into_iter().enumerate() {
+                take_header(&mut r).await;
+                assert_eq!(request_buffered(&r), more, "after request {i}");
+            }
+        });
+    }
 }

@@ -459,3 +459,54 @@ fn a_write_the_socket_takes_in_pieces_goes_out_whole_while_others_take_the_pool(
     event_loop::uninstall();
     target.close();
 }
+
+/// A target that requires sealed data connections (`encrypt: Always`) and an initiator
+/// that seals on loopback only when asked (`Auto`): the pool's connections are sealed by
+/// the target's demand, so the thread's plaintext loop connection is never tried (the
+/// target would refuse each attempt as a `plaintext` handshake failure, again after every
+/// retry), and its small awaited requests take the sealed pool.
+#[test]
+fn a_pool_sealed_by_the_peers_demand_keeps_small_requests_off_the_loop() {
+    use ferry_core::auth::Secret;
+    use ferry_core::Encrypt;
+    let secured = |encrypt| EngineConfig {
+        transports: vec![ferry_core::TransportKind::Tcp],
+        auth_secret: Some(Secret::new(vec![0x3c; 32]).expect("secret")),
+        encrypt,
+        ..EngineConfig::default()
+    };
+    let target = Engine::new(secured(Encrypt::Always)).expect("target");
+    let initiator = Engine::new(secured(Encrypt::Auto)).expect("initiator");
+    let remote = target.allocate(1 << 20).expect("remote");
+    let local = initiator.allocate(1 << 20).expect("local");
+    fill(&local, 41);
+    let seg = initiator
+        .open_segment_blocking(target.segment_name())
+        .expect("open")
+        .handle;
+    let lp = Rc::new(PollLoop::default());
+    event_loop::install(lp.clone());
+    // Past the requests a thread sends through the pool before it connects its own.
+    for i in 0..16u64 {
+        let slot = start(
+            &initiator,
+            &[request(Opcode::Write, &local, seg, &remote, i * 4096, 4096)],
+        );
+        let (snaps, _) = wait(&lp, &slot);
+        assert_eq!(snaps[0].status, TransferStatus::Completed, "{snaps:?}");
+    }
+    let plaintext = target
+        .metrics()
+        .auth_failures
+        .iter()
+        .find(|(why, _)| *why == "plaintext")
+        .map_or(0, |(_, n)| *n);
+    assert_eq!(
+        plaintext, 0,
+        "the initiator tried a plaintext loop connection"
+    );
+    assert_eq!(lp.live(), 0, "a loop connection to a sealed peer");
+    event_loop::uninstall();
+    initiator.close();
+    target.close();
+}

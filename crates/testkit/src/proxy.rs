@@ -3,6 +3,7 @@
 //! not see), cut (closed without a goodbye: a crash as the initiator sees it), or corrupt
 //! (one byte flipped at a chosen place of a stream: a wire that damages data).
 
+use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +31,8 @@ struct State {
     paused: AtomicBool,
     /// Bytes read and held while paused, in every connection together.
     held: AtomicU64,
+    /// The same, by connection number (those that held any).
+    held_by: Mutex<BTreeMap<u64, u64>>,
     next: AtomicU64,
     /// Both sockets of each connection, by number, to cut them.
     open: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
@@ -62,6 +65,7 @@ impl Proxy {
             frozen_below: AtomicU64::new(0),
             paused: AtomicBool::new(false),
             held: AtomicU64::new(0),
+            held_by: Mutex::default(),
             next: AtomicU64::new(0),
             open: Mutex::default(),
             flip: Mutex::default(),
@@ -105,6 +109,14 @@ impl Proxy {
         self.state.held.load(Ordering::SeqCst)
     }
 
+    /// Bytes held since the pause by each connection that held any: (its number, the
+    /// bytes), by number. Which connection carries what is the engine's choice; a test
+    /// picks one by what it holds ([`Proxy::cut_connection`]).
+    pub fn holding(&self) -> Vec<(u64, u64)> {
+        let by = self.state.held_by.lock().expect("held_by");
+        by.iter().map(|(&n, &b)| (n, b)).collect()
+    }
+
     /// Paused connections forward again, what they held first.
     pub fn resume(&self) {
         self.state.paused.store(false, Ordering::SeqCst);
@@ -129,6 +141,20 @@ impl Proxy {
             let _ = a.shutdown(Shutdown::Both);
             let _ = b.shutdown(Shutdown::Both);
         }
+    }
+
+    /// Closes connection `number` on both sides (as [`Proxy::cut`], for that one only):
+    /// what it held is lost; the others go on as they are.
+    pub fn cut_connection(&self, number: u64) {
+        let mut open = self.state.open.lock().expect("open");
+        open.retain(|(n, a, b)| {
+            if *n != number {
+                return true;
+            }
+            let _ = a.shutdown(Shutdown::Both);
+            let _ = b.shutdown(Shutdown::Both);
+            false
+        });
     }
 }
 
@@ -224,6 +250,12 @@ fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>, 
         if paused {
             held.extend_from_slice(&buf[..n]);
             state.held.fetch_add(n as u64, Ordering::SeqCst);
+            *state
+                .held_by
+                .lock()
+                .expect("held_by")
+                .entry(number)
+                .or_default() += n as u64;
             continue;
         }
         if to.write_all(&buf[..n]).is_err() {

@@ -9,6 +9,7 @@ pub(crate) mod event_loop;
 pub(crate) mod loop_conn;
 mod outgoing;
 mod pool_conn;
+mod pool_sealing;
 mod reply;
 mod request;
 mod sealed_frames;
@@ -44,9 +45,9 @@ use request::Slice;
 /// one data connection, and one that is never written to costs none.
 struct PeerPool {
     conns: Vec<Arc<PoolConn>>,
-    /// This engine requires its data connections to the peer sealed (`encrypt`): its
-    /// small awaited requests stay off the event-loop connections, which are plaintext.
-    sealed: bool,
+    /// What this engine's stance alone says of the sealing of its data connections to
+    /// the peer (`pool_sealing::by_stance`); `None`: the peer decides, in the handshake.
+    sealed_by_stance: Option<bool>,
     next: AtomicUsize,
     active: AtomicUsize,
 }
@@ -62,6 +63,15 @@ impl PeerPool {
             stripe::grown(active, self.conns.len(), waited),
             Ordering::Relaxed,
         );
+    }
+
+    /// Whether this pool's data connections to the peer are sealed: as this engine's
+    /// stance settles it, else as the handshake of a connection open now said; `None`
+    /// while no connection has told.
+    fn sealed(&self) -> Option<bool> {
+        pool_sealing::sealed(self.sealed_by_stance, || {
+            self.conns.iter().find_map(|c| c.handshake_sealed())
+        })
     }
 
     /// Where a request of `slices` slices from the calling thread goes: its thread's
@@ -171,7 +181,7 @@ impl TcpTransport {
                 let stance = crate::auth::dialing_stance(self.local_engine_id, loopback);
                 Arc::new(PeerPool {
                     conns,
-                    sealed: stance == crate::sealing::Stance::Require,
+                    sealed_by_stance: pool_sealing::by_stance(stance),
                     next: AtomicUsize::new(0),
                     active: AtomicUsize::new(1),
                 })
@@ -216,10 +226,13 @@ impl TcpTransport {
         if count == 1
             && task.observer() == Observer::Progress
             && req.length <= LOOP_MAX
-            && !pool.sealed
+            && pool.sealed() == Some(false)
         {
             // A small awaited request from a thread with an event loop: that loop watches
-            // the reply (`event_loop`), when its connection is ready.
+            // the reply (`event_loop`), when its connection is ready. Its connection is
+            // plaintext, so only towards a peer whose data connections are known to be
+            // (until a pool connection told, the pool serves it: a plaintext loop
+            // connection to a peer that requires sealing would be refused).
             let piece = req.slices(slice_size).next();
             if let Some(piece) = piece {
                 let slice = slice_of(piece, true);
@@ -297,6 +310,7 @@ impl Transport for TcpTransport {
         self.lanes.registry.break_all(Some(peer.handle()), &error);
         if let Some(pool) = pool {
             for conn in &pool.conns {
+                conn.tear_down();
                 conn.fail_all(&error);
                 conn.fail_queued(&error);
                 conn.cancel();
@@ -318,6 +332,7 @@ impl Transport for TcpTransport {
         self.lanes.registry.break_all(None, &Error::Closed);
         for pool in self.pools() {
             for conn in &pool.conns {
+                conn.tear_down();
                 conn.fail_all(&Error::Closed);
                 conn.fail_queued(&Error::Closed);
             }

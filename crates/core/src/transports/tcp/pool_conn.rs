@@ -150,6 +150,13 @@ impl PoolConn {
         conn
     }
 
+    /// Whether the connection open now is sealed, as its handshake agreed; `None` while
+    /// none is open.
+    pub(super) fn handshake_sealed(&self) -> Option<bool> {
+        let st = self.write_state();
+        st.half.is_some().then_some(st.sealed)
+    }
+
     /// Breaks the connection now (its actor fails what was in flight); the next work
     /// connects again.
     pub(super) fn cancel(&self) {
@@ -290,6 +297,15 @@ impl PoolConn {
         waited
     }
 
+    /// Shuts the open connection's socket down both ways: nothing more is written or
+    /// answered on it. Done before what it holds is failed, so that work settles only
+    /// once its connection is torn down (`fence`), as a loop connection's break does.
+    pub(super) fn tear_down(&self) {
+        if let Some(half) = &self.write_state().half {
+            shut_down_both(half);
+        }
+    }
+
     /// Closes the connection's books and fails everything in flight with `error`.
     pub(super) fn fail_all(&self, error: &Error) {
         let drained: Vec<Slice> = {
@@ -320,6 +336,17 @@ impl PoolConn {
             cause
         }
     }
+}
+
+/// Shuts the socket under `half` down both ways (its descriptor stays open until the
+/// halves drop).
+fn shut_down_both(half: &OwnedWriteHalf) {
+    use std::os::fd::AsRawFd;
+    let stream: &tokio::net::TcpStream = half.as_ref();
+    // SAFETY: the descriptor belongs to the socket `half` borrows, which is alive for this
+    // call, so it is open; shutdown(2) changes the connection's state only and never
+    // closes or frees the descriptor.
+    let _ = unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_RDWR) };
 }
 
 /// Owns one data connection's life: connect on demand, run, fail what was in flight when
@@ -402,6 +429,9 @@ async fn conn_actor(
         };
         let error = conn.error_for_break(cause);
         tracing::debug!(peer = conn.peer.name(), error = %error, stuck, "data connection ended");
+        // Torn down before what it holds fails: work settles only once its connection
+        // can carry nothing more (`fence`).
+        shut_down_both(&half);
         // The reader has stopped (its future is gone): the reply it was taking in, off the
         // books, fails with the connection now, not at its attempt deadline.
         if let Some(slice) = receiving.take() {
