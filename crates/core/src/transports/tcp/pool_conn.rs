@@ -341,12 +341,9 @@ impl PoolConn {
 /// Shuts the socket under `half` down both ways (its descriptor stays open until the
 /// halves drop).
 fn shut_down_both(half: &OwnedWriteHalf) {
-    use std::os::fd::AsRawFd;
     let stream: &tokio::net::TcpStream = half.as_ref();
-    // SAFETY: the descriptor belongs to the socket `half` borrows, which is alive for this
-    // call, so it is open; shutdown(2) changes the connection's state only and never
-    // closes or frees the descriptor.
-    let _ = unsafe { libc::shutdown(stream.as_raw_fd(), libc::SHUT_RDWR) };
+    // Fails only on a socket no longer connected: nothing is carried on it then either.
+    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Both);
 }
 
 /// Owns one data connection's life: connect on demand, run, fail what was in flight when
