@@ -8,12 +8,15 @@
 // GB/s of each build, B/A, and each build's median ratio to the baseline of its round.
 //
 //   node scripts/tcp-1m-ab.mjs OLD.node NEW.node [--rounds N] [--duration S] [--threads 2] [--ops write,read]
-//     [--xport tcp|shm] [--size BYTES] [--encrypt]
+//     [--xport tcp|shm] [--size BYTES] [--encrypt | --verify]
 //
 // --encrypt: both builds run sealed (tebench --encrypt, a cluster secret in a temporary
 // file), and the baseline of each round is plaintext tcp (--noencrypt, the same secret) on
 // build A instead of iperf3: B/A is the sealed speedup, A/base and B/base each build's
 // sealed-to-plaintext ratio in the same round.
+//
+// --verify: the same with both builds checking CRC32Cs end to end (tebench --verify) and
+// the baseline unverified tcp on build A.
 //
 // Each build is loaded through NAPI_RS_NATIVE_LIBRARY_PATH (binding.cjs); copy each addon
 // aside after its build (`npm run build:native`). Every iperf3 process is killed by pid.
@@ -39,9 +42,14 @@ const size = Number(flag('--size', String(1 << 20)));
 const encryptAt = args.indexOf('--encrypt');
 const encrypt = encryptAt >= 0;
 if (encrypt) args.splice(encryptAt, 1);
-// The baseline: plaintext tcp on build A (--encrypt), or iperf3 (tcp 1 MiB).
-const baseline = encrypt || (xport === 'tcp' && size === 1 << 20);
-const baseName = encrypt ? 'plain' : 'iperf3';
+const verifyAt = args.indexOf('--verify');
+const verify = verifyAt >= 0;
+if (verify) args.splice(verifyAt, 1);
+// The option A and B both run with, measured against build A without it.
+const option = encrypt || verify;
+// The baseline: build A without the option (--encrypt, --verify), or iperf3 (tcp 1 MiB).
+const baseline = option || (xport === 'tcp' && size === 1 << 20);
+const baseName = encrypt ? 'plain' : verify ? 'unver' : 'iperf3';
 let secretDir;
 let secretFile;
 if (encrypt) {
@@ -52,13 +60,14 @@ if (encrypt) {
 }
 const [a, b] = args;
 if (!a || !b) {
-  console.error('usage: node scripts/tcp-1m-ab.mjs OLD.node NEW.node [--rounds N] [--duration S] [--threads 2] [--ops write,read] [--xport tcp|shm] [--size BYTES] [--encrypt]');
+  console.error('usage: node scripts/tcp-1m-ab.mjs OLD.node NEW.node [--rounds N] [--duration S] [--threads 2] [--ops write,read] [--xport tcp|shm] [--size BYTES] [--encrypt | --verify]');
   process.exit(2);
 }
 const builds = { A: a, B: b };
 
-function engineRun(build, op, sealed = encrypt) {
-  const sealing = encrypt ? [`--auth_secret_file=${secretFile}`, sealed ? '--encrypt' : '--noencrypt'] : [];
+function engineRun(build, op, withOption = option) {
+  const sealing = encrypt ? [`--auth_secret_file=${secretFile}`, withOption ? '--encrypt' : '--noencrypt'] : [];
+  if (verify && withOption) sealing.push('--verify');
   const out = execFileSync(
     process.execPath,
     ['--import=tsx', 'bench/tebench.ts', '--local', `--xport_type=${xport}`, `--op_type=${op}`, `--duration=${duration}`,
@@ -113,7 +122,7 @@ for (let round = 0; round < rounds; round++) {
     const got = {};
     for (const step of steps) {
       if (step !== 'base') got[step] = engineRun(step, op);
-      else got.base = encrypt ? engineRun('A', op, false) : await iperf3Run();
+      else got.base = option ? engineRun('A', op, false) : await iperf3Run();
     }
     got.base ??= NaN;
     if (!cases.has(op)) cases.set(op, { A: [], B: [], base: [], rA: [], rB: [] });
@@ -127,7 +136,11 @@ for (let round = 0; round < rounds; round++) {
   }
 }
 const f = (x) => (Number.isFinite(x) ? x.toPrecision(3) : '-');
-const baseLabel = encrypt ? 'plaintext tcp on A (A and B sealed)' : `${threads} x iperf3 -l 1M side by side`;
+const baseLabel = encrypt
+  ? 'plaintext tcp on A (A and B sealed)'
+  : verify
+    ? 'unverified tcp on A (A and B verified)'
+    : `${threads} x iperf3 -l 1M side by side`;
 console.log(`${xport} ${size} B, ${threads} threads, batch 1: medians over ${rounds} interleaved rounds of ${duration} s (A = ${a}, B = ${b}); baseline ${baseLabel}`);
 console.log(`op    | A GB/s | B GB/s | B/A  | ${baseName.padStart(6)} GB/s | A/${baseName} | B/${baseName}`);
 for (const [op, v] of cases) {

@@ -240,7 +240,7 @@ impl PoolConn {
     /// Returns whether they had to wait behind others' frames (queued, still going out,
     /// or filling the window): the pool grows on that (`PeerPool::send_one`). A first
     /// request waiting only for the connection to be made is no such demand.
-    pub(super) fn send(&self, slices: Slices) -> bool {
+    pub(super) fn send(&self, mut slices: Slices) -> bool {
         let mut st = self.write_state();
         let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty() && !st.sealed;
         let mut waited = !idle;
@@ -252,6 +252,14 @@ impl PoolConn {
         let half = match &st.half {
             Some(h) if idle && (small || polled) => h.clone(),
             _ => {
+                if polled && slices.iter().any(Slice::needs_checksum) {
+                    // A polled caller waits anyway: its thread takes the checksums of
+                    // what it queues, which the connection's one writer would otherwise
+                    // take between its writes.
+                    drop(st);
+                    take_checksums(&mut slices);
+                    st = self.write_state();
+                }
                 st.queue.extend(slices.into_iter().map(Queued::Fresh));
                 drop(st);
                 self.work.notify_one();
@@ -334,6 +342,17 @@ impl PoolConn {
             self.peer.lost_error()
         } else {
             cause
+        }
+    }
+}
+
+/// Takes the checksums of the verified WRITEs among `slices` (`Slice::checksum`), kept for
+/// when they are registered. One whose payload lies outside its region is left to fail
+/// there.
+fn take_checksums(slices: &mut Slices) {
+    for slice in slices.iter_mut().filter(|s| s.needs_checksum()) {
+        if let Ok(payload) = slice.payload() {
+            slice.checksum(&payload);
         }
     }
 }

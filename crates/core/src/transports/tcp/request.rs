@@ -80,11 +80,16 @@ impl Slice {
         self.task.request().verify
     }
 
+    /// Whether its frame is to carry a checksum not taken yet: a verified WRITE's.
+    pub(super) fn needs_checksum(&self) -> bool {
+        self.payload_crc.is_none() && self.verify() && self.opcode == Opcode::Write
+    }
+
     /// The checksum its request frame carries: a verified WRITE's CRC32C of `payload` (its
     /// `payload()`), taken before the frame is registered, off the connection's lock, and
     /// only once however often a full window holds the slice back.
     pub(super) fn checksum(&mut self, payload: &Window) -> Option<u32> {
-        if self.payload_crc.is_none() && self.verify() && self.opcode == Opcode::Write {
+        if self.needs_checksum() {
             self.payload_crc = Some(crate::integrity::checksum(payload.as_slice()));
         }
         self.payload_crc
