@@ -44,9 +44,6 @@ use request::Slice;
 /// one data connection, and one that is never written to costs none.
 struct PeerPool {
     conns: Vec<Arc<PoolConn>>,
-    /// This engine requires its data connections to the peer sealed (`encrypt`): its
-    /// small awaited requests stay off the event-loop connections, which are plaintext.
-    sealed: bool,
     next: AtomicUsize,
     active: AtomicUsize,
 }
@@ -167,11 +164,8 @@ impl TcpTransport {
                         )
                     })
                     .collect();
-                let loopback = crate::net::is_loopback_addr(&peer.descriptor().tcp_addr);
-                let stance = crate::auth::dialing_stance(self.local_engine_id, loopback);
                 Arc::new(PeerPool {
                     conns,
-                    sealed: stance == crate::sealing::Stance::Require,
                     next: AtomicUsize::new(0),
                     active: AtomicUsize::new(1),
                 })
@@ -215,7 +209,6 @@ impl TcpTransport {
         if count == 1
             && task.observer() == Observer::Progress
             && req.length <= LOOP_MAX
-            && !pool.sealed
         {
             // A small awaited request from a thread with an event loop: that loop watches
             // the reply (`event_loop`), when its connection is ready.
