@@ -609,9 +609,13 @@ mod tests {
             assert_eq!(refused.expect_err("refused"), "plaintext", "{kind:?}");
         }
         // The shm socket is never sealed: a server that requires sealing takes it plain.
-        let (c, s) =
-            sealed_handshake_of(ConnKind::Shm, Stance::Accept, Stance::Require, ([1; 16], [2; 16]))
-                .expect("handshake");
+        let (c, s) = sealed_handshake_of(
+            ConnKind::Shm,
+            Stance::Accept,
+            Stance::Require,
+            ([1; 16], [2; 16]),
+        )
+        .expect("handshake");
         assert!(c.is_none() && s.is_none());
         // Each connection's handshake gives keys of its own: another pair of nonces seals
         // the same bytes apart.

@@ -26,7 +26,9 @@ use crate::net::{
 use crate::notify::serve::{serve_notify, OnLink, Receiving};
 use crate::resource::Overflow;
 use crate::seal::SealKeys;
-use crate::sealed_stream::{tell_tampered, ConnRead, ConnWrite, SealedConn, SealedRead, SealedWrite};
+use crate::sealed_stream::{
+    tell_tampered, ConnRead, ConnWrite, SealedConn, SealedRead, SealedWrite,
+};
 use crate::sealing::Stance;
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use ferry_core::auth::Secret;
 use ferry_core::event_loop::{self, EventLoop, Interest, Watch, Watcher};
 use ferry_core::task::TaskSnapshot;
-use ferry_core::auth::Secret;
 use ferry_core::{Encrypt, Engine, EngineConfig, Opcode, Region, Request, TransferStatus};
 use ferry_testkit::{bytes_at, bytes_of, fill, request, Proxy};
 
@@ -487,8 +487,8 @@ fn a_loop_connection_to_a_target_that_requires_sealing_carries_its_requests_seal
         advertise,
         ..EngineConfig::default()
     };
-    let target = Engine::new(config(Encrypt::Always, Some(relay.addr().to_string())))
-        .expect("target");
+    let target =
+        Engine::new(config(Encrypt::Always, Some(relay.addr().to_string()))).expect("target");
     relay.forward_to(target.local_addr());
     let initiator = Engine::new(config(Encrypt::Auto, None)).expect("initiator");
     let remote = target.allocate(1 << 20).expect("remote");
@@ -521,13 +521,24 @@ fn a_loop_connection_to_a_target_that_requires_sealing_carries_its_requests_seal
         assert_eq!(on, me, "{opcode:?} was not delivered by the loop");
     }
     let sent = bytes_at(&local, at, len);
-    assert_eq!(bytes_at(&back, at, len), sent, "the READ brought back the WRITE");
-    assert!(relay.captured_len() > len as usize, "the relay saw the requests");
+    assert_eq!(
+        bytes_at(&back, at, len),
+        sent,
+        "the READ brought back the WRITE"
+    );
+    assert!(
+        relay.captured_len() > len as usize,
+        "the relay saw the requests"
+    );
     assert!(
         !relay.relayed(&sent[..64]),
         "the loop connection carried a request's bytes in clear"
     );
-    assert_eq!(plaintext_refusals(&target), 0, "a plaintext handshake was refused");
+    assert_eq!(
+        plaintext_refusals(&target),
+        0,
+        "a plaintext handshake was refused"
+    );
     initiator.close();
     assert!(let_go(&lp), "the loop still watches after close");
     event_loop::uninstall();

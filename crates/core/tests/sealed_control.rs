@@ -133,7 +133,9 @@ fn open_through_a_flip(to_target: bool) -> (&'static str, u64, bool) {
     };
     let flipped = relay.flipped();
     relay.corrupt(None);
-    let fresh = initiator.open_segment_blocking(target.segment_name()).is_ok();
+    let fresh = initiator
+        .open_segment_blocking(target.segment_name())
+        .is_ok();
     initiator.close();
     target.close();
     (code, flipped, fresh)

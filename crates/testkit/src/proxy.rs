@@ -260,7 +260,10 @@ fn pump(
         passed += n as u64;
         if state.capturing.load(Ordering::SeqCst) {
             let mut captured = state.captured.lock().expect("captured");
-            captured.entry(stream).or_default().extend_from_slice(&buf[..n]);
+            captured
+                .entry(stream)
+                .or_default()
+                .extend_from_slice(&buf[..n]);
         }
         if paused {
             held.extend_from_slice(&buf[..n]);

@@ -22,8 +22,8 @@ const OWN_ANSWERS: usize = 64;
 
 /// Where an outbox writes.
 pub(super) enum Wire {
-    /// Its own notification connection.
-    Own(ConnWrite),
+    /// Its own notification connection (boxed: a sealed one's keys are large).
+    Own(Box<ConnWrite>),
     /// The peer's link.
     Link(LinkEnd),
 }
@@ -33,7 +33,9 @@ impl Wire {
     /// the outbox past it.
     pub(super) async fn send(&mut self, h: &Header, body: &[u8], deadline: Instant) -> Result<()> {
         let sent = match self {
-            Wire::Own(wr) => tokio::time::timeout_at(deadline, write_frame(wr, h, body)).await,
+            Wire::Own(wr) => {
+                tokio::time::timeout_at(deadline, write_frame(&mut **wr, h, body)).await
+            }
             Wire::Link(end) => {
                 tokio::time::timeout_at(deadline, end.send((*h, body.to_vec()))).await
             }
@@ -113,7 +115,7 @@ pub(super) async fn reach(
     });
     Ok(Path {
         receiver,
-        wire: Wire::Own(wr),
+        wire: Wire::Own(Box::new(wr)),
         answers,
         _reader: Some(AbortOnDrop(reader)),
     })

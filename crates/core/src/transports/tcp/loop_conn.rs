@@ -839,7 +839,10 @@ mod tests {
             let mut frame = reply(Op::ReadResp, 1, LEN);
             frame.extend(std::iter::repeat_n(0xee, LEN as usize));
             let (result, settle) = rig.receive_sealed(&mut far, &frame, Some(flip));
-            assert!(matches!(result, Err(Error::Tampered(_))), "{flip}: {result:?}");
+            assert!(
+                matches!(result, Err(Error::Tampered(_))),
+                "{flip}: {result:?}"
+            );
             assert!(settle.done.is_empty());
             assert_eq!(settle.failed.len(), 1);
             assert_eq!(settle.failed[0].1.code(), "ERR_FERRY_TAMPERED");

@@ -206,10 +206,7 @@ impl TcpTransport {
             engine_id: req.descriptor.engine_id,
             starts_share,
         };
-        if count == 1
-            && task.observer() == Observer::Progress
-            && req.length <= LOOP_MAX
-        {
+        if count == 1 && task.observer() == Observer::Progress && req.length <= LOOP_MAX {
             // A small awaited request from a thread with an event loop: that loop watches
             // the reply (`event_loop`), when its connection is ready.
             let piece = req.slices(slice_size).next();
