@@ -367,8 +367,13 @@ async fn serve_control_frames(
             }
         }
         if r.buffer().len() + r.get_ref().opened_len() < HEADER_LEN {
-            w.write_all(&answers)
-                .await
+            // Flushed: a sealed stream keeps what the socket did not take of its record
+            // until the next write or flush, and a pong must not wait for the next ping.
+            let sent = async {
+                w.write_all(&answers).await?;
+                w.flush().await
+            };
+            sent.await
                 .map_err(|e| Error::io("write a control answer", &e))?;
             answers.clear();
         }
