@@ -317,7 +317,14 @@ async fn heartbeat(
                 Ok(None) => Err(LossReason::Broken(
                     "control connection closed without a goodbye".into(),
                 )),
-                Err(e) => Err(LossReason::Broken(e.to_string())),
+                Err(e) => {
+                    if matches!(e, Error::Tampered(_)) {
+                        // The link reconnects, with new keys; a wire that keeps tampering
+                        // leaves the peer unreachable, and the link's clock decides.
+                        tracing::warn!(error = %e, "dropping a sealed link connection");
+                    }
+                    Err(LossReason::Broken(e.to_string()))
+                }
             };
             let end = got.is_err();
             if tx.send(got).await.is_err() || end {
