@@ -319,8 +319,8 @@ async fn heartbeat(
                 )),
                 Err(e) => {
                     if matches!(e, Error::Tampered(_)) {
-                        // The link reconnects, with new keys; a wire that keeps tampering
-                        // leaves the peer unreachable, and the link's clock decides.
+                        // A broken link, as a cut one is (the peer is reported lost until a
+                        // reconnect, with new keys, reaches it again).
                         tracing::warn!(error = %e, "dropping a sealed link connection");
                     }
                     Err(LossReason::Broken(e.to_string()))
