@@ -460,7 +460,7 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         .map(|(hello, _)| hello)
 }
 
-/// `server_handshake` by a server with `stance` on sealing data connections: also the
+/// `server_handshake` by a server with `stance` on sealing the connection: also the
 /// connection's keys when it is sealed.
 pub(crate) async fn server_handshake_sealing<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
