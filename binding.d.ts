@@ -522,7 +522,7 @@ export interface EngineOptions {
    */
   verify?: boolean
   /**
-   * Seal (encrypt and authenticate, AES-256-GCM) tcp data connections: 'auto' seals
+   * Seal (encrypt and authenticate, AES-256-GCM) every tcp connection: 'auto' seals
    * those to and from peers beyond loopback, true every one (peers that will not are
    * refused), false none (peers that require it refuse this engine) ['auto'; 'auto' |
    * true | false]. Needs a secret (authSecret or the per-user one).

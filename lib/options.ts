@@ -14,9 +14,9 @@ export type EngineOptions = Omit<Native.EngineOptions, 'authSecret' | 'authSecre
   /** The cluster secret (a string or its bytes, at least 32 bytes); see docs/security.md. */
   authSecret?: string | Uint8Array
   /**
-   * Seal tcp data connections (AES-256-GCM, per-connection keys from the authenticated
-   * handshake): `'auto'` (default) to and from peers beyond loopback, `true` every one,
-   * `false` none. See docs/security.md.
+   * Seal tcp connections — data, control, notifications (AES-256-GCM, per-connection keys
+   * from the authenticated handshake): `'auto'` (default) to and from peers beyond
+   * loopback, `true` every one, `false` none. See docs/security.md.
    */
   encrypt?: 'auto' | boolean
 }

@@ -133,7 +133,7 @@ export const OPTIONS = {
   encrypt: {
     type: 'boolean',
     default: false,
-    help: "both roles: seal every tcp data connection (AES-256-GCM; the engine's encrypt: true); --noencrypt: none (encrypt: false); neither: the engine's default, 'auto' (sealed beyond loopback)",
+    help: "both roles: seal every tcp connection (AES-256-GCM; the engine's encrypt: true); --noencrypt: none (encrypt: false); neither: the engine's default, 'auto' (sealed beyond loopback)",
   },
   notifi: {
     type: 'boolean',

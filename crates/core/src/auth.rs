@@ -138,7 +138,7 @@ pub enum Failure {
     Timeout,
     /// The peer's uid differs from ours (shm socket).
     Uid,
-    /// This engine requires a sealed (encrypted) data connection and the peer refuses
+    /// This engine requires a sealed (encrypted) connection and the peer refuses
     /// one (`encrypt`).
     Plaintext,
 }
@@ -204,7 +204,7 @@ pub(crate) fn dialing_secret(engine_id: u64) -> Option<Secret> {
         .map(|(_, s, _)| s.clone())
 }
 
-/// Engine `engine_id`'s stance on sealing a data connection to a peer (loopback or not):
+/// Engine `engine_id`'s stance on sealing a connection to a peer (loopback or not):
 /// refused without a secret (no keys).
 pub(crate) fn dialing_stance(engine_id: u64, peer_is_loopback: bool) -> Stance {
     dialers()
@@ -268,11 +268,13 @@ impl ClientHandshake {
             .map_err(|e| format!("handshake: {e}"))?;
         if !sealing::client_accepts(stance, sealed) {
             return Err(if sealed {
-                "the peer requires encrypted data connections (its encrypt option); this \
+                "the peer requires encrypted connections (its encrypt option); this \
                  engine has encrypt: false"
                     .into()
             } else {
-                "the peer did not seal a connection this engine requires encrypted (encrypt)".into()
+                "the peer did not seal a connection this engine requires encrypted (encrypt); \
+                 a build that seals only data connections does not"
+                    .into()
             });
         }
         match (&self.secret, sealed) {
@@ -373,7 +375,7 @@ pub fn on_hello(
     on_hello_sealing(secret, hello, server_id, nonce, Stance::Refuse)
 }
 
-/// [`on_hello`] by a server with `stance` on sealing data connections: the challenge says
+/// [`on_hello`] by a server with `stance` on sealing connections: the challenge says
 /// whether this one is sealed; a client that refuses what the server requires is refused
 /// ([`Failure::Plaintext`]).
 pub(crate) fn on_hello_sealing(
@@ -396,9 +398,10 @@ pub(crate) fn on_hello_sealing(
     if !announced {
         return Err(Failure::NoSecret);
     }
-    // Only data connections are sealed; the others are told nothing of it.
-    let data = h.buffer_id == crate::wire::ConnKind::Data as u64;
-    let sealed = if data {
+    // Every tcp connection is sealed by the same rule (control and notification ones carry
+    // descriptors, tokens and payloads); the shm socket never leaves the host and passes
+    // descriptors, not bytes, and is told nothing of it.
+    let sealed = if sealable(h.buffer_id) {
         sealing::server_verdict(h.flags, stance).ok_or(Failure::Plaintext)?
     } else {
         false
@@ -421,6 +424,16 @@ pub(crate) fn on_hello_sealing(
         frame,
         sealed,
     })))
+}
+
+/// Whether a connection of `kind` (a Hello's kind field) is sealed when both ends agree:
+/// every tcp kind.
+fn sealable(kind: u64) -> bool {
+    use crate::wire::ConnKind;
+    matches!(
+        ConnKind::from_raw(kind),
+        Some(ConnKind::Control | ConnKind::Data | ConnKind::Notify)
+    )
 }
 
 fn transcript(hello: &[u8; HEADER_LEN], challenge: &[u8; HEADER_LEN]) -> [u8; 2 * HEADER_LEN] {
@@ -543,9 +556,17 @@ mod tests {
         server: Stance,
         nonces: ([u8; 16], [u8; 16]),
     ) -> std::result::Result<(Option<SealKeys>, Option<SealKeys>), String> {
+        sealed_handshake_of(crate::wire::ConnKind::Data, client, server, nonces)
+    }
+
+    fn sealed_handshake_of(
+        kind: crate::wire::ConnKind,
+        client: Stance,
+        server: Stance,
+        nonces: ([u8; 16], [u8; 16]),
+    ) -> std::result::Result<(Option<SealKeys>, Option<SealKeys>), String> {
         let k = secret(7);
-        let data = crate::wire::ConnKind::Data as u64;
-        let c = ClientHandshake::new(Some(k.clone()), data, 10, nonces.0).sealing(client);
+        let c = ClientHandshake::new(Some(k.clone()), kind as u64, 10, nonces.0).sealing(client);
         let s = on_hello_sealing(Some(&k), c.hello(), 20, nonces.1, server)
             .map_err(|f| f.label().to_string())?;
         let s = challenge_of(s);
@@ -573,6 +594,43 @@ mod tests {
         let (c, s) = sealed_handshake(Stance::Accept, Stance::Accept, ([1; 16], [2; 16]))
             .expect("handshake");
         assert!(c.is_none() && s.is_none());
+    }
+
+    #[test]
+    fn control_and_notification_connections_are_sealed_as_data_ones_are() {
+        use crate::wire::ConnKind;
+        for kind in [ConnKind::Control, ConnKind::Notify, ConnKind::Data] {
+            let (c, s) =
+                sealed_handshake_of(kind, Stance::Require, Stance::Accept, ([1; 16], [2; 16]))
+                    .expect("handshake");
+            assert!(c.is_some() && s.is_some(), "{kind:?} sealed");
+            let refused =
+                sealed_handshake_of(kind, Stance::Refuse, Stance::Require, ([1; 16], [2; 16]));
+            assert_eq!(refused.expect_err("refused"), "plaintext", "{kind:?}");
+        }
+        // The shm socket is never sealed: a server that requires sealing takes it plain.
+        let (c, s) = sealed_handshake_of(
+            ConnKind::Shm,
+            Stance::Accept,
+            Stance::Require,
+            ([1; 16], [2; 16]),
+        )
+        .expect("handshake");
+        assert!(c.is_none() && s.is_none());
+        // Each connection's handshake gives keys of its own: another pair of nonces seals
+        // the same bytes apart.
+        let seal = |nonces| {
+            let (c, _) =
+                sealed_handshake_of(ConnKind::Control, Stance::Require, Stance::Accept, nonces)
+                    .expect("handshake");
+            let mut rec = Vec::new();
+            c.expect("keys")
+                .sealer
+                .seal_into(&[b"same frame"], &mut rec)
+                .expect("seal");
+            rec
+        };
+        assert_ne!(seal(([1; 16], [2; 16])), seal(([3; 16], [2; 16])));
     }
 
     #[test]

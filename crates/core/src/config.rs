@@ -66,7 +66,8 @@ pub struct EngineConfig {
     /// reach the engine may use it, and only engines that do the same can reach it
     /// (`allowUnauthenticated`). Needed to listen beyond loopback without a secret.
     pub allow_unauthenticated: bool,
-    /// Whether tcp data connections are sealed (AES-256-GCM, keys from the handshake):
+    /// Whether tcp connections (data, control, notifications) are sealed (AES-256-GCM,
+    /// keys from each connection's handshake):
     /// `Auto` (default) seals them to and from peers beyond loopback, `Always` everywhere,
     /// `Never` nowhere. Needs a secret (`auth_secret`, or the per-user one); `Always`
     /// without any (`allow_unauthenticated`) is refused.

@@ -10,22 +10,40 @@ use std::time::Duration;
 
 use std::time::Instant;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
 use crate::link_port::{Answers, Queued};
 use crate::liveness::{Action, Link, LinkState, LossReason};
 use crate::net::{connect, connect_reaching, read_frame, write_frame, Reached};
+use crate::sealed_stream::{tampered_by_notice, ConnRead, SealedConn};
 use crate::segment::{Peer, SegmentDescriptor};
 use crate::wire::{ConnKind, Header, Op};
 
+/// Reads the next frame of a control connection: a tamper notice from the peer (the
+/// connection is sealed and a record from this end failed there) is the error it stands
+/// for.
+async fn read_control_frame<R>(r: &mut R, sealed: bool) -> Result<Option<(Header, Vec<u8>)>>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let frame = read_frame(r).await?;
+    if let Some(tampered) = frame
+        .as_ref()
+        .and_then(|(h, _)| tampered_by_notice(h, sealed))
+    {
+        return Err(tampered);
+    }
+    Ok(frame)
+}
+
 /// Asks an open control connection for the descriptor.
-async fn request_descriptor(stream: &mut TcpStream) -> Result<SegmentDescriptor> {
+async fn request_descriptor(conn: &mut SealedConn) -> Result<SegmentDescriptor> {
     let mut req = Header::new(Op::GetDescriptor);
     req.request_id = 1;
-    write_frame(stream, &req, &[]).await?;
+    write_frame(&mut conn.w, &req, &[]).await?;
+    let sealed = conn.r.is_sealed();
     loop {
-        match read_frame(stream).await? {
+        match read_control_frame(&mut conn.r, sealed).await? {
             Some((h, body)) if h.op == Op::Descriptor => {
                 return serde_json::from_slice(&body)
                     .map_err(|e| Error::Protocol(format!("bad descriptor: {e}")));
@@ -51,8 +69,8 @@ pub(crate) async fn fetch_descriptor(
     local_engine_id: u64,
     timeout: Duration,
 ) -> Result<SegmentDescriptor> {
-    let (desc, (mut stream, _)) = open_control(addr, local_engine_id, timeout).await?;
-    let _ = stream.shutdown().await;
+    let (desc, (mut conn, _)) = open_control(addr, local_engine_id, timeout).await?;
+    let _ = conn.w.shutdown().await;
     Ok(desc)
 }
 
@@ -63,11 +81,12 @@ pub(crate) async fn open_control(
     addr: &str,
     local_engine_id: u64,
     timeout: Duration,
-) -> Result<(SegmentDescriptor, (TcpStream, Reached))> {
-    let (mut stream, reached) =
+) -> Result<(SegmentDescriptor, (SealedConn, Reached))> {
+    let (stream, reached, keys) =
         connect_reaching(addr, ConnKind::Control, local_engine_id, timeout).await?;
+    let mut conn = SealedConn::new(stream, keys);
     let remote_id = reached.engine_id;
-    let desc = tokio::time::timeout(timeout, request_descriptor(&mut stream))
+    let desc = tokio::time::timeout(timeout, request_descriptor(&mut conn))
         .await
         .map_err(|_| Error::Connect {
             peer: addr.to_string(),
@@ -79,7 +98,7 @@ pub(crate) async fn open_control(
             desc.engine_id
         )));
     }
-    Ok((desc, (stream, reached)))
+    Ok((desc, (conn, reached)))
 }
 
 /// Sends one transport control request (`TransportReq`, e.g. an RDMA endpoint handshake) to
@@ -93,17 +112,19 @@ pub async fn transport_request(
     timeout: Duration,
 ) -> Result<(Vec<u8>, u64)> {
     let exchange = async {
-        let (mut stream, answered) =
+        let (stream, answered, keys) =
             connect(addr, ConnKind::Control, local_engine_id, timeout).await?;
+        let mut conn = SealedConn::new(stream, keys);
         let mut req = Header::new(Op::TransportReq);
         req.request_id = 1;
         req.buffer_id = kind as u64;
         req.length = payload.len() as u64;
-        write_frame(&mut stream, &req, payload).await?;
+        write_frame(&mut conn.w, &req, payload).await?;
+        let sealed = conn.r.is_sealed();
         loop {
-            match read_frame(&mut stream).await? {
+            match read_control_frame(&mut conn.r, sealed).await? {
                 Some((h, body)) if h.op == Op::TransportResp => {
-                    let _ = stream.shutdown().await;
+                    let _ = conn.w.shutdown().await;
                     return Ok((body, answered));
                 }
                 Some((h, body)) if h.op == Op::Error => {
@@ -159,7 +180,7 @@ pub(crate) async fn run_link(
     peer: Arc<Peer>,
     cfg: LinkConfig,
     events: Arc<dyn LinkEvents>,
-    mut first: Option<(TcpStream, Reached)>,
+    mut first: Option<(SealedConn, Reached)>,
 ) {
     let cancel = peer.link_cancel.clone();
     let seed = cfg.local_engine_id ^ peer.handle().rotate_left(17);
@@ -230,10 +251,10 @@ async fn connect_fresh(
     peer: &Arc<Peer>,
     cfg: LinkConfig,
     events: &dyn LinkEvents,
-) -> std::result::Result<(TcpStream, Reached), LossReason> {
+) -> std::result::Result<(SealedConn, Reached), LossReason> {
     let addr = peer.addr();
     let unreachable = |e: Error| LossReason::Unreachable(e.to_string());
-    let (mut stream, reached) = connect_reaching(
+    let (stream, reached, keys) = connect_reaching(
         &addr,
         ConnKind::Control,
         cfg.local_engine_id,
@@ -241,9 +262,10 @@ async fn connect_fresh(
     )
     .await
     .map_err(unreachable)?;
+    let mut conn = SealedConn::new(stream, keys);
     let remote_id = reached.engine_id;
     if remote_id != peer.engine_id() {
-        let desc = tokio::time::timeout(cfg.peer_timeout, request_descriptor(&mut stream))
+        let desc = tokio::time::timeout(cfg.peer_timeout, request_descriptor(&mut conn))
             .await
             .map_err(|_| LossReason::Unreachable("descriptor refresh timed out".into()))?
             .map_err(unreachable)?;
@@ -256,7 +278,7 @@ async fn connect_fresh(
         tracing::info!(peer = peer.name(), "peer restarted: descriptor refreshed");
         events.descriptor_seen(peer, desc);
     }
-    Ok((stream, reached))
+    Ok((conn, reached))
 }
 
 /// Runs an up link to the incarnation `reached` of the peer: pings when due, notes every
@@ -264,15 +286,16 @@ async fn connect_fresh(
 /// peer was already declared lost, or when the peer's incarnation is no longer the one this
 /// connection reached).
 async fn heartbeat(
-    stream: TcpStream,
+    conn: SealedConn,
     reached: Reached,
     link: &mut Link,
     peer: &Peer,
 ) -> Option<Action> {
     let remote_id = reached.engine_id;
-    let (rd, wr) = stream.into_split();
+    let SealedConn { r: rd, w: wr } = conn;
+    let sealed = rd.is_sealed();
     // Buffered: a burst of notification answers is read in a few calls, not two a frame.
-    let mut rd = tokio::io::BufReader::new(rd);
+    let mut rd: tokio::io::BufReader<ConnRead> = tokio::io::BufReader::new(rd);
     let carrier = peer
         .link_port
         .carry(wr, remote_id, reached.carries_notify());
@@ -283,7 +306,7 @@ async fn heartbeat(
     let (tx, mut heard) = tokio::sync::mpsc::channel::<std::result::Result<u64, LossReason>>(16);
     let reader = tokio::spawn(async move {
         loop {
-            let got = match read_frame(&mut rd).await {
+            let got = match read_control_frame(&mut rd, sealed).await {
                 Ok(Some((h, _))) if h.op == Op::Pong => Ok(h.request_id),
                 Ok(Some((h, _))) if h.op == Op::Goodbye => Err(LossReason::Closed),
                 Ok(Some(frame)) if Answers::routes(frame.0.op) => {
@@ -294,7 +317,14 @@ async fn heartbeat(
                 Ok(None) => Err(LossReason::Broken(
                     "control connection closed without a goodbye".into(),
                 )),
-                Err(e) => Err(LossReason::Broken(e.to_string())),
+                Err(e) => {
+                    if matches!(e, Error::Tampered(_)) {
+                        // A broken link, as a cut one is (the peer is reported lost until a
+                        // reconnect, with new keys, reaches it again).
+                        tracing::warn!(error = %e, "dropping a sealed link connection");
+                    }
+                    Err(LossReason::Broken(e.to_string()))
+                }
             };
             let end = got.is_err();
             if tx.send(got).await.is_err() || end {

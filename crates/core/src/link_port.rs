@@ -15,12 +15,12 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, watch};
 
 use crate::error::{Error, Result};
 use crate::net::write_frame;
 use crate::notify::window::WINDOW;
+use crate::sealed_stream::ConnWrite;
 use crate::wire::{Header, Op};
 
 /// A frame to write.
@@ -69,7 +69,7 @@ impl LinkPort {
     /// published until the returned `Carrier` is dropped.
     pub(crate) fn carry(
         self: &Arc<Self>,
-        wr: OwnedWriteHalf,
+        wr: ConnWrite,
         engine_id: u64,
         carries_notify: bool,
     ) -> Carrier {

@@ -87,7 +87,7 @@ pub(crate) async fn read_header_within<R: AsyncRead + Unpin>(
     tokio::time::timeout(deadline, r.read_exact(&mut buf[got..]))
         .await
         .map_err(|_| Error::Protocol("frame header not complete within frameTimeoutMs".into()))?
-        .map_err(|e| Error::Protocol(format!("truncated frame header: {e}")))?;
+        .map_err(|e| cut_short("truncated frame header", &e))?;
     Header::decode(&buf)
         .map(Some)
         .map_err(|e| Error::Protocol(e.to_string()))
@@ -130,7 +130,7 @@ async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, header: &Header) -> Resul
     let mut payload = frame_buffer(len)?;
     r.read_exact(&mut payload)
         .await
-        .map_err(|e| Error::Protocol(format!("truncated payload: {e}")))?;
+        .map_err(|e| cut_short("truncated payload", &e))?;
     Ok(payload)
 }
 
@@ -144,21 +144,25 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     Ok(Some((header, read_payload(r, &header).await?)))
 }
 
-/// Writes a header and payload.
+/// Writes a header and payload, in one write (on a sealed stream: one record).
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     header: &Header,
     payload: &[u8],
 ) -> Result<()> {
-    w.write_all(&header.encode())
+    write_all_pair(w, &header.encode(), payload)
         .await
         .map_err(|e| Error::io("write", &e))?;
-    if !payload.is_empty() {
-        w.write_all(payload)
-            .await
-            .map_err(|e| Error::io("write", &e))?;
-    }
     w.flush().await.map_err(|e| Error::io("flush", &e))
+}
+
+/// A frame that a read error cut short: a sealed stream's tampering keeps its own type
+/// (`ERR_FERRY_TAMPERED`), anything else is a protocol error.
+fn cut_short(what: &str, e: &std::io::Error) -> Error {
+    match crate::error::TamperedIo::within(e) {
+        Some(why) => Error::Tampered(why),
+        None => Error::Protocol(format!("{what}: {e}")),
+    }
 }
 
 /// Connections a listener keeps waiting for `accept` (the kernel caps it at
@@ -191,35 +195,29 @@ pub(crate) fn tune_accepted(stream: &TcpStream, kind: ConnKind) {
     tune(stream, kind)
 }
 
-/// Connects, runs the handshake (`auth`), and returns the stream and the peer's engine id.
+/// Connects, runs the handshake (`auth`), and returns the stream, the peer's engine id,
+/// and the connection's keys when it is sealed: when this engine's `encrypt` setting asks
+/// it of the peer's address, or the peer requires it. Every tcp connection is sealed by
+/// that one rule, with keys of its own.
 pub(crate) async fn connect(
     addr: &str,
     kind: ConnKind,
     local_engine_id: u64,
     timeout: Duration,
-) -> Result<(TcpStream, u64)> {
-    let (stream, reached, _) =
-        connect_sealing(addr, kind, local_engine_id, timeout, Stance::Refuse).await?;
-    Ok((stream, reached.engine_id))
+) -> Result<(TcpStream, u64, Option<SealKeys>)> {
+    let (stream, reached, keys) = connect_reaching(addr, kind, local_engine_id, timeout).await?;
+    Ok((stream, reached.engine_id, keys))
 }
 
-/// Connects a data connection that is sealed when this engine's `encrypt` setting asks it
-/// of the peer's address, or the peer's requires it: the stream, the peer's engine id,
-/// and the connection's keys when sealed.
+/// A data connection (`connect`).
 pub(crate) async fn connect_data(
     addr: &str,
     local_engine_id: u64,
     timeout: Duration,
 ) -> Result<(TcpStream, u64, Option<SealKeys>)> {
-    let stance = crate::auth::dialing_stance(local_engine_id, is_loopback_addr(addr));
-    let (stream, reached, keys) =
-        connect_sealing(addr, ConnKind::Data, local_engine_id, timeout, stance).await?;
-    Ok((stream, reached.engine_id, keys))
+    connect(addr, ConnKind::Data, local_engine_id, timeout).await
 }
 
-/// Whether `addr` (`host:port`) names a loopback address; a name that does not parse as
-/// an address is taken as beyond loopback (`localhost` included: it is sealed under
-/// `auto`, which costs only time).
 pub(crate) fn is_loopback_addr(addr: &str) -> bool {
     addr.parse::<std::net::SocketAddr>()
         .is_ok_and(|a| a.ip().is_loopback())
@@ -250,10 +248,9 @@ pub(crate) async fn connect_reaching(
     kind: ConnKind,
     local_engine_id: u64,
     timeout: Duration,
-) -> Result<(TcpStream, Reached)> {
-    let (stream, reached, _) =
-        connect_sealing(addr, kind, local_engine_id, timeout, Stance::Refuse).await?;
-    Ok((stream, reached))
+) -> Result<(TcpStream, Reached, Option<SealKeys>)> {
+    let stance = crate::auth::dialing_stance(local_engine_id, is_loopback_addr(addr));
+    connect_sealing(addr, kind, local_engine_id, timeout, stance).await
 }
 
 /// `connect_reaching` by a client with `stance` on sealing the connection.
@@ -394,7 +391,7 @@ async fn client_handshake_reaching<S: AsyncRead + AsyncWrite + Unpin>(
         return Err("the peer does not authenticate (it has no authSecret); refusing it".into());
     } else if stance == Stance::Require {
         return Err(
-            "this engine requires encrypted data connections (encrypt), which needs \
+            "this engine requires encrypted connections (encrypt), which needs \
              a cluster secret"
                 .into(),
         );
@@ -463,7 +460,7 @@ pub(crate) async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         .map(|(hello, _)| hello)
 }
 
-/// `server_handshake` by a server with `stance` on sealing data connections: also the
+/// `server_handshake` by a server with `stance` on sealing the connection: also the
 /// connection's keys when it is sealed.
 pub(crate) async fn server_handshake_sealing<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
@@ -575,7 +572,7 @@ impl Refused {
         let text: &[u8] = match self.why {
             Failure::NoSecret => b"this engine requires the cluster secret (authSecret)",
             Failure::Plaintext => {
-                b"this engine requires encrypted data connections (encrypt): set encrypt to \
+                b"this engine requires encrypted connections (encrypt): set encrypt to \
                   'auto' or true"
             }
             _ => b"authentication failed",

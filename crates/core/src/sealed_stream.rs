@@ -7,15 +7,88 @@
 //! record (the writers seal a frame's header and payload in one write) cannot put a byte
 //! into registered memory unless all of it is authentic. That costs a staging buffer per
 //! connection (the largest record it met) and one copy out of it.
+//!
+//! `SealedConn` is a tcp connection past its handshake as control, notification and
+//! descriptor clients and servers use it: split, sealed with the keys its own handshake
+//! derived, or plaintext. The end that finds a record tampered with tells the other
+//! (`tamper_notice`, sealed in the intact direction) before it drops the connection.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
 
 use crate::error::{Error, TamperedIo};
-use crate::seal::{record_len, Opener, Sealer, LEN_PREFIX, MAX_RECORD, TAG_LEN};
+use crate::seal::{record_len, Opener, SealKeys, Sealer, LEN_PREFIX, MAX_RECORD, TAG_LEN};
+use crate::wire::{Header, Op, RejectCode};
+
+/// The reading half of a [`SealedConn`].
+pub(crate) type ConnRead = SealedRead<OwnedReadHalf>;
+/// The writing half of a [`SealedConn`].
+pub(crate) type ConnWrite = SealedWrite<OwnedWriteHalf>;
+
+/// A tcp connection past its handshake, split into its halves: sealed with `keys` (the
+/// connection's own, from its handshake's transcript), or plaintext without.
+pub(crate) struct SealedConn {
+    pub(crate) r: ConnRead,
+    pub(crate) w: ConnWrite,
+}
+
+impl SealedConn {
+    pub(crate) fn new(stream: TcpStream, keys: Option<SealKeys>) -> Self {
+        let (rd, wr) = stream.into_split();
+        let (sealer, opener) = keys.map(SealKeys::split).unzip();
+        Self {
+            r: SealedRead::new(rd, opener),
+            w: SealedWrite::new(wr, sealer),
+        }
+    }
+}
+
+/// The frame an end sends, sealed, when a record from the other end failed its
+/// authentication, just before it drops the connection: an `Error` of request id 0 with
+/// the `Tampered` code, so the other end fails with `ERR_FERRY_TAMPERED`, not as if the
+/// peer had vanished.
+pub(crate) fn tamper_notice() -> Header {
+    let mut notice = Header::new(Op::Error);
+    notice.flags = RejectCode::Tampered as u16;
+    notice
+}
+
+/// Tells the other end, on `w` (the intact direction), that a record from it failed its
+/// authentication here, within `deadline`; the error the connection (a `what` one) ends
+/// with.
+pub(crate) async fn tell_tampered<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    deadline: std::time::Duration,
+    what: &str,
+) -> Error {
+    use tokio::io::AsyncWriteExt;
+    let told = async {
+        w.write_all(&tamper_notice().encode()).await?;
+        w.flush().await
+    };
+    let _ = tokio::time::timeout(deadline, told).await;
+    tracing::warn!("dropping a sealed {what} connection: a frame failed its authentication");
+    Error::Tampered(format!(
+        "a frame on a {what} connection failed its authentication"
+    ))
+}
+
+/// The error a [`tamper_notice`] read on a sealed connection stands for; `None` for any
+/// other frame (a plaintext connection has no notices: its peer cannot tell).
+pub(crate) fn tampered_by_notice(h: &Header, sealed: bool) -> Option<Error> {
+    let notice = sealed
+        && h.op == Op::Error
+        && h.request_id == 0
+        && RejectCode::from_raw(h.flags) == RejectCode::Tampered;
+    notice.then(|| {
+        Error::Tampered("the peer found a frame from this engine tampered with on the way".into())
+    })
+}
 
 fn io_error(e: Error) -> io::Error {
     match e {

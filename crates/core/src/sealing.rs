@@ -1,4 +1,4 @@
-//! Whether a tcp data connection is sealed (`seal`): the engine's `encrypt` setting, what
+//! Whether a tcp connection is sealed (`seal`): the engine's `encrypt` setting, what
 //! it asks of a peer at a given address, and the outcome both ends agree on in the
 //! handshake. Pure decisions; the handshake (`auth`, `net`) carries them.
 //!
@@ -10,11 +10,11 @@
 /// The engine's `encrypt` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Encrypt {
-    /// Seal data connections to and from peers beyond loopback; on loopback, seal when
+    /// Seal tcp connections to and from peers beyond loopback; on loopback, seal when
     /// the other end requires it.
     #[default]
     Auto,
-    /// Seal every data connection; refuse peers that will not.
+    /// Seal every tcp connection; refuse peers that will not.
     Always,
     /// Never seal; a peer that requires sealing refuses this engine.
     Never,

@@ -26,7 +26,9 @@ use crate::net::{
 use crate::notify::serve::{serve_notify, OnLink, Receiving};
 use crate::resource::Overflow;
 use crate::seal::SealKeys;
-use crate::sealed_stream::{SealedRead, SealedWrite};
+use crate::sealed_stream::{
+    tell_tampered, ConnRead, ConnWrite, SealedConn, SealedRead, SealedWrite,
+};
 use crate::sealing::Stance;
 use crate::segment::{token_hex, BufferDescriptor, SegmentDescriptor};
 use crate::transport::{ControlPeers, Transport};
@@ -258,8 +260,8 @@ async fn serve(
     Box::pin(serve_admitted(stream, hello, local, keys)).await
 }
 
-/// Serves an admitted connection of the kind its Hello named (sealed with `keys`: only
-/// data connections are).
+/// Serves an admitted connection of the kind its Hello named (sealed with `keys` when its
+/// handshake sealed it).
 async fn serve_admitted(
     stream: TcpStream,
     hello: Header,
@@ -273,10 +275,13 @@ async fn serve_admitted(
         ConnKind::Control => {
             let _counted = local.control_peers.enter(hello.request_id);
             let _owed = local.farewell.owe();
-            serve_control(stream, &local, hello.request_id).await
+            serve_control(SealedConn::new(stream, keys), &local, hello.request_id).await
         }
         ConnKind::Data => serve_data(stream, &local, keys).await,
-        ConnKind::Notify => serve_notify(stream, local.receiving(), hello.request_id).await,
+        ConnKind::Notify => {
+            let conn = SealedConn::new(stream, keys);
+            serve_notify(conn, local.receiving(), hello.request_id).await
+        }
         ConnKind::Shm => Err(Error::Protocol(
             "shm connections go to the shm socket".into(),
         )),
@@ -291,10 +296,26 @@ async fn serve_admitted(
 
 /// Answers a peer's control frames until it leaves, or says goodbye as this engine closes.
 /// The link of engine `sender` also carries its notifications (`notify::serve::OnLink`).
-/// The answers to a burst of frames leave in one write.
-async fn serve_control(stream: TcpStream, local: &LocalSegment, sender: u64) -> Result<()> {
+/// A sealed connection whose record failed its authentication ends, the peer told.
+async fn serve_control(conn: SealedConn, local: &LocalSegment, sender: u64) -> Result<()> {
+    let mut r = BufReader::new(conn.r);
+    let mut w = conn.w;
+    let served = serve_control_frames(&mut r, &mut w, local, sender).await;
+    if r.get_ref().tampered() {
+        return Err(tell_tampered(&mut w, local.frame_timeout, "control").await);
+    }
+    served
+}
+
+/// The answers to a burst of frames leave in one write (on a sealed connection, one
+/// record).
+async fn serve_control_frames(
+    r: &mut BufReader<ConnRead>,
+    w: &mut ConnWrite,
+    local: &LocalSegment,
+    sender: u64,
+) -> Result<()> {
     let mut notes = OnLink::new(local.receiving(), sender);
-    let mut r = BufReader::new(stream);
     let mut answers: Vec<u8> = Vec::new();
     loop {
         // A frame half read when the goodbye begins is dropped with the connection.
@@ -302,11 +323,14 @@ async fn serve_control(stream: TcpStream, local: &LocalSegment, sender: u64) -> 
             biased;
             _ = local.farewell.begun() => {
                 append_frame(&mut answers, &Header::new(Op::Goodbye), &[]);
-                let bye = r.get_mut().write_all(&answers);
+                let bye = async {
+                    w.write_all(&answers).await?;
+                    w.flush().await
+                };
                 let _ = tokio::time::timeout(local.frame_timeout, bye).await;
                 return Ok(());
             }
-            frame = read_frame_within(&mut r, local.frame_timeout) => frame?,
+            frame = read_frame_within(r, local.frame_timeout) => frame?,
         };
         let Some((header, payload)) = frame else {
             return Ok(());
@@ -342,10 +366,14 @@ async fn serve_control(stream: TcpStream, local: &LocalSegment, sender: u64) -> 
                 )))
             }
         }
-        if r.buffer().len() < HEADER_LEN {
-            r.get_mut()
-                .write_all(&answers)
-                .await
+        if r.buffer().len() + r.get_ref().opened_len() < HEADER_LEN {
+            // Flushed: a sealed stream keeps what the socket did not take of its record
+            // until the next write or flush, and a pong must not wait for the next ping.
+            let sent = async {
+                w.write_all(&answers).await?;
+                w.flush().await
+            };
+            sent.await
                 .map_err(|e| Error::io("write a control answer", &e))?;
             answers.clear();
         }
@@ -397,17 +425,7 @@ async fn serve_data(stream: TcpStream, local: &LocalSegment, keys: Option<SealKe
     if r.get_ref().tampered() {
         // The initiator is told, sealed (this direction is intact), before the drop: its
         // requests on this connection fail as tampered, not as a vanished peer.
-        let mut notice = Header::new(Op::Error);
-        notice.flags = RejectCode::Tampered as u16;
-        let told = async {
-            w.write_all(&notice.encode()).await?;
-            w.flush().await
-        };
-        let _ = tokio::time::timeout(local.frame_timeout, told).await;
-        tracing::warn!("dropping a sealed data connection: a frame failed its authentication");
-        return Err(Error::Tampered(
-            "a frame from the initiator failed its authentication".into(),
-        ));
+        return Err(tell_tampered(&mut w, local.frame_timeout, "data").await);
     }
     served
 }

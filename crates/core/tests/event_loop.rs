@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use ferry_core::auth::Secret;
 use ferry_core::event_loop::{self, EventLoop, Interest, Watch, Watcher};
 use ferry_core::task::TaskSnapshot;
-use ferry_core::{Engine, EngineConfig, Opcode, Region, Request, TransferStatus};
-use ferry_testkit::{bytes_of, fill, request};
+use ferry_core::{Encrypt, Engine, EngineConfig, Opcode, Region, Request, TransferStatus};
+use ferry_testkit::{bytes_at, bytes_of, fill, request, Proxy};
 
 /// A watcher called back and the interest it keeps.
 type Ready = (Arc<dyn Watcher>, Rc<Cell<Interest>>);
@@ -460,53 +461,86 @@ fn a_write_the_socket_takes_in_pieces_goes_out_whole_while_others_take_the_pool(
     target.close();
 }
 
-/// A target that requires sealed data connections (`encrypt: Always`) and an initiator
-/// that seals on loopback only when asked (`Auto`): the pool's connections are sealed by
-/// the target's demand, so the thread's plaintext loop connection is never tried (the
-/// target would refuse each attempt as a `plaintext` handshake failure, again after every
-/// retry), and its small awaited requests take the sealed pool.
+/// The target's handshake refusals of a plaintext peer (`ferry_auth_failures_total`'s
+/// `plaintext`).
+fn plaintext_refusals(target: &Engine) -> u64 {
+    let m = target.metrics();
+    m.auth_failures
+        .iter()
+        .filter(|(reason, _)| *reason == "plaintext")
+        .map(|(_, n)| n)
+        .sum()
+}
+
 #[test]
-fn a_pool_sealed_by_the_peers_demand_keeps_small_requests_off_the_loop() {
-    use ferry_core::auth::Secret;
-    use ferry_core::Encrypt;
-    let secured = |encrypt| EngineConfig {
+fn a_loop_connection_to_a_target_that_requires_sealing_carries_its_requests_sealed() {
+    // The target requires sealing (`encrypt: true`); the initiator has the default, which
+    // on loopback seals when the other end requires it. Every connection crosses a relay
+    // that keeps what it relays.
+    let relay = Proxy::start();
+    let secret = Secret::new(vec![0x42; 32]).expect("secret");
+    let config = |encrypt, advertise| EngineConfig {
         transports: vec![ferry_core::TransportKind::Tcp],
-        auth_secret: Some(Secret::new(vec![0x3c; 32]).expect("secret")),
+        peer_timeout: Duration::from_millis(1000),
+        auth_secret: Some(secret.clone()),
         encrypt,
+        advertise,
         ..EngineConfig::default()
     };
-    let target = Engine::new(secured(Encrypt::Always)).expect("target");
-    let initiator = Engine::new(secured(Encrypt::Auto)).expect("initiator");
+    let target =
+        Engine::new(config(Encrypt::Always, Some(relay.addr().to_string()))).expect("target");
+    relay.forward_to(target.local_addr());
+    let initiator = Engine::new(config(Encrypt::Auto, None)).expect("initiator");
     let remote = target.allocate(1 << 20).expect("remote");
     let local = initiator.allocate(1 << 20).expect("local");
-    fill(&local, 41);
+    let back = initiator.allocate(1 << 20).expect("back");
+    fill(&local, 11);
     let seg = initiator
         .open_segment_blocking(target.segment_name())
         .expect("open")
         .handle;
     let lp = Rc::new(PollLoop::default());
     event_loop::install(lp.clone());
-    // Past the requests a thread sends through the pool before it connects its own.
-    for i in 0..16u64 {
+    // The loop's own connection serves (its handshake was not refused as plaintext).
+    warm_up(&lp, &initiator, &local, seg, &remote);
+    relay.capture();
+    let me = std::thread::current().id();
+    let (at, len) = (8192, 4096);
+    for (opcode, region) in [(Opcode::Write, &local), (Opcode::Read, &back)] {
         let slot = start(
             &initiator,
-            &[request(Opcode::Write, &local, seg, &remote, i * 4096, 4096)],
+            &[request(opcode, region, seg, &remote, at, len)],
         );
-        let (snaps, _) = wait(&lp, &slot);
-        assert_eq!(snaps[0].status, TransferStatus::Completed, "{snaps:?}");
+        let (snaps, on) = wait(&lp, &slot);
+        assert_eq!(
+            snaps[0].status,
+            TransferStatus::Completed,
+            "{opcode:?}: {:?}",
+            snaps[0].error
+        );
+        assert_eq!(on, me, "{opcode:?} was not delivered by the loop");
     }
-    let plaintext = target
-        .metrics()
-        .auth_failures
-        .iter()
-        .find(|(why, _)| *why == "plaintext")
-        .map_or(0, |(_, n)| *n);
+    let sent = bytes_at(&local, at, len);
     assert_eq!(
-        plaintext, 0,
-        "the initiator tried a plaintext loop connection"
+        bytes_at(&back, at, len),
+        sent,
+        "the READ brought back the WRITE"
     );
-    assert_eq!(lp.live(), 0, "a loop connection to a sealed peer");
-    event_loop::uninstall();
+    assert!(
+        relay.captured_len() > len as usize,
+        "the relay saw the requests"
+    );
+    assert!(
+        !relay.relayed(&sent[..64]),
+        "the loop connection carried a request's bytes in clear"
+    );
+    assert_eq!(
+        plaintext_refusals(&target),
+        0,
+        "a plaintext handshake was refused"
+    );
     initiator.close();
+    assert!(let_go(&lp), "the loop still watches after close");
+    event_loop::uninstall();
     target.close();
 }

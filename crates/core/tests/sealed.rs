@@ -166,22 +166,25 @@ fn without_sealing_the_same_flip_lands_corrupted_bytes() {
 
 #[test]
 fn a_target_that_requires_sealing_refuses_a_plaintext_initiator() {
+    // Every connection is sealed by the same rule, the control connection that opens the
+    // segment first: the open is refused, told why, and counted as a plaintext peer.
     within(BOUND, "plaintext initiator, sealing target", || {
         let target = engine(Encrypt::Always, None);
         let initiator = engine(Encrypt::Never, None);
-        let remote = target.allocate(4096).expect("remote");
-        let local = initiator.allocate(4096).expect("local");
-        let seg = initiator
+        target.allocate(4096).expect("remote");
+        let err = initiator
             .open_segment_blocking(target.segment_name())
-            .expect("open: control connections are not sealed")
-            .handle;
-        let snap = one(initiator
-            .transfer_blocking(&[request(Opcode::Write, &local, seg, &remote, 0, 4096)])
-            .expect("transfer"));
-        assert_eq!(snap.status, TransferStatus::Failed);
-        let err = snap.error.expect("error");
+            .expect_err("a plaintext initiator is refused");
         assert_eq!(err.code(), "ERR_FERRY_CONNECT", "{err}");
         assert!(err.to_string().contains("encrypt"), "{err}");
+        let refused: u64 = target
+            .metrics()
+            .auth_failures
+            .iter()
+            .filter(|(reason, _)| *reason == "plaintext")
+            .map(|(_, n)| n)
+            .sum();
+        assert!(refused >= 1, "the refusal was not counted as plaintext");
         initiator.close();
         target.close();
     });

@@ -1,7 +1,8 @@
 //! A TCP forwarder between an initiator and a target whose connections a test can freeze
 //! (held open, nothing forwarded: a peer that went silent, or a restart the initiator did
 //! not see), cut (closed without a goodbye: a crash as the initiator sees it), or corrupt
-//! (one byte flipped at a chosen place of a stream: a wire that damages data).
+//! (one byte flipped at a chosen place of a stream: a wire that damages data), and whose
+//! relayed bytes it can keep (`capture`: what an eavesdropper on the wire would read).
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
@@ -40,6 +41,10 @@ struct State {
     flip: Mutex<Option<Flip>>,
     /// Bytes flipped so far, every stream together.
     flipped: AtomicU64,
+    /// Whether relayed bytes are kept in `captured`.
+    capturing: AtomicBool,
+    /// The bytes relayed while capturing, per stream: (connection, towards the target).
+    captured: Mutex<std::collections::HashMap<(u64, bool), Vec<u8>>>,
 }
 
 /// One byte flipped in each stream of one direction that gets that far.
@@ -70,6 +75,8 @@ impl Proxy {
             open: Mutex::default(),
             flip: Mutex::default(),
             flipped: AtomicU64::new(0),
+            capturing: AtomicBool::new(false),
+            captured: Mutex::default(),
         });
         let proxy = Self {
             addr,
@@ -131,6 +138,26 @@ impl Proxy {
     /// How many bytes were flipped so far (one per stream that got as far as its `at`).
     pub fn flipped(&self) -> u64 {
         self.state.flipped.load(Ordering::SeqCst)
+    }
+
+    /// Keeps every byte relayed from now on, both directions, after any flip.
+    pub fn capture(&self) {
+        self.state.capturing.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether some stream relayed since [`Proxy::capture`] carried `pattern`.
+    pub fn relayed(&self, pattern: &[u8]) -> bool {
+        let captured = self.state.captured.lock().expect("captured");
+        !pattern.is_empty()
+            && captured
+                .values()
+                .any(|stream| stream.windows(pattern.len()).any(|w| w == pattern))
+    }
+
+    /// Bytes relayed since [`Proxy::capture`], every stream together.
+    pub fn captured_len(&self) -> usize {
+        let captured = self.state.captured.lock().expect("captured");
+        captured.values().map(Vec::len).sum()
     }
 
     /// The connections open now are closed on both sides (no goodbye reaches either
@@ -203,9 +230,11 @@ fn accept_loop(listener: TcpListener, state: Arc<State>) {
         let up = flip.filter(|f| f.to_target).map(|f| f.at);
         let down = flip.filter(|f| !f.to_target).map(|f| f.at);
         pumps.push(std::thread::spawn(move || {
-            pump(client, server, number, st1, up)
+            pump(client, server, (number, true), st1, up)
         }));
-        pumps.push(std::thread::spawn(move || pump(s2, c2, number, st2, down)));
+        pumps.push(std::thread::spawn(move || {
+            pump(s2, c2, (number, false), st2, down)
+        }));
     }
     for p in pumps {
         let _ = p.join();
@@ -213,8 +242,16 @@ fn accept_loop(listener: TcpListener, state: Arc<State>) {
 }
 
 /// Copies `from` → `to` until either closes, the proxy stops, or (frozen) for ever silent;
-/// flips the bits of the byte at stream position `flip` on its way.
-fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>, flip: Option<u64>) {
+/// flips the bits of the byte at stream position `flip` on its way. `stream`: the
+/// connection's number, and whether this is its direction towards the target.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    stream: (u64, bool),
+    state: Arc<State>,
+    flip: Option<u64>,
+) {
+    let number = stream.0;
     let mut buf = vec![0u8; 64 << 10];
     let mut held = Vec::new();
     let mut passed = 0u64;
@@ -247,6 +284,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream, number: u64, state: Arc<State>, 
             state.flipped.fetch_add(1, Ordering::SeqCst);
         }
         passed += n as u64;
+        if state.capturing.load(Ordering::SeqCst) {
+            let mut captured = state.captured.lock().expect("captured");
+            captured
+                .entry(stream)
+                .or_default()
+                .extend_from_slice(&buf[..n]);
+        }
         if paused {
             held.extend_from_slice(&buf[..n]);
             state.held.fetch_add(n as u64, Ordering::SeqCst);

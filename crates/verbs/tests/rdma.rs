@@ -594,6 +594,38 @@ fn with_a_cluster_secret_the_rdma_handshake_runs_and_read_only_memory_stays_unwr
 }
 
 #[test]
+fn with_encrypt_the_rdma_handshake_runs_on_sealed_control_connections() {
+    // Both engines seal every tcp connection (`encrypt: true`), the control connections
+    // that carry the rdma endpoint handshake and its end-to-end check among them: the
+    // handshake runs sealed and the bytes move over rdma.
+    within(Duration::from_secs(60), "test body", || {
+        let sealing = |c: &mut EngineConfig, _: &mut RdmaConfig| {
+            c.auth_secret = Some(ferry_core::auth::Secret::new(vec![7; 32]).expect("secret"));
+            c.encrypt = ferry_core::Encrypt::Always;
+        };
+        let target = engine_with(provider(EmulatedFaults::default()), sealing);
+        let initiator = engine_with(provider(EmulatedFaults::default()), sealing);
+        let r = Pair::new(target, initiator, 1 << 20);
+        fill(&r.local, 4);
+        let write = Request {
+            verify: true,
+            ..request(&r, Opcode::Write, 0, 1 << 20, true)
+        };
+        let s = one(r.initiator.transfer_blocking(&[write]).expect("write"));
+        assert_eq!(s.status, TransferStatus::Completed, "{s:?}");
+        assert!(bytes_of(&r.local) == bytes_of(&r.remote));
+        let refused: u64 = r
+            .target
+            .metrics()
+            .auth_failures
+            .iter()
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(refused, 0, "a handshake was refused");
+    });
+}
+
+#[test]
 fn an_endpoint_reconnect_that_reaches_a_new_incarnation_moves_the_segment_to_it() {
     within(Duration::from_secs(60), "test body", || {
         const LEN: u64 = 1 << 20;

@@ -7,13 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::link_port::{LinkEnd, Read};
 use crate::net::{connect, read_frame, write_frame};
+use crate::sealed_stream::{tampered_by_notice, ConnWrite, SealedConn};
 use crate::segment::Peer;
 use crate::wire::{ConnKind, Header};
 
@@ -22,8 +22,8 @@ const OWN_ANSWERS: usize = 64;
 
 /// Where an outbox writes.
 pub(super) enum Wire {
-    /// Its own notification connection.
-    Own(OwnedWriteHalf),
+    /// Its own notification connection (boxed: a sealed one's keys are large).
+    Own(Box<ConnWrite>),
     /// The peer's link.
     Link(LinkEnd),
 }
@@ -33,7 +33,9 @@ impl Wire {
     /// the outbox past it.
     pub(super) async fn send(&mut self, h: &Header, body: &[u8], deadline: Instant) -> Result<()> {
         let sent = match self {
-            Wire::Own(wr) => tokio::time::timeout_at(deadline, write_frame(wr, h, body)).await,
+            Wire::Own(wr) => {
+                tokio::time::timeout_at(deadline, write_frame(&mut **wr, h, body)).await
+            }
             Wire::Link(end) => {
                 tokio::time::timeout_at(deadline, end.send((*h, body.to_vec()))).await
             }
@@ -88,13 +90,23 @@ pub(super) async fn reach(
         });
     }
     let addr = peer.addr();
-    let (stream, receiver) = connect(&addr, ConnKind::Notify, engine_id, connect_timeout).await?;
-    let (mut rd, wr) = stream.into_split();
+    let (stream, receiver, keys) =
+        connect(&addr, ConnKind::Notify, engine_id, connect_timeout).await?;
+    let SealedConn { r: mut rd, w: wr } = SealedConn::new(stream, keys);
+    let sealed = rd.is_sealed();
     // Answers are read by their own task, so that a send never interrupts a half-read frame.
     let (tx, answers) = mpsc::channel::<Read>(OWN_ANSWERS);
     let reader = tokio::spawn(async move {
         loop {
-            let got = read_frame(&mut rd).await;
+            let got = match read_frame(&mut rd).await {
+                // The target found a notification from here tampered with: the connection
+                // ends with that error (the outbox resends on the next one).
+                Ok(Some((h, body))) => match tampered_by_notice(&h, sealed) {
+                    Some(tampered) => Err(tampered),
+                    None => Ok(Some((h, body))),
+                },
+                other => other,
+            };
             let end = !matches!(got, Ok(Some(_)));
             if tx.send(got).await.is_err() || end {
                 return;
@@ -103,7 +115,7 @@ pub(super) async fn reach(
     });
     Ok(Path {
         receiver,
-        wire: Wire::Own(wr),
+        wire: Wire::Own(Box::new(wr)),
         answers,
         _reader: Some(AbortOnDrop(reader)),
     })

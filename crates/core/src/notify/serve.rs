@@ -9,13 +9,13 @@
 use std::time::Duration;
 
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpStream;
 
 use super::inbox::{Inbox, Notification};
 use super::protocol::{Answer, Open};
 use super::sessions::Binding;
 use crate::error::{Error, Result};
 use crate::net::read_frame_within;
+use crate::sealed_stream::{tell_tampered, ConnRead, ConnWrite, SealedConn};
 use crate::wire::{Header, Op, RejectCode, HEADER_LEN};
 
 /// What the target's side takes from the local segment: where notifications go, and its
@@ -29,16 +29,29 @@ pub(crate) struct Receiving<'a> {
     pub(crate) frame_timeout: Duration,
 }
 
-/// Serves one notification connection from the engine `sender` until it closes.
+/// Serves one notification connection from the engine `sender` until it closes (sealed
+/// when its handshake sealed it: a tampered record ends it, and the sender is told).
 pub(crate) async fn serve_notify(
-    stream: TcpStream,
+    conn: SealedConn,
     local: Receiving<'_>,
     sender: u64,
 ) -> Result<()> {
-    let (rd, wr) = stream.into_split();
-    let mut r = BufReader::new(rd);
-    let mut w = BufWriter::new(wr);
-    let Some((head, name)) = read_frame_within(&mut r, local.frame_timeout).await? else {
+    let mut r = BufReader::new(conn.r);
+    let mut w = BufWriter::new(conn.w);
+    let served = serve_opened(&mut r, &mut w, &local, sender).await;
+    if r.get_ref().tampered() {
+        return Err(tell_tampered(&mut w, local.frame_timeout, "notification").await);
+    }
+    served
+}
+
+async fn serve_opened(
+    r: &mut BufReader<ConnRead>,
+    w: &mut BufWriter<ConnWrite>,
+    local: &Receiving<'_>,
+    sender: u64,
+) -> Result<()> {
+    let Some((head, name)) = read_frame_within(r, local.frame_timeout).await? else {
         return Ok(());
     };
     let open = Open::decode(&head, name)?;
@@ -47,7 +60,7 @@ pub(crate) async fn serve_notify(
     let binding = match inbox.open(sender, &open) {
         Ok(b) => b,
         Err(refused) => {
-            answer(&mut w, refused.frame(0, here), &[]).await?;
+            answer(w, refused.frame(0, here), &[]).await?;
             w.flush()
                 .await
                 .map_err(|e| Error::io("flush notification ack", &e))?;
@@ -55,11 +68,11 @@ pub(crate) async fn serve_notify(
         }
     };
     let held = Held { inbox, binding };
-    answer(&mut w, Answer::Taken.frame(0, here), &[]).await?;
+    answer(w, Answer::Taken.frame(0, here), &[]).await?;
     w.flush()
         .await
         .map_err(|e| Error::io("flush notification ack", &e))?;
-    serve_session(&mut r, &mut w, &local, &held, open.name).await
+    serve_session(r, w, local, &held, open.name).await
 }
 
 /// Releases a connection's session when it ends, however it ends.
@@ -84,17 +97,13 @@ async fn answer<W: AsyncWriteExt + Unpin>(w: &mut W, h: Header, text: &[u8]) -> 
 }
 
 /// Takes the notifications of an open session until the connection closes.
-async fn serve_session<R, W>(
-    r: &mut BufReader<R>,
-    w: &mut W,
+async fn serve_session(
+    r: &mut BufReader<ConnRead>,
+    w: &mut BufWriter<ConnWrite>,
     local: &Receiving<'_>,
     held: &Held<'_>,
     from: String,
-) -> Result<()>
-where
-    R: tokio::io::AsyncRead + Unpin,
-    W: AsyncWriteExt + Unpin,
-{
+) -> Result<()> {
     while let Some((h, data)) = read_frame_within(r, local.frame_timeout).await? {
         if h.op != Op::Notify {
             return Err(Error::Protocol(format!(
@@ -112,7 +121,7 @@ where
                 .map_err(|e| Error::io("flush notification ack", &e));
         }
         // Acks of a burst leave in one write.
-        if r.buffer().len() < HEADER_LEN {
+        if r.buffer().len() + r.get_ref().opened_len() < HEADER_LEN {
             w.flush()
                 .await
                 .map_err(|e| Error::io("flush notification ack", &e))?;

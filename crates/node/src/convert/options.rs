@@ -93,7 +93,7 @@ pub struct EngineOptions {
     /// Check every request's bytes end to end with a CRC32C, as a request's `verify` does
     /// [false]; a mismatch fails the request with ERR_FERRY_INTEGRITY.
     pub verify: Option<bool>,
-    /// Seal (encrypt and authenticate, AES-256-GCM) tcp data connections: 'auto' seals
+    /// Seal (encrypt and authenticate, AES-256-GCM) every tcp connection: 'auto' seals
     /// those to and from peers beyond loopback, true every one (peers that will not are
     /// refused), false none (peers that require it refuse this engine) ['auto'; 'auto' |
     /// true | false]. Needs a secret (authSecret or the per-user one).

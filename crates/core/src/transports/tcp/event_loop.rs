@@ -31,10 +31,10 @@ use super::loop_conn::{Key, LoopConn, Readiness};
 use super::request::Slice;
 use crate::error::{Error, Result};
 use crate::event_loop::watch::{self as event_loop, Interest, Watch};
-use crate::net::connect;
+use crate::net::connect_data;
+use crate::seal::SealKeys;
 use crate::segment::Peer;
 use crate::transport::AnsweredHook;
-use crate::wire::ConnKind;
 
 /// Largest payload (either way) a request may have to take a loop connection: the JS
 /// thread copies it.
@@ -57,9 +57,9 @@ pub(crate) struct Registry {
     closed: std::sync::atomic::AtomicBool,
 }
 
-/// Where an I/O thread puts the stream it connected (or why it could not).
-/// A connection made for the loop, with the peer incarnation it reached.
-type Landing = Mutex<Option<Result<(std::net::TcpStream, u64)>>>;
+/// Where an I/O thread puts the stream it connected (or why it could not): a connection
+/// made for the loop, with the peer incarnation it reached and its keys when sealed.
+type Landing = Mutex<Option<Result<(std::net::TcpStream, u64, Option<SealKeys>)>>>;
 
 impl Registry {
     fn add(&self, conn: &Arc<LoopConn>) {
@@ -172,9 +172,9 @@ pub(super) fn try_send(
             let landed = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
             match landed {
                 None => return None,
-                Some(Ok((stream, remote_engine))) => {
+                Some(Ok((stream, remote_engine, keys))) => {
                     entry.connecting = None;
-                    let conn = Arc::new(LoopConn::new(key, forget, peer.clone(), stream));
+                    let conn = Arc::new(LoopConn::new(key, forget, peer.clone(), stream, keys));
                     conn.set_remote_engine(remote_engine);
                     match event_loop.watch(conn.fd(), conn.clone()) {
                         Ok(watch) => {
@@ -238,18 +238,20 @@ fn start_connect(lanes: &Lanes, peer: &Arc<Peer>) -> Arc<Landing> {
     let landed = slot.clone();
     let (answered, peer) = (lanes.answered.clone(), peer.clone());
     lanes.rt.spawn(async move {
-        let stream = connect(&addr, ConnKind::Data, engine_id, timeout)
+        // Sealed by the rule every connection follows (`connect_data`): to a peer that
+        // requires it, this thread's requests go sealed, as on the pool.
+        let stream = connect_data(&addr, engine_id, timeout)
             .await
-            .inspect(|(_, remote)| {
+            .inspect(|(_, remote, _)| {
                 if let Some(answered) = &answered {
                     answered(&peer, *remote);
                 }
             })
-            .and_then(|(s, remote)| {
+            .and_then(|(s, remote, keys)| {
                 let s = s.into_std().map_err(|e| Error::io("loop connection", &e))?;
                 s.set_nonblocking(true)
                     .map_err(|e| Error::io("loop connection", &e))?;
-                Ok((s, remote))
+                Ok((s, remote, keys))
             });
         let mut landed = landed.lock().unwrap_or_else(|p| p.into_inner());
         // Under the slot's lock: `break_all` either sees the stream and drops it, or has

@@ -4,22 +4,33 @@
 //! decoded by `reply::decode`, the decoder the pool's connections use too; this side only
 //! gathers the bytes as they arrive. Another thread may break the connection
 //! (`break_with`): it fails what is in flight and shuts the socket down.
+//!
+//! A sealed connection (its handshake derived keys: `encrypt`) seals each request frame as
+//! one record, and reads replies through the record reader every sealed stream uses
+//! (`sealed_stream::SealedRead`, over the non-blocking socket): only plaintext of records
+//! that verified reaches the reply decoder, and a tampered record breaks the connection
+//! with `ERR_FERRY_TAMPERED`.
 
 use std::cell::Cell;
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use super::reply::{self, Reply};
 use super::request::Slice;
+use super::sealed_frames::tamper_notice;
 use crate::error::{Error, Result};
 use crate::event_loop::watch::{Interest, Watcher};
 use crate::integrity::Running;
 use crate::lazy_now::LazyNow;
 use crate::memory::Window;
+use crate::seal::{SealKeys, Sealer};
+use crate::sealed_stream::SealedRead;
 use crate::segment::Peer;
 use crate::wire::{RejectCode, HEADER_LEN};
 
@@ -78,6 +89,47 @@ struct State {
     rx_start: usize,
     rx_end: usize,
     body: Option<Body>,
+    /// A sealed connection's keys: the sealer of its requests, and the record reader its
+    /// replies come through.
+    sealer: Option<Sealer>,
+    sealed_rx: Option<SealedRead<SockRead>>,
+}
+
+/// The socket as the reader under a sealed connection's record reader. It is read only
+/// when the loop found it readable, and on the loop's thread: "would block" is `Pending`,
+/// and the loop, not a waker, comes back when more arrives.
+struct SockRead(Arc<std::net::TcpStream>);
+
+impl tokio::io::AsyncRead for SockRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            match (&*self.0).read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Poll::Pending,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+/// Reads verified plaintext from `sealed` into `buf`: what a plain socket read gives
+/// (0 at the end of the stream, `WouldBlock` when nothing more is there now).
+fn read_sealed(sealed: &mut SealedRead<SockRead>, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut out = tokio::io::ReadBuf::new(buf);
+    match tokio::io::AsyncRead::poll_read(Pin::new(sealed), &mut cx, &mut out) {
+        Poll::Ready(Ok(())) => Ok(out.filled().len()),
+        Poll::Ready(Err(e)) => Err(e),
+        Poll::Pending => Err(std::io::ErrorKind::WouldBlock.into()),
+    }
 }
 
 /// (engine, peer): a thread's loop connections are keyed by both.
@@ -93,7 +145,7 @@ pub(super) struct LoopConn {
     key: Key,
     on_stop: OnStop,
     peer: Arc<Peer>,
-    sock: std::net::TcpStream,
+    sock: Arc<std::net::TcpStream>,
     state: Mutex<State>,
 }
 
@@ -126,7 +178,11 @@ impl LoopConn {
         on_stop: OnStop,
         peer: Arc<Peer>,
         sock: std::net::TcpStream,
+        keys: Option<SealKeys>,
     ) -> Self {
+        let sock = Arc::new(sock);
+        let (sealer, opener) = keys.map(SealKeys::split).unzip();
+        let sealed_rx = opener.map(|o| SealedRead::new(SockRead(sock.clone()), Some(o)));
         Self {
             key,
             on_stop,
@@ -142,6 +198,8 @@ impl LoopConn {
                 rx_start: 0,
                 rx_end: 0,
                 body: None,
+                sealer,
+                sealed_rx,
             }),
         }
     }
@@ -244,6 +302,22 @@ impl LoopConn {
         let header = slice.header(id, checksum);
         st.inflight.insert(id, slice);
         let body = payload.as_slice();
+        if st.sealer.is_some() {
+            // One record per frame, sealed whole; what the socket does not take now waits
+            // in `out`, as a plaintext frame's rest does.
+            let interest = match Self::write_sealed(&self.sock, &mut st, &header, body) {
+                Ok(()) if st.out.is_empty() => Interest::Read,
+                Ok(()) => Interest::ReadWrite,
+                Err(e) => {
+                    let error = self.error_for_break(e);
+                    settle = Self::close(&mut st, &error);
+                    drop(st);
+                    let _ = self.sock.shutdown(std::net::Shutdown::Both);
+                    Interest::Read
+                }
+            };
+            return Ok(Sent { interest, settle });
+        }
         let head_len = header.len();
         let total = head_len + body.len();
         let cap = WRITE_CAP.with(Cell::get);
@@ -251,7 +325,7 @@ impl LoopConn {
             &header[..head_len.min(cap)],
             &body[..body.len().min(cap.saturating_sub(head_len))],
         );
-        let written = match (&self.sock)
+        let written = match (&*self.sock)
             .write_vectored(&[IoSlice::new(head_part), IoSlice::new(body_part)])
         {
             Ok(n) => n,
@@ -280,12 +354,31 @@ impl LoopConn {
         Ok(Sent { interest, settle })
     }
 
+    /// Seals a frame into `out` (empty: nothing else is sent meanwhile) as one record and
+    /// writes what the socket takes.
+    fn write_sealed(
+        sock: &std::net::TcpStream,
+        st: &mut State,
+        header: &[u8],
+        body: &[u8],
+    ) -> Result<()> {
+        let State { sealer, out, .. } = st;
+        if let Some(sealer) = sealer.as_mut() {
+            sealer.seal_into(&[header, body], out)?;
+        }
+        Self::write_out(sock, st)
+    }
+
     /// Writes what `out` holds; `Err` when the connection broke.
     fn flush(&self, st: &mut State) -> Result<()> {
+        Self::write_out(&self.sock, st)
+    }
+
+    fn write_out(sock: &std::net::TcpStream, st: &mut State) -> Result<()> {
         let cap = WRITE_CAP.with(Cell::get);
         while !st.out.is_empty() {
             let take = st.out.len().min(cap);
-            match (&self.sock).write(&st.out[..take]) {
+            match (&*sock).write(&st.out[..take]) {
                 Ok(0) => return Err(Error::Io("send: socket took nothing".into())),
                 Ok(n) => {
                     st.out.drain(..n);
@@ -316,7 +409,11 @@ impl LoopConn {
                 st.rx_start = 0;
             }
             let end = st.rx_end;
-            match (&self.sock).read(&mut st.rx[end..]) {
+            let got = match st.sealed_rx.as_mut() {
+                Some(sealed) => read_sealed(sealed, &mut st.rx[end..]),
+                None => (&*self.sock).read(&mut st.rx[end..]),
+            };
+            match got {
                 Ok(0) => return Err(Error::Io("connection closed by peer".into())),
                 Ok(n) => st.rx_end += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
@@ -378,6 +475,13 @@ impl LoopConn {
             }
             if avail < HEADER_LEN {
                 return Ok(());
+            }
+            if st.sealed_rx.is_some() {
+                let mut head = [0u8; HEADER_LEN];
+                head.copy_from_slice(&st.rx[st.rx_start..st.rx_start + HEADER_LEN]);
+                if let Some(tampered) = tamper_notice(&head) {
+                    return Err(tampered);
+                }
             }
             let State {
                 rx,
@@ -449,7 +553,7 @@ impl Watcher for LoopConn {
                     Ok(()) if st.out.is_empty() => Interest::Read,
                     Ok(()) => Interest::ReadWrite,
                     Err(cause) => {
-                        if matches!(cause, Error::Protocol(_)) {
+                        if matches!(cause, Error::Protocol(_) | Error::Tampered(_)) {
                             tracing::warn!(peer = self.peer.name(), error = %cause, "dropping loop connection");
                         }
                         let error = self.error_for_break(cause);
@@ -491,6 +595,10 @@ mod tests {
     }
 
     fn rig() -> Rig {
+        rig_keyed(None)
+    }
+
+    fn rig_keyed(keys: Option<crate::seal::SealKeys>) -> Rig {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let near =
             std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
@@ -511,7 +619,7 @@ mod tests {
             })
             .expect("range");
         Rig {
-            conn: LoopConn::new((1, 1), |_| {}, peer, near),
+            conn: LoopConn::new((1, 1), |_| {}, peer, near, keys),
             region,
             _far: far,
         }
@@ -658,5 +766,100 @@ mod tests {
         let bytes = rig.bytes();
         assert!(bytes[..LEN as usize].iter().all(|&b| b == UNTOUCHED));
         assert!(bytes[LEN as usize..].iter().all(|&b| b == 0xee));
+    }
+
+    /// A sealed connection (its end's keys) and the target's end of the keys, which seals
+    /// what the test sends as replies.
+    fn sealed_rig() -> (Rig, crate::seal::Sealer) {
+        use crate::seal::{SealKeys, Side};
+        let extracted = crate::auth::Secret::new(vec![9u8; 32])
+            .expect("secret")
+            .extract_key(b"a loop connection's handshake");
+        let near = SealKeys::derive(&extracted, Side::Client).expect("keys");
+        let (far, _) = SealKeys::derive(&extracted, Side::Server)
+            .expect("keys")
+            .split();
+        let rig = rig_keyed(Some(near));
+        rig.conn.sock.set_nonblocking(true).expect("nonblocking");
+        (rig, far)
+    }
+
+    impl Rig {
+        /// Sends `frame` from the target's end as one sealed record, its byte `flip`
+        /// flipped on the way; reads until the connection settles something or breaks
+        /// (10 s at most).
+        fn receive_sealed(
+            &mut self,
+            far: &mut crate::seal::Sealer,
+            frame: &[u8],
+            flip: Option<usize>,
+        ) -> (Result<()>, Settle) {
+            let mut record = Vec::new();
+            far.seal_into(&[frame], &mut record).expect("seal");
+            if let Some(at) = flip {
+                record[at] ^= 0x01;
+            }
+            (&self._far).write_all(&record).expect("send");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let mut settle = Settle::default();
+                let mut st = self.conn.lock();
+                let result = self.conn.receive(&mut st, &mut settle);
+                if result.is_err() || !settle.done.is_empty() || !settle.failed.is_empty() {
+                    if let Err(cause) = &result {
+                        let closed = LoopConn::close(&mut st, cause);
+                        settle.failed.extend(closed.failed);
+                    }
+                    return (result, settle);
+                }
+                drop(st);
+                assert!(std::time::Instant::now() < deadline, "nothing settled");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_sealed_reply_lands_once_its_record_verified() {
+        let (mut rig, mut far) = sealed_rig();
+        rig.in_flight(1, Opcode::Read);
+        let mut frame = reply(Op::ReadResp, 1, LEN);
+        frame.extend(std::iter::repeat_n(0xee, LEN as usize));
+        let (result, settle) = rig.receive_sealed(&mut far, &frame, None);
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(settle.done.len(), 1);
+        assert!(rig.bytes()[LEN as usize..].iter().all(|&b| b == 0xee));
+    }
+
+    #[test]
+    fn a_tampered_sealed_reply_breaks_the_connection_as_tampered_and_lands_nothing() {
+        // A byte of the payload, of the header, and of the tag.
+        let len = HEADER_LEN + LEN as usize;
+        for flip in [4 + HEADER_LEN + 100, 4 + 3, 4 + len + 5] {
+            let (mut rig, mut far) = sealed_rig();
+            rig.in_flight(1, Opcode::Read);
+            let mut frame = reply(Op::ReadResp, 1, LEN);
+            frame.extend(std::iter::repeat_n(0xee, LEN as usize));
+            let (result, settle) = rig.receive_sealed(&mut far, &frame, Some(flip));
+            assert!(
+                matches!(result, Err(Error::Tampered(_))),
+                "{flip}: {result:?}"
+            );
+            assert!(settle.done.is_empty());
+            assert_eq!(settle.failed.len(), 1);
+            assert_eq!(settle.failed[0].1.code(), "ERR_FERRY_TAMPERED");
+            assert!(rig.region_untouched(), "{flip}: bytes landed");
+        }
+    }
+
+    #[test]
+    fn the_targets_tamper_notice_fails_what_is_in_flight_as_tampered() {
+        let (mut rig, mut far) = sealed_rig();
+        rig.in_flight(1, Opcode::Write);
+        let notice = crate::sealed_stream::tamper_notice().encode();
+        let (result, settle) = rig.receive_sealed(&mut far, &notice, None);
+        assert!(matches!(result, Err(Error::Tampered(_))), "{result:?}");
+        assert_eq!(settle.failed.len(), 1);
+        assert_eq!(settle.failed[0].1.code(), "ERR_FERRY_TAMPERED");
     }
 }

@@ -9,7 +9,6 @@ pub(crate) mod event_loop;
 pub(crate) mod loop_conn;
 mod outgoing;
 mod pool_conn;
-mod pool_sealing;
 mod reply;
 mod request;
 mod sealed_frames;
@@ -45,9 +44,6 @@ use request::Slice;
 /// one data connection, and one that is never written to costs none.
 struct PeerPool {
     conns: Vec<Arc<PoolConn>>,
-    /// What this engine's stance alone says of the sealing of its data connections to
-    /// the peer (`pool_sealing::by_stance`); `None`: the peer decides, in the handshake.
-    sealed_by_stance: Option<bool>,
     next: AtomicUsize,
     active: AtomicUsize,
 }
@@ -63,15 +59,6 @@ impl PeerPool {
             stripe::grown(active, self.conns.len(), waited),
             Ordering::Relaxed,
         );
-    }
-
-    /// Whether this pool's data connections to the peer are sealed: as this engine's
-    /// stance settles it, else as the handshake of a connection open now said; `None`
-    /// while no connection has told.
-    fn sealed(&self) -> Option<bool> {
-        pool_sealing::sealed(self.sealed_by_stance, || {
-            self.conns.iter().find_map(|c| c.handshake_sealed())
-        })
     }
 
     /// Where a request of `slices` slices from the calling thread goes: its thread's
@@ -177,11 +164,8 @@ impl TcpTransport {
                         )
                     })
                     .collect();
-                let loopback = crate::net::is_loopback_addr(&peer.descriptor().tcp_addr);
-                let stance = crate::auth::dialing_stance(self.local_engine_id, loopback);
                 Arc::new(PeerPool {
                     conns,
-                    sealed_by_stance: pool_sealing::by_stance(stance),
                     next: AtomicUsize::new(0),
                     active: AtomicUsize::new(1),
                 })
@@ -223,16 +207,9 @@ impl TcpTransport {
             starts_share,
             payload_crc: None,
         };
-        if count == 1
-            && task.observer() == Observer::Progress
-            && req.length <= LOOP_MAX
-            && pool.sealed() == Some(false)
-        {
+        if count == 1 && task.observer() == Observer::Progress && req.length <= LOOP_MAX {
             // A small awaited request from a thread with an event loop: that loop watches
-            // the reply (`event_loop`), when its connection is ready. Its connection is
-            // plaintext, so only towards a peer whose data connections are known to be
-            // (until a pool connection told, the pool serves it: a plaintext loop
-            // connection to a peer that requires sealing would be refused).
+            // the reply (`event_loop`), when its connection is ready.
             let piece = req.slices(slice_size).next();
             if let Some(piece) = piece {
                 let slice = slice_of(piece, true);

@@ -150,13 +150,6 @@ impl PoolConn {
         conn
     }
 
-    /// Whether the connection open now is sealed, as its handshake agreed; `None` while
-    /// none is open.
-    pub(super) fn handshake_sealed(&self) -> Option<bool> {
-        let st = self.write_state();
-        st.half.is_some().then_some(st.sealed)
-    }
-
     /// Breaks the connection now (its actor fails what was in flight); the next work
     /// connects again.
     pub(super) fn cancel(&self) {

@@ -9,19 +9,15 @@ use tokio::net::tcp::OwnedWriteHalf;
 use super::outgoing::Frame;
 use crate::error::Error;
 use crate::seal::Sealer;
-use crate::wire::{Header, Op, RejectCode, HEADER_LEN};
+use crate::sealed_stream::tampered_by_notice;
+use crate::wire::{Header, HEADER_LEN};
 
 /// The target's word, on a sealed connection, that a frame from this end failed its
-/// authentication there (an `Error` of request id 0 with the `Tampered` code): the error
-/// the connection's requests fail with.
+/// authentication there (`sealed_stream::tamper_notice`): the error the connection's
+/// requests fail with.
 pub(super) fn tamper_notice(header: &[u8; HEADER_LEN]) -> Option<Error> {
     let h = Header::decode(header).ok()?;
-    let notice = h.op == Op::Error
-        && h.request_id == 0
-        && RejectCode::from_raw(h.flags) == RejectCode::Tampered;
-    notice.then(|| {
-        Error::Tampered("the target found a frame from this engine tampered with on the way".into())
-    })
+    tampered_by_notice(&h, true)
 }
 
 /// Sealed bytes gathered before they are written: small frames (READ requests) leave
