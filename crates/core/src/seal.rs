@@ -60,6 +60,8 @@ struct Direction {
 
 impl Direction {
     fn new(prk: &Prk, info: &[u8]) -> Result<Self> {
+        // The key's bytes are taken out by hand, not through aws-lc-rs's `From<Okm>` for
+        // `UnboundKey` (which unwraps): a failure here is an error, not a panic.
         let failed = |_| Error::Protocol("cannot derive a connection key".into());
         let info = [info];
         let mut bytes = [0u8; 32];
