@@ -63,6 +63,10 @@ const INLINE_MAX: u64 = 64 << 10;
 /// A submission's frames for one connection are written inline together up to this many
 /// payload bytes (a gather of small blocks: one `writev` instead of one per block).
 const INLINE_BATCH_MAX: u64 = 1 << 20;
+/// The most payload of verified WRITEs a Promise's submitting thread (a JS thread)
+/// checksums itself before it queues them: about ten microseconds of CRC32C, what a
+/// JS thread is kept for by a shm copy it makes inline.
+const CALLER_CHECKSUM_MAX: u64 = 1 << 20;
 /// Frames the writer task takes from its queue for one `writev` round, at most.
 const WRITER_BATCH: usize = BATCH_IOVECS / 2;
 /// Payload bytes the writer task takes from its queue at once, at most (beyond the first
@@ -245,10 +249,9 @@ impl PoolConn {
         let half = match &st.half {
             Some(h) if idle && (small || polled) => h.clone(),
             _ => {
-                if polled && slices.iter().any(Slice::needs_checksum) {
-                    // A polled caller waits anyway: its thread takes the checksums of
-                    // what it queues, which the connection's one writer would otherwise
-                    // take between its writes.
+                let bytes = slices.iter().map(Slice::payload_len).sum();
+                if caller_takes_checksums(polled, bytes) && slices.iter().any(Slice::needs_checksum)
+                {
                     drop(st);
                     take_checksums(&mut slices);
                     st = self.write_state();
@@ -337,6 +340,14 @@ impl PoolConn {
             cause
         }
     }
+}
+
+/// Whether the submitting thread takes the checksums of the verified WRITEs it queues
+/// (`bytes` of payload), which the connection's one writer would otherwise take between
+/// its writes: a polled caller's always (it waits anyway); a Promise's (a JS thread) only
+/// up to [`CALLER_CHECKSUM_MAX`].
+fn caller_takes_checksums(polled: bool, bytes: u64) -> bool {
+    polled || bytes <= CALLER_CHECKSUM_MAX
 }
 
 /// Takes the checksums of the verified WRITEs among `slices` (`Slice::checksum`), kept for
@@ -674,4 +685,18 @@ async fn receive_read<R: AsyncReadExt + Unpin>(
     }
     r.read_exact(dst).await?;
     Ok(Running::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_submitting_thread_checksums_what_it_queues_up_to_what_a_js_thread_is_kept_for() {
+        // A polled caller's, whatever the size.
+        assert!(caller_takes_checksums(true, 64 << 20));
+        // A Promise's: a request of up to 1 MiB, not more (its writer takes those).
+        assert!(caller_takes_checksums(false, 1 << 20));
+        assert!(!caller_takes_checksums(false, (1 << 20) + 1));
+    }
 }
