@@ -335,10 +335,12 @@ impl Opener {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn pair(transcript: &[u8]) -> (SealKeys, SealKeys) {
+    /// Both ends' keys of a connection whose handshake had `transcript` (the other
+    /// modules' sealed tests use it too).
+    pub(crate) fn pair(transcript: &[u8]) -> (SealKeys, SealKeys) {
         let s = crate::auth::Secret::new(vec![7u8; 32]).expect("secret");
         let extracted = s.extract_key(transcript);
         (

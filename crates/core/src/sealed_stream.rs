@@ -361,17 +361,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::auth::Secret;
-    use crate::seal::{SealKeys, Side};
+    use crate::seal::SealKeys;
 
     fn keys() -> (SealKeys, SealKeys) {
-        let extracted = Secret::new(vec![3u8; 32])
-            .expect("secret")
-            .extract_key(b"t");
-        (
-            SealKeys::derive(&extracted, Side::Client).expect("keys"),
-            SealKeys::derive(&extracted, Side::Server).expect("keys"),
-        )
+        crate::seal::tests::pair(b"t")
     }
 
     fn rt() -> tokio::runtime::Runtime {

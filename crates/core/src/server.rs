@@ -618,16 +618,9 @@ mod tests {
     use tokio::io::{AsyncReadExt, BufReader};
 
     use super::*;
-    use crate::seal::Side;
 
     fn keys() -> (SealKeys, SealKeys) {
-        let extracted = Secret::new(vec![5u8; 32])
-            .expect("secret")
-            .extract_key(b"flush");
-        (
-            SealKeys::derive(&extracted, Side::Client).expect("keys"),
-            SealKeys::derive(&extracted, Side::Server).expect("keys"),
-        )
+        crate::seal::tests::pair(b"flush")
     }
 
     fn rt() -> tokio::runtime::Runtime {
