@@ -28,6 +28,7 @@ mod cpu_cache;
 mod large_copiers;
 mod memory_speed;
 mod peer;
+mod placement;
 mod serve;
 mod shared_copy;
 mod verified;
@@ -54,6 +55,7 @@ use copy_plan::{Caller, CopyPolicy, CopyRequest, Machine, Plan};
 use copy_threads::CopyThreads;
 use large_copiers::LargeCopiers;
 use peer::{watch, DeathHook, Mappings, ShmPeer};
+use placement::{placement, Placement};
 use serve::{bind, serve, Gate};
 use shared_copy::Shared;
 
@@ -157,16 +159,12 @@ impl ShmTransport {
         self.peers.load().get(&handle).map(|m| m.peer.clone())
     }
 
-    /// Puts `peer` under `handle` in the table (`None`: takes it out); returns the peer it
-    /// replaced.
-    fn replace_peer(&self, handle: u64, peer: Option<Mapped>) -> Option<Arc<ShmPeer>> {
+    /// Takes the peer under `handle` out of the table; returns it.
+    fn remove_peer(&self, handle: u64) -> Option<Arc<ShmPeer>> {
         let mut old = None;
         self.peers.rcu(|peers| {
             let mut peers = FxHashMap::clone(peers);
-            old = match &peer {
-                Some(p) => peers.insert(handle, p.clone()),
-                None => peers.remove(&handle),
-            };
+            old = peers.remove(&handle);
             peers
         });
         old.map(|m| m.peer)
@@ -247,12 +245,51 @@ impl ShmTransport {
             peer: shm_peer.clone(),
             maps: Arc::new(maps),
         };
-        if let Some(old) = self.replace_peer(peer.handle(), Some(mapped)) {
-            old.let_go();
+        match self.place(peer, mapped) {
+            (Placement::Install, old) => {
+                if let Some(old) = old {
+                    old.let_go();
+                }
+                self.rt
+                    .spawn(watch(shm_peer, stream, self.on_death.clone()));
+            }
+            // Its mappings are in the table (merged) or of no use; the peer held watches.
+            (Placement::Merge | Placement::Stale, _) => shm_peer.let_go(),
         }
-        self.rt
-            .spawn(watch(shm_peer, stream, self.on_death.clone()));
         Ok(())
+    }
+
+    /// Puts what an attach towards `peer` mapped in the table as [`placement`] says,
+    /// whichever attach towards it ends last; returns the placement and the peer it
+    /// replaced.
+    fn place(&self, peer: &Peer, mapped: Mapped) -> (Placement, Option<Arc<ShmPeer>>) {
+        let handle = peer.handle();
+        let mut outcome = (Placement::Stale, None);
+        self.peers.rcu(|peers| {
+            let mut peers = FxHashMap::clone(peers);
+            let held = peers
+                .get(&handle)
+                .map(|m| (m.peer.engine_id, m.peer.known_alive()));
+            let placed = placement(held, mapped.peer.engine_id, peer.engine_id());
+            outcome = (placed, None);
+            match placed {
+                Placement::Install => {
+                    outcome.1 = peers.insert(handle, mapped.clone()).map(|m| m.peer);
+                }
+                Placement::Merge => {
+                    if let Some(m) = peers.get_mut(&handle) {
+                        let mut maps = Mappings::clone(&m.maps);
+                        for (id, mapping) in mapped.maps.iter() {
+                            maps.entry(*id).or_insert_with(|| mapping.clone());
+                        }
+                        m.maps = Arc::new(maps);
+                    }
+                }
+                Placement::Stale => {}
+            }
+            peers
+        });
+        outcome
     }
 
     /// Records how an attach towards `peer` ended: a resource limit is kept (for
@@ -594,7 +631,7 @@ impl Transport for ShmTransport {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&peer.handle());
-        if let Some(p) = self.replace_peer(peer.handle(), None) {
+        if let Some(p) = self.remove_peer(peer.handle()) {
             // Unmap now: only copies already in flight keep their mapping until they end.
             p.let_go();
         }
@@ -609,5 +646,90 @@ impl Transport for ShmTransport {
             m.peer.let_go();
         }
         self.copy_threads.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use tokio_util::sync::CancellationToken;
+
+    use crate::control::fetch_descriptor;
+    use crate::kind::TransportKind;
+    use crate::request::{RequestView, Span};
+    use crate::segment::Peer;
+    use crate::{Engine, EngineConfig, Opcode, TransportHint};
+
+    fn shm_engine(listen: &str) -> Engine {
+        Engine::new(EngineConfig {
+            listen: listen.into(),
+            transports: vec![TransportKind::Shm],
+            ..EngineConfig::default()
+        })
+        .expect("engine")
+    }
+
+    /// A recovery's attach that read the descriptor before a buffer was allocated, ending
+    /// after the refresh's attach that mapped it, must not leave that buffer unmapped.
+    #[test]
+    fn an_attach_that_ends_last_with_an_older_descriptor_keeps_the_newer_buffers() {
+        ferry_testkit::within(Duration::from_secs(30), "attaches out of order", || {
+            let target = shm_engine("127.0.0.1:0");
+            let initiator = shm_engine("127.0.0.1:0");
+            let inner = initiator.inner();
+            let shm = inner.transports[0].1.clone();
+            let addr = target.local_addr().to_string();
+            let timeout = Duration::from_secs(10);
+            let fetch = || fetch_descriptor(&addr, inner.engine_id, timeout);
+            let before = inner.handle.block_on(fetch()).expect("descriptor");
+            assert!(before.buffers.is_empty());
+            let peer = Arc::new(Peer::new(
+                u64::MAX,
+                addr.clone(),
+                before,
+                CancellationToken::new(),
+            ));
+            let local = initiator.allocate(4096).expect("local");
+            let buffer = inner.handle.block_on(async {
+                let mut older = shm.attach(&peer).expect("shm attaches");
+                // Its first step reads the descriptor (no buffer yet), then waits on the
+                // target's answer.
+                let first = std::future::poll_fn(|cx| Poll::Ready(older.as_mut().poll(cx))).await;
+                assert!(first.is_pending(), "the attach waits on the target");
+                let buffer = target.allocate(4096).expect("buffer");
+                peer.set_descriptor(fetch().await.expect("descriptor"));
+                let newer = shm.attach(&peer).expect("shm attaches");
+                newer.await.expect("the newer attach");
+                older.await.expect("the older attach");
+                buffer
+            });
+            let spans = [Span {
+                local_offset: 0,
+                remote_offset: 0,
+                length: 4096,
+            }];
+            let descriptor = peer.descriptor();
+            let write = RequestView {
+                opcode: Opcode::Write,
+                local: &local,
+                peer: &peer,
+                descriptor: &descriptor,
+                remote_buffer: buffer.id(),
+                length: 4096,
+                hint: TransportHint::Require(TransportKind::Shm),
+                verify: false,
+                spans: &spans,
+                gathered: false,
+            };
+            assert!(
+                matches!(shm.complete_now(&write, false), Some(Ok(()))),
+                "the buffer allocated last is mapped"
+            );
+            initiator.close();
+            target.close();
+        });
     }
 }
