@@ -63,10 +63,6 @@ const INLINE_MAX: u64 = 64 << 10;
 /// A submission's frames for one connection are written inline together up to this many
 /// payload bytes (a gather of small blocks: one `writev` instead of one per block).
 const INLINE_BATCH_MAX: u64 = 1 << 20;
-/// The most payload of verified WRITEs a Promise's submitting thread (a JS thread)
-/// checksums itself before it queues them: about ten microseconds of CRC32C, what a
-/// JS thread is kept for by a shm copy it makes inline.
-const CALLER_CHECKSUM_MAX: u64 = 1 << 20;
 /// Frames the writer task takes from its queue for one `writev` round, at most.
 const WRITER_BATCH: usize = BATCH_IOVECS / 2;
 /// Payload bytes the writer task takes from its queue at once, at most (beyond the first
@@ -237,7 +233,7 @@ impl PoolConn {
     /// Returns whether they had to wait behind others' frames (queued, still going out,
     /// or filling the window): the pool grows on that (`PeerPool::send_one`). A first
     /// request waiting only for the connection to be made is no such demand.
-    pub(super) fn send(&self, mut slices: Slices) -> bool {
+    pub(super) fn send(&self, slices: Slices) -> bool {
         let mut st = self.write_state();
         let idle = !st.writer_busy && !st.inline_busy && st.queue.is_empty() && !st.sealed;
         let mut waited = !idle;
@@ -249,13 +245,9 @@ impl PoolConn {
         let half = match &st.half {
             Some(h) if idle && (small || polled) => h.clone(),
             _ => {
-                let bytes = slices.iter().map(Slice::payload_len).sum();
-                if caller_takes_checksums(polled, bytes) && slices.iter().any(Slice::needs_checksum)
-                {
-                    drop(st);
-                    take_checksums(&mut slices);
-                    st = self.write_state();
-                }
+                // A verified WRITE's checksum is taken by whoever writes its frame, right
+                // before the copy into the socket, which then reads the payload from that
+                // core's cache: taken here, on another core, it is a pass of its own.
                 st.queue.extend(slices.into_iter().map(Queued::Fresh));
                 drop(st);
                 self.work.notify_one();
@@ -338,25 +330,6 @@ impl PoolConn {
             self.peer.lost_error()
         } else {
             cause
-        }
-    }
-}
-
-/// Whether the submitting thread takes the checksums of the verified WRITEs it queues
-/// (`bytes` of payload), which the connection's one writer would otherwise take between
-/// its writes: a polled caller's always (it waits anyway); a Promise's (a JS thread) only
-/// up to [`CALLER_CHECKSUM_MAX`].
-fn caller_takes_checksums(polled: bool, bytes: u64) -> bool {
-    polled || bytes <= CALLER_CHECKSUM_MAX
-}
-
-/// Takes the checksums of the verified WRITEs among `slices` (`Slice::checksum`), kept for
-/// when they are registered. One whose payload lies outside its region is left to fail
-/// there.
-fn take_checksums(slices: &mut Slices) {
-    for slice in slices.iter_mut().filter(|s| s.needs_checksum()) {
-        if let Ok(payload) = slice.payload() {
-            slice.checksum(&payload);
         }
     }
 }
@@ -685,18 +658,4 @@ async fn receive_read<R: AsyncReadExt + Unpin>(
     }
     r.read_exact(dst).await?;
     Ok(Running::new())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_submitting_thread_checksums_what_it_queues_up_to_what_a_js_thread_is_kept_for() {
-        // A polled caller's, whatever the size.
-        assert!(caller_takes_checksums(true, 64 << 20));
-        // A Promise's: a request of up to 1 MiB, not more (its writer takes those).
-        assert!(caller_takes_checksums(false, 1 << 20));
-        assert!(!caller_takes_checksums(false, (1 << 20) + 1));
-    }
 }
