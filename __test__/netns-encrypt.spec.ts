@@ -35,20 +35,53 @@ function unavailable(): string | undefined {
   return probe.error ? 'tcpdump is not installed' : undefined
 }
 
-/** tcpdump on `ifname` into `file`, stopped (SIGINT, then SIGKILL after a bound) by pid. */
-async function startCapture(t: ExecutionContext, ifname: string, file: string): Promise<() => Promise<Buffer>> {
-  const proc = spawn('tcpdump', ['-i', ifname, '-U', '-s', '0', '-B', '65536', '-w', file, 'tcp'], { stdio: ['ignore', 'ignore', 'pipe'] })
+/** What a stopped capture holds, and tcpdump's own account of it (packets captured, dropped). */
+interface Capture {
+  bytes: Buffer
+  summary: string
+}
+
+/**
+ * Waits (at most 10 s) until `file` has stopped growing: under load tcpdump lags behind the
+ * traffic, and the packets it has not taken from its buffer when SIGINT comes are never written.
+ */
+async function settled(file: string): Promise<void> {
+  const size = () => (fs.existsSync(file) ? fs.statSync(file).size : 0)
+  const deadline = Date.now() + 10_000
+  let last = size()
+  let steady = 0
+  while (steady < 3 && Date.now() < deadline) {
+    await delay(100)
+    const now = size()
+    steady = now === last ? steady + 1 : 0
+    last = now
+  }
+}
+
+/** tcpdump on `ifname` into `file`, stopped (once the file settled: SIGINT, then SIGKILL after a bound) by pid. */
+async function startCapture(t: ExecutionContext, ifname: string, file: string): Promise<() => Promise<Capture>> {
+  // --immediate-mode: each packet reaches tcpdump as it comes. Without it the kernel hands
+  // packets over a block of the buffer at a time (full, or after a timeout), and a block still
+  // filling when SIGINT comes — the read's megabyte, say — is never written.
+  const proc = spawn('tcpdump', ['-i', ifname, '--immediate-mode', '-U', '-s', '0', '-B', '65536', '-w', file, 'tcp'], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  })
   let stderr = ''
   proc.stderr.on('data', (d) => (stderr += d))
   const exited = new Promise<void>((resolve) => proc.once('exit', () => resolve()))
-  const stop = async () => {
-    if (proc.exitCode === null && proc.signalCode === null && proc.pid) process.kill(proc.pid, 'SIGINT')
+  const stop = async (): Promise<Capture> => {
+    if (proc.exitCode === null && proc.signalCode === null && proc.pid) {
+      await settled(file)
+      process.kill(proc.pid, 'SIGINT')
+    }
     await Promise.race([exited, delay(5000)])
     if (proc.exitCode === null && proc.signalCode === null && proc.pid) {
       process.kill(proc.pid, 'SIGKILL')
       await Promise.race([exited, delay(5000)])
     }
-    return fs.existsSync(file) ? fs.readFileSync(file) : Buffer.alloc(0)
+    const bytes = fs.existsSync(file) ? fs.readFileSync(file) : Buffer.alloc(0)
+    const summary = stderr.split('\n').filter((l) => /packets/.test(l)).join('; ')
+    return { bytes, summary }
   }
   t.teardown(async () => {
     await stop()
@@ -70,7 +103,7 @@ function occurrences(haystack: Buffer, needle: Buffer): number {
 }
 
 /** Writes 1 MiB of the canary pattern to a target in namespace b and reads it back, captured. */
-async function capturedTransfer(t: ExecutionContext, encrypt: false | undefined): Promise<{ capture: Buffer; tcpBytes: number }> {
+async function capturedTransfer(t: ExecutionContext, encrypt: false | undefined): Promise<{ capture: Buffer; tcpBytes: number; summary: string }> {
   const net = createNetwork()
   t.teardown(() => net.destroy())
   const target = await startTarget(
@@ -97,8 +130,8 @@ async function capturedTransfer(t: ExecutionContext, encrypt: false | undefined)
   await engine.read({ local: back, remote: seg, remoteBuffer: target.buffer, length: MiB })
   t.true(back.buffer.equals(local.buffer), 'the data went there and back intact')
   await engine.close()
-  const capture = await stop()
-  return { capture, tcpBytes: capture.length }
+  const { bytes, summary } = await stop()
+  return { capture: bytes, tcpBytes: bytes.length, summary }
 }
 
 const skip = unavailable()
@@ -111,15 +144,17 @@ if (skip && onCi()) {
 } else {
   test('beyond loopback the default seals data: the captured wire carries no plaintext', async (t) => {
     t.timeout(90_000)
-    const { capture, tcpBytes } = await capturedTransfer(t, undefined)
-    // 2 MiB crossed (there and back); a capture under load may drop some packets.
-    t.true(tcpBytes > MiB, `the capture holds most of the transfer (${tcpBytes} bytes)`)
+    const { capture, tcpBytes, summary } = await capturedTransfer(t, undefined)
+    t.log(`captured ${tcpBytes} bytes; tcpdump: ${summary}`)
+    // 2 MiB crossed (there and back): the capture must have seen most of it, or finding no
+    // pattern in it proves nothing.
+    t.true(tcpBytes > MiB, `the capture holds most of the transfer (${tcpBytes} bytes; tcpdump: ${summary})`)
     t.is(occurrences(capture, CANARY), 0, 'the pattern crossed the wire in clear text')
   })
 
   test('with encrypt: false on both ends the same capture shows the pattern (the control)', async (t) => {
     t.timeout(90_000)
-    const { capture } = await capturedTransfer(t, false)
-    t.true(occurrences(capture, CANARY) > 1000, 'plaintext pattern not found: the capture did not see the data')
+    const { capture, summary } = await capturedTransfer(t, false)
+    t.true(occurrences(capture, CANARY) > 1000, `plaintext pattern not found: the capture did not see the data (tcpdump: ${summary})`)
   })
 }
