@@ -7,6 +7,7 @@ import { etcdRecords, startEtcd, stopAllEtcd, testWithEtcd, type EtcdServer } fr
 import { delay, killAll, startTarget } from './helpers'
 import { pattern } from './fixtures/pattern'
 import { unusedPort } from '../support/ports'
+import { startEtcd as startEtcdProcess } from '../support/etcd'
 
 test.after.always(() => {
   killAll()
@@ -16,6 +17,28 @@ test.after.always(() => {
 const MiB = 1 << 20
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex')
 const etcdTest = testWithEtcd()
+
+etcdTest('an etcd whose picked port was taken before it bound it starts again on fresh ports', async (t) => {
+  t.timeout(60_000)
+  // Another test's pick of the same port, listening by the time etcd binds it.
+  // Connections to it (etcd's health check of the first start) are cut at once, so that
+  // closing it waits for none.
+  const taken = net.createServer((socket) => socket.destroy())
+  const port = await unusedPort()
+  await new Promise<void>((resolve) => taken.listen(port, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>((resolve) => taken.close(() => resolve())))
+  const pids: number[] = []
+  const etcd = await startEtcdProcess({
+    name: 'ferry-test-port',
+    firstPorts: [port, await unusedPort(), await unusedPort()],
+    onStart: (proc) => pids.push(proc.pid ?? 0),
+  })
+  t.teardown(() => etcd.stop())
+  t.is(pids.length, 2, 'the first start failed on the taken port, the second one started')
+  t.not(new URL(etcd.clientUrl).port, String(port))
+  const health = await fetch(`${etcd.clientUrl}/health`, { signal: AbortSignal.timeout(5000) })
+  t.regex(await health.text(), /"health":"true"/)
+})
 
 etcdTest('a target process registered under a logical name is opened through etcd, written and verified', async (t) => {
   t.timeout(60_000)

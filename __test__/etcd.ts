@@ -182,7 +182,12 @@ export async function startEtcd(timeoutMs = 20_000, host = '127.0.0.1', tls?: Et
   const forget = () => {
     if (entry) live.delete(entry)
   }
-  const etcd = await startEtcdProcess({ host, tls, timeoutMs, name: 'ferry-test', onStart: (proc, dir) => live.add((entry = { proc, dir })) }).catch((err: unknown) => {
+  const etcd = await startEtcdProcess({ host, tls, timeoutMs, name: 'ferry-test', onStart: (proc, dir) => {
+      // A start on fresh ports (its first port was taken) replaces the one that failed.
+      forget()
+      live.add((entry = { proc, dir }))
+    },
+  }).catch((err: unknown) => {
     // A start that failed removed its process and folder itself.
     forget()
     throw err

@@ -31,8 +31,10 @@ export interface EtcdOptions {
   name?: string
   /** Starts the process (default `child_process.spawn`): the soak's records it for its cleanup. */
   spawn?: (command: string, args: string[], options: SpawnOptions) => ChildProcess
-  /** Called once the process is started, with its folder, before readiness is awaited. */
+  /** Called once the process is started, with its folder, before readiness is awaited (again for each start on fresh ports). */
   onStart?: (proc: ChildProcess, dir: string) => void
+  /** The first start's ports (client, peer, metrics) instead of picked ones: for the test of a start whose port is taken. */
+  firstPorts?: [number, number, number]
 }
 
 export interface Etcd {
@@ -65,14 +67,44 @@ async function healthy(url: string): Promise<boolean> {
 
 const running = (proc: ChildProcess) => proc.exitCode === null && proc.signalCode === null
 
-/** Starts etcd and resolves once it answers healthy; rejects (everything removed) when it does not within `timeoutMs`. */
+/** Three different free ports: the client's on `host`, the peer's and the metrics' on loopback. */
+async function pickPorts(host: string): Promise<[number, number, number]> {
+  const picked: number[] = []
+  while (picked.length < 3) {
+    const port = await unusedPort(picked.length === 0 ? host : '127.0.0.1')
+    if (!picked.includes(port)) picked.push(port)
+  }
+  return picked as [number, number, number]
+}
+
+/** How many times a start whose port was taken meanwhile is made again on fresh ports. */
+const PORT_ATTEMPTS = 3
+
+/**
+ * Starts etcd and resolves once it answers healthy; rejects (everything removed) when it does
+ * not within `timeoutMs`. A port picked free can still be taken before etcd binds it (another
+ * test's pick of the same one): etcd then exits "address already in use" at once, and is
+ * started again on fresh ports, at most `PORT_ATTEMPTS` times in all.
+ */
 export async function startEtcd(options: EtcdOptions = {}): Promise<Etcd> {
-  const { host = '127.0.0.1', tls, timeoutMs = 20_000, name = 'ferry-etcd' } = options
   if (spawnSync('etcd', ['--version'], { stdio: 'ignore', timeout: 10_000 }).error) {
     throw new Error('`etcd` is not installed: the cluster-mode tests and the soak need it (Debian: apt-get install etcd-server)')
   }
-  const clientPort = await unusedPort(host)
-  const [peerPort, metricsPort] = [await unusedPort('127.0.0.1'), await unusedPort('127.0.0.1')]
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startOnce(options, attempt === 1 ? options.firstPorts : undefined)
+    } catch (err) {
+      if (!(err instanceof PortTaken) || attempt >= PORT_ATTEMPTS) throw err
+    }
+  }
+}
+
+/** etcd exited because a port it was given was taken by the time it bound it. */
+class PortTaken extends Error {}
+
+async function startOnce(options: EtcdOptions, ports?: [number, number, number]): Promise<Etcd> {
+  const { host = '127.0.0.1', tls, timeoutMs = 20_000, name = 'ferry-etcd' } = options
+  const [clientPort, peerPort, metricsPort] = ports ?? (await pickPorts(host))
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `${name}-`))
   const clientUrl = `${tls ? 'https' : 'http'}://${host}:${clientPort}`
   const healthUrl = tls ? `http://127.0.0.1:${metricsPort}` : clientUrl
@@ -116,7 +148,8 @@ export async function startEtcd(options: EtcdOptions = {}): Promise<Etcd> {
   while (!(await healthy(healthUrl))) {
     if (failure || !running(proc) || Date.now() - started > timeoutMs) {
       await stop()
-      throw new Error(`etcd did not become ready within ${timeoutMs} ms: ${failure?.message ?? ''}\n${log}`)
+      const message = `etcd did not become ready within ${timeoutMs} ms: ${failure?.message ?? ''}\n${log}`
+      throw /address already in use/.test(log) ? new PortTaken(message) : new Error(message)
     }
     await delay(50)
   }
