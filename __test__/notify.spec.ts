@@ -266,6 +266,7 @@ test('a sender that dies mid-way delivers no notification', async (t) => {
       if (probe.buffer.every((b) => b === 0x5a) || Date.now() > deadline) break
     }
     t.true(probe.buffer.every((b) => b === 0x5a), 'half of the call landed')
+    t.is(proc.exitCode, null, 'the sender still waits on the other half when it is killed')
     process.kill(proc.pid!, 'SIGKILL')
     await exited
     await engine.notify(seg, 'barrier')
