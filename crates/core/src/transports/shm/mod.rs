@@ -179,9 +179,7 @@ impl ShmTransport {
                 .get_mut(&handle)
                 .filter(|m| Arc::ptr_eq(&m.peer, peer))
             {
-                let mut maps = Mappings::clone(&m.maps);
-                maps.extend(more.iter().map(|(id, m)| (*id, m.clone())));
-                m.maps = Arc::new(maps);
+                m.maps = with_more(&m.maps, more);
             }
             peers
         });
@@ -278,11 +276,7 @@ impl ShmTransport {
                 }
                 Placement::Merge => {
                     if let Some(m) = peers.get_mut(&handle) {
-                        let mut maps = Mappings::clone(&m.maps);
-                        for (id, mapping) in mapped.maps.iter() {
-                            maps.entry(*id).or_insert_with(|| mapping.clone());
-                        }
-                        m.maps = Arc::new(maps);
+                        m.maps = with_more(&m.maps, &mapped.maps);
                     }
                 }
                 Placement::Stale => {}
@@ -459,6 +453,15 @@ impl ShmTransport {
             self.copy_threads.share(shared, split.own_bytes, helpers)
         })?
     }
+}
+
+/// `maps` with the mappings of `more` it lacks (one already held is kept).
+fn with_more(maps: &Mappings, more: &Mappings) -> Arc<Mappings> {
+    let mut maps = Mappings::clone(maps);
+    for (id, mapping) in more {
+        maps.entry(*id).or_insert_with(|| mapping.clone());
+    }
+    Arc::new(maps)
 }
 
 /// What the copy plan reads of `req`.
