@@ -1,7 +1,7 @@
 //! End-to-end integrity (`verify`) over tcp, through a relay that flips one byte of the
 //! data stream after the handshake: with `verify`, the corruption fails the request with
-//! `ERR_FERRY_INTEGRITY` and nothing of a corrupted WRITE lands in the target; without it,
-//! the corruption goes through unseen (what `verify` is for).
+//! `ERR_FERRY_INTEGRITY` and nothing of a corrupted WRITE slice lands in the target;
+//! without it, the corruption goes through unseen (what `verify` is for).
 
 use std::time::Duration;
 
@@ -29,6 +29,15 @@ struct Relayed {
 
 impl Relayed {
     fn new(flip: Flip, verify_all: bool) -> Self {
+        Self::with_lanes(
+            flip,
+            verify_all,
+            EngineConfig::default().tcp.connections_per_peer,
+        )
+    }
+
+    /// The same with `lanes` data connections from the initiator to the target.
+    fn with_lanes(flip: Flip, verify_all: bool, lanes: usize) -> Self {
         let tcp = vec![TransportKind::Tcp];
         let proxy = Proxy::start();
         proxy.corrupt(Some(flip));
@@ -39,12 +48,13 @@ impl Relayed {
         })
         .expect("target");
         proxy.forward_to(target.local_addr());
-        let initiator = Engine::new(EngineConfig {
+        let mut config = EngineConfig {
             transports: tcp,
             verify: verify_all,
             ..EngineConfig::default()
-        })
-        .expect("initiator");
+        };
+        config.tcp.connections_per_peer = lanes;
+        let initiator = Engine::new(config).expect("initiator");
         let remote = target.allocate(LEN).expect("remote");
         let local = initiator.allocate(LEN).expect("local");
         let seg = initiator
@@ -127,6 +137,38 @@ fn a_corrupted_verified_write_fails_and_lands_nothing() {
         assert!(m
             .to_prometheus()
             .contains("ferry_integrity_failures_total{transport=\"tcp\"} 1\n"));
+    });
+}
+
+#[test]
+fn a_verified_write_of_several_slices_lands_no_corrupted_slice() {
+    within(BOUND, "verified write, second slice corrupted", || {
+        // One lane: the 1 MiB WRITE's two 512 KiB slices follow each other on one stream,
+        // and the flip lands in the second one's payload (past the first frame).
+        let slice = EngineConfig::default().tcp.slice_size;
+        assert_eq!(LEN, 2 * slice, "two slices");
+        let flip = Flip {
+            to_target: true,
+            at: slice + FLIP_AT,
+        };
+        let r = Relayed::with_lanes(flip, false, 1);
+        fill(&r.remote, 1);
+        fill(&r.local, 2);
+        let (old, source) = (bytes_at(&r.remote, 0, LEN), bytes_at(&r.local, 0, LEN));
+        let snap = r.run(Opcode::Write, true);
+        assert_integrity_failure(&snap);
+        assert_eq!(snap.attempts, 1, "an integrity failure is never retried");
+        // Each slice is checked before it lands: the corrupted one left its range as it
+        // was; the other, checked and intact, landed whole. No other byte is there.
+        let landed = bytes_at(&r.remote, 0, LEN);
+        let half = slice as usize;
+        let untouched = |range: std::ops::Range<usize>| landed[range.clone()] == old[range];
+        let arrived = |range: std::ops::Range<usize>| landed[range.clone()] == source[range];
+        assert!(
+            (untouched(0..half) && arrived(half..2 * half))
+                || (arrived(0..half) && untouched(half..2 * half)),
+            "one slice landed whole and the corrupted one not at all"
+        );
     });
 }
 
