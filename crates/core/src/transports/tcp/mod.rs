@@ -46,6 +46,10 @@ struct PeerPool {
     conns: Vec<Arc<PoolConn>>,
     next: AtomicUsize,
     active: AtomicUsize,
+    /// The threads striping requests to the peer now, so that each has lanes of its own.
+    submitters: stripe::RecentSubmitters,
+    /// The origin of `submitters`' clock.
+    opened: crate::ticks::Stamp,
 }
 
 impl PeerPool {
@@ -62,10 +66,13 @@ impl PeerPool {
     }
 
     /// Where a request of `slices` slices from the calling thread goes: its thread's
-    /// group of lanes, opened now if it was not in use yet.
+    /// group of lanes among the threads striping to this peer now, opened now if it was
+    /// not in use yet.
     fn stripe(&self, slices: usize) -> stripe::Stripe {
         let active = self.active.load(Ordering::Relaxed).max(1);
-        let s = stripe::stripe(slices, self.conns.len(), active, crate::lanes::current());
+        let now = crate::ticks::nanos_between(self.opened, crate::ticks::stamp());
+        let among = self.submitters.note(crate::lanes::current(), now);
+        let s = stripe::stripe(slices, self.conns.len(), active, among);
         self.active.fetch_max(s.span, Ordering::Relaxed);
         s
     }
@@ -168,6 +175,8 @@ impl TcpTransport {
                     conns,
                     next: AtomicUsize::new(0),
                     active: AtomicUsize::new(1),
+                    submitters: stripe::RecentSubmitters::default(),
+                    opened: crate::ticks::stamp(),
                 })
             })
             .clone()
