@@ -37,6 +37,7 @@ function options(over: Partial<SuiteOptions> = {}): SuiteOptions {
     scaleSizes: [4096],
     scaleOps: ['write'],
     scaleTransports: ['tcp'],
+    scaleCompanion: true,
     ioThreads: 0,
     lanes: 0,
     stormEngines: 2,

@@ -6,11 +6,13 @@
  */
 import test from 'ava'
 import * as path from 'node:path'
+import * as os from 'node:os'
 import { haveIperf3 } from '../bench/baselines/iperf3'
+import { crossCoreAffinity, type Iperf3Group } from '../bench/baselines/iperf3_group'
 import { startMemcpyBaseline } from '../bench/baselines/memcpy'
 import { startTcpRttBaseline } from '../bench/baselines/tcp_rtt'
 import { addSpeedups, scalePointsOf, scaleTable, type ScalePoint } from '../bench/lib/scale-report'
-import { iperf3Length, threadSweep } from '../bench/suites/scale'
+import { companionFigures, crossCoreCompanion, iperf3Length, threadSweep } from '../bench/suites/scale'
 import { killAll, spawnNode } from './helpers'
 
 const PERF = path.join(__dirname, '..', 'bench', 'perf.ts')
@@ -42,6 +44,52 @@ test("iperf3's -l is the block size, at most iperf3's largest (1M)", (t) => {
   t.is(iperf3Length(16 << 20), '1M')
 })
 
+test('cross-core iperf3 streams each receive on another core than the one that sends', (t) => {
+  for (const cores of [2, 3, 16]) {
+    for (let i = 0; i < 2 * cores; i++) {
+      const a = crossCoreAffinity(i, cores)
+      t.not(a.client, a.server, `stream ${i} of ${cores} cores`)
+      t.true(a.client < cores && a.server < cores)
+    }
+  }
+  t.deepEqual([0, 1].map((i) => crossCoreAffinity(i, 2)), [
+    { client: 0, server: 1 },
+    { client: 1, server: 0 },
+  ])
+})
+
+test("tcp's companion baseline is the same group pinned cross-core, and only where there are 2 cores", async (t) => {
+  const asked: unknown[] = []
+  const group: Pick<Iperf3Group, 'label' | 'run'> = {
+    label: (n, placement) => `${n} streams ${placement ?? 'free'}`,
+    run: async (n, seconds, warm, placement) => {
+      asked.push([n, seconds, warm, placement])
+      return { gbps: 5, streams: [] }
+    },
+  }
+  t.is(crossCoreCompanion(group, 1, 1), undefined)
+  const c = crossCoreCompanion(group, 2, 2)
+  t.is(c?.label, '2 streams cross-core')
+  t.deepEqual(await c?.run(3, 0), { gbps: 5, streams: [] })
+  t.deepEqual(asked, [[2, 3, 0, 'cross-core']])
+})
+
+test("a record's companion figures are medians over the rounds that have them", (t) => {
+  t.deepEqual(
+    companionFigures(
+      [
+        { gbps: 8, companion: 10 },
+        { gbps: 6, companion: null },
+        { gbps: null, companion: 9 },
+        { gbps: 7, companion: 10 },
+      ],
+      'x',
+    ),
+    { companion_baseline: 'x', companion_value: 10, companion_ratio: 0.75 },
+  )
+  t.deepEqual(companionFigures([{ gbps: 8 }], 'x'), { companion_baseline: 'x', companion_value: null, companion_ratio: null })
+})
+
 test('speed-ups are over the same series at its fewest threads; the table has a row per point', (t) => {
   const point = (threads: number, value: number | null, base: number, block = 4096): ScalePoint => ({
     suite: 'scale',
@@ -65,7 +113,7 @@ test('speed-ups are over the same series at its fewest threads; the table has a 
   )
   const table = scaleTable(points)
   t.is(table.length, 2 + points.length)
-  t.regex(table[0], /^transport\s+op\s+block\s+threads\s+engine GB\/s/)
+  t.regex(table[0], /^transport\s+op\s+block\s+threads\s+engine GB\/s.*\bratio\s+x-core ratio\s+Avg Tx us$/)
   t.regex(table[4], /^tcp\s+write\s+1 MiB\s+1\s+10\.000/)
   t.regex(table[5], /^tcp\s+write\s+4 KiB\s+4\s+-/)
   t.deepEqual(
@@ -147,7 +195,14 @@ test('--suite scale in its shortest form: one JSON line per transport × threads
     t.true(typeof x.baseline_value === 'number' && x.baseline_value > 0, `${x.case} baseline_value ${String(x.baseline_value)}`)
     t.true(typeof x.ratio === 'number' && Number.isFinite(x.ratio), `${x.case} ratio ${String(x.ratio)}`)
     t.true(typeof x.engine_speedup === 'number' && typeof x.baseline_speedup === 'number', `${x.case} speed-ups`)
+    if (x.transport === 'tcp' && os.availableParallelism() >= 2) {
+      t.true(typeof x.companion_baseline === 'string' && /pinned/.test(x.companion_baseline), `${x.case} companion_baseline`)
+      t.true(typeof x.companion_ratio === 'number' && Number.isFinite(x.companion_ratio), `${x.case} companion_ratio ${String(x.companion_ratio)}`)
+    } else {
+      t.is(x.companion_ratio, undefined, `${x.case}: no companion`)
+    }
   }
+  if (iperf3 && os.availableParallelism() >= 2) t.regex(r.stderr, /iperf3 -c 127\.0\.0\.1 .* -A 1,0/, 'stream 2 of 2 pinned apart')
   t.regex(r.stderr, /transport\s+op\s+block\s+threads\s+engine GB\/s/)
   t.regex(r.stderr, /shm\s+write\s+4 KiB\s+2\s+\d/)
 })

@@ -20,9 +20,11 @@
 #       -- --ops write,read --duration 1), writes the JSON lines to FILE and prints the table
 #       and the time each step took. Every step runs under `timeout`; the whole run stays
 #       within --budget seconds (default 300): the tcp part is cut short if it would leave
-#       the shm part too little. Uses the packed iperf3, else one on PATH, else measures
-#       tcp without its baseline (ratio null, noted). Exit 0 when every part finished and
-#       perf reported every figure, 1 otherwise, 2 on bad usage.
+#       the shm part too little, and runs without its cross-core iperf3 companion
+#       (--no-companion) when the estimate with it does not fit. Uses the packed iperf3,
+#       else one on PATH, else measures tcp without its baseline (ratio null, noted). Exit
+#       0 when every part finished and perf reported every figure, 1 otherwise, 2 on bad
+#       usage.
 set -euo pipefail
 
 usage() {
@@ -202,11 +204,17 @@ run() {
   n_threads=$(tr ',' '\n' <<<"$threads" | grep -c .)
   n_points=$((n_threads * 4))
   # Seconds per point, rounded up: engine warm-up + run; iperf3 -t 2 with its start and
-  # end (tcp); memcpy warm-up + run with its start (shm).
-  local tcp_est=$((n_points * 6)) shm_est=$((n_points * 5))
+  # end (tcp), and again pinned cross-core (the companion); memcpy warm-up + run with its
+  # start (shm). The companion is left out when the budget cannot hold it.
+  local tcp_est=$((n_points * 9)) shm_est=$((n_points * 5)) companion=()
+  if [ $((tcp_est + shm_est + 30)) -gt $((budget - (SECONDS - start))) ]; then
+    tcp_est=$((n_points * 6))
+    companion=(--no-companion)
+    echo "scale-check: no cross-core iperf3 companion: the budget cannot hold it" >&2
+  fi
   echo "scale-check: threads $threads; $n_points points per transport; estimate tcp ${tcp_est} s, shm ${shm_est} s; budget ${budget} s" >&2
 
-  local perf=("$node" "$work/app/bench/perf.js" --suite scale --threads "$threads" --repeat 1 --duration "$duration" --warmup "$warmup")
+  local perf=("$node" "$work/app/bench/perf.js" --suite scale --threads "$threads" --repeat 1 --duration "$duration" --warmup "$warmup" "${companion[@]}")
   local status=0 transport limit left report=''
   : >"$out"
   for transport in tcp shm; do

@@ -32,9 +32,18 @@ export function haveIperf3(): boolean {
   return r.error === undefined && r.status === 0
 }
 
+/** Cores to pin an iperf3 client and its server to (`iperf3 -A client,server`). */
+export interface Iperf3Affinity {
+  client: number
+  server: number
+}
+
 export interface Iperf3Session {
-  /** One client run of `seconds` (whole seconds, at least 1) after `warmupSeconds` omitted. */
-  run(seconds: number, warmupSeconds: number): Promise<Iperf3Result>
+  /**
+   * One client run of `seconds` (whole seconds, at least 1) after `warmupSeconds` omitted;
+   * with `affinity`, the client and (for this test) its server pinned to those cores.
+   */
+  run(seconds: number, warmupSeconds: number, affinity?: Iperf3Affinity): Promise<Iperf3Result>
   /**
    * Starts the server now (else the first run starts it) and waits until it listens; a
    * failure is logged, and the next run starts a fresh server.
@@ -125,7 +134,7 @@ export function startIperf3Loopback(length = '1M'): Iperf3Session {
     if (s && running(s.proc)) await stopChild(s.proc)
   }
 
-  const clientRun = async (seconds: number, warmupSeconds: number): Promise<Iperf3Result> => {
+  const clientRun = async (seconds: number, warmupSeconds: number, affinity?: Iperf3Affinity): Promise<Iperf3Result> => {
     if (!server) server = await startServer()
     const s = server
     // Ready for the next test once it has said "listening" once more than tests served.
@@ -135,6 +144,7 @@ export function startIperf3Loopback(length = '1M'): Iperf3Session {
     const args = ['-c', '127.0.0.1', '-p', String(s.port), '-t', String(secs), '-l', length, '-J']
     const omit = Math.round(warmupSeconds)
     if (omit > 0) args.push('-O', String(omit))
+    if (affinity) args.push('-A', `${affinity.client},${affinity.server}`)
     log(`baseline: iperf3 ${args.join(' ')}`)
     runs++
     const client = startChild('iperf3 client', 'iperf3', args)
@@ -190,13 +200,13 @@ export function startIperf3Loopback(length = '1M'): Iperf3Session {
         await stopServer()
       }
     },
-    async run(seconds, warmupSeconds) {
+    async run(seconds, warmupSeconds, affinity) {
       if (!available) {
         return { gbps: null, label, note: 'iperf3 not found on PATH (Debian: apt-get install iperf3); baseline skipped' }
       }
       if (closed) return { gbps: null, label, note: 'iperf3 session closed' }
       try {
-        return await clientRun(seconds, warmupSeconds)
+        return await clientRun(seconds, warmupSeconds, affinity)
       } catch (err) {
         const note = `iperf3 failed: ${(err as Error).message}`
         log(note)

@@ -23,6 +23,8 @@ export interface ScalePoint {
   avg_tx_us?: number | null
   engine_speedup?: number | null
   baseline_speedup?: number | null
+  /** The engine over the companion baseline (tcp: iperf3 pinned cross-core), if measured. */
+  companion_ratio?: number | null
   error?: string
 }
 
@@ -60,7 +62,7 @@ const num = (x: number | null | undefined, digits: number) => (typeof x === 'num
 
 /** The table: one row per point, in the order given, with a header naming the units. */
 export function scaleTable(points: ScalePoint[]): string[] {
-  const head = ['transport', 'op', 'block', 'threads', 'engine GB/s', 'x fewest', 'baseline GB/s', 'x fewest', 'ratio', 'Avg Tx us']
+  const head = ['transport', 'op', 'block', 'threads', 'engine GB/s', 'x fewest', 'baseline GB/s', 'x fewest', 'ratio', 'x-core ratio', 'Avg Tx us']
   const rows = points.map((p) => [
     p.transport,
     p.opcode,
@@ -71,6 +73,7 @@ export function scaleTable(points: ScalePoint[]): string[] {
     num(p.baseline_value, 3),
     num(p.baseline_speedup, 2),
     num(p.ratio, 3),
+    num(p.companion_ratio, 3),
     num(p.avg_tx_us, 1) + (p.error ? '  (error)' : ''),
   ])
   const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)))

@@ -16,7 +16,9 @@
  *             one thread), -l = the block size up to iperf3's largest, 1 MiB (16 MiB blocks
  *             are compared with -l 1M): the kernel streaming writes of the engine's payload
  *             size, the ceiling of one core per stream at that granularity. A READ point has
- *             the same baseline (loopback is symmetric).
+ *             the same baseline (loopback is symmetric). With 2 cores or more, a companion
+ *             run of the same pairs pinned cross-core follows it (`crossCoreCompanion`):
+ *             context, not a target.
  *   shm       memcpy on N threads side by side (bench/baselines/memcpy_bench.c --threads),
  *   baseline  each copying the block size through a source and a destination of that size
  *             of its own: the one copy per byte that shm makes, with the same working set.
@@ -75,6 +77,8 @@ interface PointRound {
   avgTxUs: number | null
   p99TxUs: number | null
   baseline: number | null
+  /** The companion baseline's figure (tcp: iperf3 pinned cross-core), when it has one. */
+  companion?: number | null
   /** Per-stream (tcp) or slowest/fastest thread (shm) figures of the baseline. */
   baselineDetail?: unknown
   load: number | null
@@ -90,6 +94,11 @@ interface PointRound {
 interface PointBaseline {
   label: string
   run(seconds: number, warmup: number): Promise<{ gbps: number | null; note?: string; detail?: unknown }>
+  /**
+   * A second baseline measured right after the first in each round, for context (it sets no
+   * target): tcp's is the same iperf3 group pinned cross-core (`crossCoreCompanion`).
+   */
+  companion?: { label: string; run(seconds: number, warmup: number): Promise<{ gbps: number | null; note?: string }> }
   close(): Promise<void>
 }
 
@@ -143,6 +152,25 @@ async function engineRound(rig: Rig, p: Point, warm: number, rd: PointRound, err
   log(`${tag}: engine ${res.row.bwGbps.toFixed(3)} GB/s, Avg Tx ${res.row.avgTxUs.toFixed(1)} us, steal ${stealPct ?? 'n/a'} %`)
 }
 
+/**
+ * A record's companion fields: the companion baseline's median, and the engine's ratio to
+ * it (median of the per-round ratios, as `ratio`); null where no round has both figures.
+ */
+export function companionFigures(
+  rounds: Array<Pick<PointRound, 'gbps' | 'companion'>>,
+  label: string,
+): { companion_baseline: string; companion_value: number | null; companion_ratio: number | null } {
+  const figures = rounds.map((r) => r.companion ?? null).filter((x): x is number => x !== null)
+  const ratios = rounds
+    .map((r) => (r.gbps !== null && typeof r.companion === 'number' && r.companion > 0 ? r.gbps / r.companion : null))
+    .filter((x): x is number => x !== null)
+  return {
+    companion_baseline: label,
+    companion_value: figures.length ? round(median(figures), 3) : null,
+    companion_ratio: ratios.length ? round(median(ratios), 3) : null,
+  }
+}
+
 async function measurePoint(rig: Rig, p: Point, baseline: PointBaseline): Promise<PointRound[]> {
   const { options } = rig
   const rounds: PointRound[] = []
@@ -158,6 +186,11 @@ async function measurePoint(rig: Rig, p: Point, baseline: PointBaseline): Promis
       rd.baselineSteal = stealPct
       if (b.note) rd.baselineError = b.note
       log(`${tag}: baseline ${b.gbps === null ? 'n/a' : b.gbps.toFixed(3)} GB/s, steal ${stealPct ?? 'n/a'} %`)
+      if (baseline.companion) {
+        const c = await baseline.companion.run(options.durationSeconds, 0)
+        rd.companion = c.gbps
+        log(`${tag}: companion baseline ${c.gbps === null ? `n/a (${c.note ?? 'no figure'})` : `${c.gbps.toFixed(3)} GB/s`}`)
+      }
     }
     const steps = [() => engineRound(rig, p, warm, rd, errors, tag), baselineStep]
     for (const step of r % 2 === 0 ? steps : steps.reverse()) await step()
@@ -168,7 +201,7 @@ async function measurePoint(rig: Rig, p: Point, baseline: PointBaseline): Promis
 }
 
 /** The tcp baselines: one iperf3 group per `-l`, kept across points. */
-function tcpBaselines(): { at(p: Point): PointBaseline; close(): Promise<void> } {
+function tcpBaselines(companion: boolean): { at(p: Point): PointBaseline; close(): Promise<void> } {
   const groups = new Map<string, Iperf3Group>()
   return {
     at(p) {
@@ -182,10 +215,27 @@ function tcpBaselines(): { at(p: Point): PointBaseline; close(): Promise<void> }
           const r = await g.run(p.threads, seconds, warm)
           return { gbps: r.gbps, note: r.note, detail: { stream_gbps: r.streams.map((x) => (x === null ? null : round(x, 3))) } }
         },
+        companion: companion ? crossCoreCompanion(g, p.threads, os.availableParallelism()) : undefined,
         close: async () => undefined,
       }
     },
     close: () => Promise.all([...groups.values()].map((g) => g.close())).then(() => undefined),
+  }
+}
+
+/**
+ * tcp's companion baseline: the same iperf3 streams with each client pinned to another core
+ * than its server's (`Iperf3Placement`), on a host of at least 2 cores. On loopback the
+ * scheduler tends to run each free iperf3 client on its server's core, so both copies of a
+ * byte stay in one core's cache; the engine's target is another process whose I/O threads
+ * receive wherever they run. Pinned apart, iperf3 shows what the socket gives when the
+ * receiving copy does not find the sender's cache, as between hosts.
+ */
+export function crossCoreCompanion(group: Pick<Iperf3Group, 'label' | 'run'>, threads: number, cores: number): PointBaseline['companion'] {
+  if (cores < 2) return undefined
+  return {
+    label: group.label(threads, 'cross-core'),
+    run: (seconds, warm) => group.run(threads, seconds, warm, 'cross-core'),
   }
 }
 
@@ -211,7 +261,7 @@ async function shmBaseline(p: Point): Promise<PointBaseline> {
   }
 }
 
-function record(p: Point, rounds: PointRound[], baselineLabel: string, options: SuiteOptions): ScaleRecord {
+function record(p: Point, rounds: PointRound[], baseline: Pick<PointBaseline, 'label' | 'companion'>, options: SuiteOptions): ScaleRecord {
   const value = round(median(rounds.map((r) => r.gbps)), 3)
   const base = round(median(rounds.map((r) => r.baseline)), 3)
   const perRound = rounds.map((r) => (r.gbps !== null && r.baseline ? r.gbps / r.baseline : null))
@@ -220,7 +270,7 @@ function record(p: Point, rounds: PointRound[], baselineLabel: string, options: 
     case: pointName(p),
     value,
     unit: 'GB/s',
-    baseline: baselineLabel,
+    baseline: baseline.label,
     baseline_value: base,
     ratio: round(median(perRound), 3),
     ratio_note: 'median over rounds of engine / baseline of the same round',
@@ -239,6 +289,7 @@ function record(p: Point, rounds: PointRound[], baselineLabel: string, options: 
       gbps: r.gbps === null ? null : round(r.gbps, 4),
       avg_tx_us: r.avgTxUs === null ? null : round(r.avgTxUs, 3),
       baseline_gbps: r.baseline === null ? null : round(r.baseline, 4),
+      ...(r.companion === undefined ? {} : { companion_gbps: r.companion === null ? null : round(r.companion, 4) }),
       baseline_detail: r.baselineDetail ?? null,
       host_load: r.load,
       engine_steal_pct: r.engineSteal,
@@ -251,6 +302,7 @@ function record(p: Point, rounds: PointRound[], baselineLabel: string, options: 
     order: ORDER_NOTE,
     host_load: median(rounds.map((r) => r.load)),
   }
+  if (baseline.companion) Object.assign(rec, companionFigures(rounds, baseline.companion.label))
   const errors = rounds.flatMap((r, i) => (r.error ? [`round ${i + 1}: ${r.error}`] : []))
   if (errors.length) rec.error = errors.join('; ')
   const baselineErrors = rounds.flatMap((r, i) => (r.baselineError ? [`round ${i + 1}: ${r.baselineError}`] : []))
@@ -269,7 +321,7 @@ async function transportPoints(transport: ScaleTransport, threads: number[], tar
     ioThreads: options.ioThreads || undefined,
     connectionsPerPeer: options.lanes || undefined,
   })
-  const tcp = transport === 'tcp' ? tcpBaselines() : undefined
+  const tcp = transport === 'tcp' ? tcpBaselines(options.scaleCompanion) : undefined
   let rig: Rig | undefined
   try {
     const local = engine.allocate(regionBytes)
@@ -282,7 +334,7 @@ async function transportPoints(transport: ScaleTransport, threads: number[], tar
           const p: Point = { transport, opcode, block, threads: n }
           const baseline = tcp ? tcp.at(p) : await shmBaseline(p)
           try {
-            records.push(record(p, await measurePoint(rig, p, baseline), baseline.label, options))
+            records.push(record(p, await measurePoint(rig, p, baseline), baseline, options))
           } finally {
             await baseline.close()
           }

@@ -69,6 +69,8 @@ export interface SuiteOptions {
   scaleOps: Array<'read' | 'write'>
   /** `scale` suite: the transports measured (`--transports`). */
   scaleTransports: Array<'tcp' | 'shm'>
+  /** `scale` suite: whether tcp points also run iperf3 pinned cross-core (`--no-companion`: not). */
+  scaleCompanion: boolean
   /** `scale` suite: I/O threads of both engines (`--io-threads`); 0: the engine's default. */
   ioThreads: number
   /** scale: both engines' tcp lanes (`connectionsPerPeer`); 0 = the engine's default. */
