@@ -8,7 +8,7 @@ import test from 'ava'
 import * as path from 'node:path'
 import * as os from 'node:os'
 import { haveIperf3 } from '../bench/baselines/iperf3'
-import { crossCoreAffinity, type Iperf3Group } from '../bench/baselines/iperf3_group'
+import { allowedCores, crossCoreAffinity, parseCpuList, type Iperf3Group } from '../bench/baselines/iperf3_group'
 import { startMemcpyBaseline } from '../bench/baselines/memcpy'
 import { startTcpRttBaseline } from '../bench/baselines/tcp_rtt'
 import { addSpeedups, scalePointsOf, scaleTable, type ScalePoint } from '../bench/lib/scale-report'
@@ -45,17 +45,26 @@ test("iperf3's -l is the block size, at most iperf3's largest (1M)", (t) => {
 })
 
 test('cross-core iperf3 streams each receive on another core than the one that sends', (t) => {
-  for (const cores of [2, 3, 16]) {
-    for (let i = 0; i < 2 * cores; i++) {
+  for (const cores of [[0, 1], [0, 1, 2], [4, 5, 6, 7], Array.from({ length: 16 }, (_, i) => i)]) {
+    for (let i = 0; i < 2 * cores.length; i++) {
       const a = crossCoreAffinity(i, cores)
-      t.not(a.client, a.server, `stream ${i} of ${cores} cores`)
-      t.true(a.client < cores && a.server < cores)
+      t.not(a.client, a.server, `stream ${i} of cores ${cores.join(',')}`)
+      t.true(cores.includes(a.client) && cores.includes(a.server))
     }
   }
-  t.deepEqual([0, 1].map((i) => crossCoreAffinity(i, 2)), [
+  t.deepEqual([0, 1].map((i) => crossCoreAffinity(i, [0, 1])), [
     { client: 0, server: 1 },
     { client: 1, server: 0 },
   ])
+  t.deepEqual(crossCoreAffinity(1, [4, 6, 7]), { client: 6, server: 7 }, 'only the cores this process may use')
+})
+
+test('CPU lists parse as Linux writes them; the allowed cores are as many as Node counts', (t) => {
+  t.deepEqual(parseCpuList('0-1'), [0, 1])
+  t.deepEqual(parseCpuList('0-3,8,10-11\n'), [0, 1, 2, 3, 8, 10, 11])
+  t.deepEqual(parseCpuList('4-7'), [4, 5, 6, 7])
+  for (const bad of ['', 'x', '3-1', '1,,2', '0-']) t.is(parseCpuList(bad), null, JSON.stringify(bad))
+  t.is(allowedCores().length, os.availableParallelism())
 })
 
 test("tcp's companion baseline is the same group pinned cross-core, and only where there are 2 cores", async (t) => {

@@ -7,6 +7,7 @@
  * The servers (bench/baselines/iperf3.ts sessions) are kept between runs and grow with the
  * largest N asked; they start one after another, so each picks its free port in turn.
  */
+import * as fs from 'node:fs'
 import * as os from 'node:os'
 import { startIperf3Loopback, type Iperf3Affinity, type Iperf3Session } from './iperf3'
 
@@ -28,9 +29,41 @@ export interface Iperf3GroupResult {
  */
 export type Iperf3Placement = 'free' | 'cross-core'
 
-/** The cores of stream `i` of a cross-core group on a host of `cores` cores (at least 2). */
-export function crossCoreAffinity(i: number, cores: number): Iperf3Affinity {
-  return { client: i % cores, server: (i + 1) % cores }
+/**
+ * The cores of stream `i` of a cross-core group, among `cores` (the CPU numbers this
+ * process may run on, at least 2): the i-th for the client, the next for its server.
+ */
+export function crossCoreAffinity(i: number, cores: readonly number[]): Iperf3Affinity {
+  return { client: cores[i % cores.length], server: cores[(i + 1) % cores.length] }
+}
+
+/** A Linux CPU list (`0-3,8,10-11`) as CPU numbers, ascending; null if it is not one. */
+export function parseCpuList(text: string): number[] | null {
+  const out = new Set<number>()
+  for (const part of text.trim().split(',')) {
+    const m = /^(\d+)(?:-(\d+))?$/.exec(part.trim())
+    if (!m) return null
+    const lo = Number(m[1])
+    const hi = m[2] === undefined ? lo : Number(m[2])
+    if (hi < lo || hi - lo > 65_536) return null
+    for (let c = lo; c <= hi; c++) out.add(c)
+  }
+  return out.size ? [...out].sort((a, b) => a - b) : null
+}
+
+/**
+ * The CPUs this process may run on: Linux's `Cpus_allowed_list` (a container or `taskset`
+ * may allow 4-7 and not 0-3, where `-A 0` would fail), else 0 … availableParallelism − 1.
+ */
+export function allowedCores(): number[] {
+  try {
+    const line = /^Cpus_allowed_list:\s*(.+)$/m.exec(fs.readFileSync('/proc/self/status', 'utf8'))
+    const cores = line ? parseCpuList(line[1]) : null
+    if (cores) return cores
+  } catch {
+    // Not Linux, or no procfs: the count alone.
+  }
+  return Array.from({ length: os.availableParallelism() }, (_, i) => i)
 }
 
 export interface Iperf3Group {
@@ -51,12 +84,12 @@ export function startIperf3Group(length: string): Iperf3Group {
   return {
     label: (n, placement = 'free') =>
       `${n} x iperf3 -c 127.0.0.1 -l ${length} side by side, each its own client and server process on its own port (not -P), received rates summed` +
-      (placement === 'cross-core' ? `; stream i's client pinned to core i and its server to core i+1 (iperf3 -A), mod ${os.availableParallelism()} cores` : ''),
+      (placement === 'cross-core' ? `; stream i's client pinned to the i-th allowed core and its server to the next (iperf3 -A), among cores ${allowedCores().join(',')}` : ''),
     async run(n, seconds, warmupSeconds, placement = 'free') {
       while (sessions.length < n) sessions.push(startIperf3Loopback(length))
       const used = sessions.slice(0, n)
       for (const s of used) await s.prepare()
-      const cores = os.availableParallelism()
+      const cores = allowedCores()
       const affinity = (i: number) => (placement === 'cross-core' ? crossCoreAffinity(i, cores) : undefined)
       const results = await Promise.all(used.map((s, i) => s.run(seconds, warmupSeconds, affinity(i))))
       const streams = results.map((r) => r.gbps)
