@@ -25,10 +25,22 @@ export function notifyBytes(what: string, v: unknown): Buffer {
   throw invalid(`${what} must be a string, Buffer or TypedArray, got ${describe(v)}`)
 }
 
+/** The most notifications one turn of the event loop hands to listeners and iterators. */
+export const DRAIN_TURN_NOTES = 256
+/** A turn stops handing out notifications once it has taken this long (ms). */
+export const DRAIN_TURN_MS = 10
+/**
+ * Notifications taken from the engine at a time: what is taken is handed out, so this is
+ * how far past `DRAIN_TURN_MS` a turn with slow listeners may run.
+ */
+export const DRAIN_BATCH = 16
+
 /** The notifications that arrive at one engine, taken from its queue for listeners and iterators. */
 export class NotificationRelay {
   /** Open `notifications()` iterators. */
   readonly #inboxes = new Set<NotificationQueue>()
+  /** A drain waits for the next turn of the event loop. */
+  #scheduled = false
 
   constructor(
     private readonly native: Native.NativeEngine,
@@ -73,22 +85,39 @@ export class NotificationRelay {
   /**
    * Takes waiting notifications to listeners and iterators, while someone listens and every
    * iterator has room; otherwise they stay in the engine's bounded queue.
+   *
+   * One call hands out at most `DRAIN_TURN_NOTES`, and stops once it has run
+   * `DRAIN_TURN_MS`; if more may wait it comes back on the next turn of the event loop
+   * (`setImmediate`), after I/O and timers had theirs. Draining until the queue is empty
+   * instead never returned while notifications arrived faster than listeners took them,
+   * and the process then answered nothing else. The engine signals only when its queue
+   * goes from empty to not, so a turn that stops early must come back itself.
    */
   drain(): void {
     if (this.native.closed) return
+    const started = performance.now()
+    let left = DRAIN_TURN_NOTES
     for (;;) {
       if (this.emitter.listenerCount('notification') === 0 && this.#inboxes.size === 0) return
-      let room = 256
+      let room = Math.min(DRAIN_BATCH, left)
       for (const q of this.#inboxes) room = Math.min(room, q.room())
-      if (room <= 0) return
+      if (room <= 0 && left > 0) return
+      if (left <= 0 || performance.now() - started >= DRAIN_TURN_MS) break
       const batch = this.native.takeNotifications(room)
       if (batch.length === 0) return
+      left -= batch.length
       for (const raw of batch) {
         const n: Notification = { from: raw.from, engineId: raw.engineId, data: raw.data, bytes: raw.bytes }
         this.emit('notification', n)
         for (const q of this.#inboxes) q.push(n)
       }
     }
+    if (this.#scheduled) return
+    this.#scheduled = true
+    setImmediate(() => {
+      this.#scheduled = false
+      this.drain()
+    })
   }
 
   /** Ends every iterator (the engine closed). */
