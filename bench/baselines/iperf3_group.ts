@@ -23,9 +23,10 @@ export interface Iperf3GroupResult {
  * Where a group's processes run. `free`: where the scheduler puts them — on loopback it
  * tends to run each client on its server's core (the client sleeps when its socket fills,
  * the server is woken there), so both copies of a byte stay in one core's cache.
- * `cross-core`: stream i's client pinned to core i, its server to the next core (`-A`), so
- * every byte is received on another core than the one that sent it, as between hosts
- * (where the receiving copy never finds the sender's cache).
+ * `cross-core`: stream i's client pinned to the i-th core this process may use, its server
+ * to the next (`-A`, `crossCoreAffinity`), so every byte is received on another core than
+ * the one that sent it, as between hosts (where the receiving copy never finds the
+ * sender's cache).
  */
 export type Iperf3Placement = 'free' | 'cross-core'
 

@@ -160,14 +160,11 @@ export function companionFigures(
   rounds: Array<Pick<PointRound, 'gbps' | 'companion'>>,
   label: string,
 ): { companion_baseline: string; companion_value: number | null; companion_ratio: number | null } {
-  const figures = rounds.map((r) => r.companion ?? null).filter((x): x is number => x !== null)
-  const ratios = rounds
-    .map((r) => (r.gbps !== null && typeof r.companion === 'number' && r.companion > 0 ? r.gbps / r.companion : null))
-    .filter((x): x is number => x !== null)
+  const ratios = rounds.map((r) => (r.gbps !== null && r.companion ? r.gbps / r.companion : null))
   return {
     companion_baseline: label,
-    companion_value: figures.length ? round(median(figures), 3) : null,
-    companion_ratio: ratios.length ? round(median(ratios), 3) : null,
+    companion_value: round(median(rounds.map((r) => r.companion)), 3),
+    companion_ratio: round(median(ratios), 3),
   }
 }
 
