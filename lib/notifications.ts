@@ -99,10 +99,12 @@ export class NotificationRelay {
     let left = DRAIN_TURN_NOTES
     for (;;) {
       if (this.emitter.listenerCount('notification') === 0 && this.#inboxes.size === 0) return
+      // This turn's share is used up: the rest on the next turn.
+      if (left <= 0 || performance.now() - started >= DRAIN_TURN_MS) break
       let room = Math.min(DRAIN_BATCH, left)
       for (const q of this.#inboxes) room = Math.min(room, q.room())
-      if (room <= 0 && left > 0) return
-      if (left <= 0 || performance.now() - started >= DRAIN_TURN_MS) break
+      // An iterator is full: its `next` pulls again once it has room.
+      if (room <= 0) return
       const batch = this.native.takeNotifications(room)
       if (batch.length === 0) return
       left -= batch.length
