@@ -12,7 +12,7 @@ use crate::batch::{Batch, Entry};
 use crate::error::{Error, Result};
 use crate::inner::Inner;
 use crate::lanes::Lent;
-use crate::latency::DoneInCall;
+use crate::latency::{CallTimer, DoneInCall};
 use crate::lazy_now::LazyNow;
 use crate::memory::Region;
 use crate::plan::{plan, PeerView, Plan};
@@ -190,6 +190,10 @@ impl Inner {
         let count = prepared.len();
         let counters = &self.stats.counters;
         let submitted_at = ticks::stamp();
+        let timer = CallTimer::Timed {
+            start: submitted_at,
+            small: false,
+        };
         let mut in_call = DoneInCall::default();
         let (first, (tasks, wake)) = b.fill(batch, count, |entries| {
             let mut tasks = NewTasks::new();
@@ -213,9 +217,7 @@ impl Inner {
             let wake = tasks.len() < count && b.wake().has_waiters();
             (tasks, wake)
         })?;
-        in_call.record(counters.latency_local(), || {
-            ticks::nanos_between(submitted_at, ticks::stamp())
-        });
+        in_call.record(counters.latency_local(), timer);
         if wake {
             b.wake().wake_all();
         }
@@ -242,7 +244,7 @@ impl Inner {
         now: &LazyNow,
     ) -> Option<usize> {
         let span = request.span();
-        let submitted_at = ticks::stamp();
+        let timer = CallTimer::lone(request.length);
         let mut in_call = DoneInCall::default();
         let done = self.regions.with_region(request.local, |local| {
             self.segments.with_peer(request.segment, |peer| {
@@ -267,9 +269,7 @@ impl Inner {
             })
         });
         let (first, wake) = done.flatten().flatten()?;
-        in_call.record(self.stats.counters.latency_local(), || {
-            ticks::nanos_between(submitted_at, ticks::stamp())
-        });
+        in_call.record(self.stats.counters.latency_local(), timer);
         if wake {
             b.wake().wake_all();
         }
@@ -344,20 +344,19 @@ impl Inner {
         let op = self.next_op.fetch_add(1, Ordering::Relaxed);
         // A lone request done at once (a same-host copy that stays inline) needs no task,
         // group or entry in the table of operations: its outcome is handed back now.
-        let submitted_at = ticks::stamp();
         if let [(v, p)] = &prepared[..] {
+            let timer = CallTimer::lone(v.length);
             if let Some(done) = self.complete_now(&v.view(), p, false) {
                 let mut in_call = DoneInCall::default();
                 if let Entry::Done { transport, .. } = &done {
                     in_call.add(*transport, v.opcode);
                 }
-                in_call.record(self.stats.counters.latency_local(), || {
-                    ticks::nanos_between(submitted_at, ticks::stamp())
-                });
+                in_call.record(self.stats.counters.latency_local(), timer);
                 on_done(vec![done.snapshot()]);
                 return Ok(op);
             }
         }
+        let submitted_at = ticks::stamp();
         let weak = Arc::downgrade(self);
         let holder: Arc<Mutex<Vec<Arc<Task>>>> = Arc::default();
         let holder_cb = holder.clone();
