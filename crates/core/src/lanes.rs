@@ -4,10 +4,11 @@
 //! cache line in common; on a 2-core VM one line bounced between cores costs about as much
 //! as a 4 KiB copy, and a 4 KiB op wrote some forty of them before.
 //!
-//! Readers (metrics, close) visit every lane. A thread's lane is fixed at its first use,
-//! handed out round robin, so up to [`LANES`] threads never share one.
+//! Readers (metrics, close) visit every lane. A thread's lane is fixed at its first use:
+//! the first lane no live thread holds, searched from a round-robin start, which the
+//! thread then holds alone until it exits (counters it alone writes need no atomic add:
+//! `tally.rs`); when every lane is held, it shares one, round robin, holding none.
 
-use std::cell::Cell;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,23 +20,72 @@ use crate::sync::{self, RwLock, RwLockReadGuard};
 /// How many lanes each striped structure has.
 pub(crate) const LANES: usize = 16;
 
-/// The next lane to hand out.
+/// Where the next thread starts looking for a lane.
 static NEXT_LANE: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether a live thread holds each lane alone. (Loom builds take no lane: their models
+/// hand lanes over with [`claim`] on flags of their own.)
+#[cfg(not(all(test, ferry_loom)))]
+static HELD: [sync::AtomicBool; LANES] = [const { sync::AtomicBool::new(false) }; LANES];
+
+/// The first lane of `held`, from `first` on (round), that nobody held, now held; `None`
+/// when every one is. Acquires what the lane's last holder wrote before letting it go.
+pub(crate) fn claim(held: &[sync::AtomicBool], first: usize) -> Option<usize> {
+    (0..held.len())
+        .map(|i| (first + i) % held.len())
+        .find(|&l| {
+            held[l]
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        })
+}
+
+/// A thread's lane, let go when the thread exits.
+struct ThreadLane {
+    lane: usize,
+    alone: bool,
+}
+
+impl ThreadLane {
+    fn take() -> Self {
+        let first = NEXT_LANE.fetch_add(1, Ordering::Relaxed);
+        #[cfg(not(all(test, ferry_loom)))]
+        let claimed = claim(&HELD, first);
+        #[cfg(all(test, ferry_loom))]
+        let claimed = None;
+        match claimed {
+            Some(lane) => Self { lane, alone: true },
+            None => Self {
+                lane: first % LANES,
+                alone: false,
+            },
+        }
+    }
+}
+
+impl Drop for ThreadLane {
+    fn drop(&mut self) {
+        #[cfg(not(all(test, ferry_loom)))]
+        if self.alone {
+            // Releases what this thread wrote in its lane to the lane's next holder.
+            HELD[self.lane].store(false, Ordering::Release);
+        }
+    }
+}
+
 thread_local! {
-    static LANE: Cell<Option<usize>> = const { Cell::new(None) };
+    static LANE: ThreadLane = ThreadLane::take();
 }
 
 /// The lane of the calling thread, in `0..LANES`.
 pub(crate) fn current() -> usize {
-    LANE.with(|lane| match lane.get() {
-        Some(l) => l,
-        None => {
-            let l = NEXT_LANE.fetch_add(1, Ordering::Relaxed) % LANES;
-            lane.set(Some(l));
-            l
-        }
-    })
+    held().0
+}
+
+/// The lane of the calling thread, and whether it holds it alone. A thread whose
+/// thread-locals are being destroyed has let its lane go: it shares lane 0.
+pub(crate) fn held() -> (usize, bool) {
+    LANE.try_with(|l| (l.lane, l.alone)).unwrap_or((0, false))
 }
 
 /// A value alone on its cache lines (128 bytes: a pair of 64-byte lines, which x86's
@@ -280,6 +330,29 @@ mod tests {
         // Handed out round robin: LANES threads in a row get LANES lanes, unless other
         // tests' threads took some in between (then at least two differ).
         assert!(all.len() >= 2, "{others:?} and {here}");
+    }
+
+    #[test]
+    fn a_lane_is_held_by_one_thread_at_a_time_and_taken_again_once_let_go() {
+        let flags: Vec<sync::AtomicBool> = (0..4).map(|_| sync::AtomicBool::new(false)).collect();
+        // From the round-robin start on, the first lane nobody holds.
+        assert_eq!(claim(&flags, 6), Some(2));
+        assert_eq!(claim(&flags, 2), Some(3));
+        assert_eq!(claim(&flags, 2), Some(0));
+        assert_eq!(claim(&flags, 0), Some(1));
+        assert_eq!(
+            claim(&flags, 1),
+            None,
+            "every lane held: the thread shares one"
+        );
+        flags[3].store(false, Ordering::Release);
+        assert_eq!(claim(&flags, 0), Some(3), "let go, taken again");
+        // This thread holds its own lane alone, as long as it lives.
+        let (lane, alone) = held();
+        assert!(lane < LANES);
+        if alone {
+            assert!(HELD[lane].load(Ordering::Relaxed));
+        }
     }
 
     #[test]

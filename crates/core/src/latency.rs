@@ -20,9 +20,9 @@
 //! durations are a sample.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::kind::{Opcode, TransportKind};
+use crate::tally::{Tally, Writer};
 use crate::ticks::{self, Stamp};
 
 /// Lone calls moving fewer bytes than this are timed one in [`SAMPLE_EVERY`]; larger ones
@@ -149,7 +149,7 @@ pub fn bucket_of(ns: u64) -> usize {
     (bits.saturating_sub(FIRST_BOUND_LOG2) as usize).min(FINITE_BUCKETS)
 }
 
-fn op_index(op: Opcode) -> usize {
+pub(crate) fn op_index(op: Opcode) -> usize {
     match op {
         Opcode::Read => 0,
         Opcode::Write => 1,
@@ -159,8 +159,8 @@ fn op_index(op: Opcode) -> usize {
 /// One histogram: a count per bucket and the sum of the durations.
 #[derive(Debug, Default)]
 struct Histogram {
-    buckets: [AtomicU64; BUCKETS],
-    sum_ns: AtomicU64,
+    buckets: [Tally; BUCKETS],
+    sum_ns: Tally,
 }
 
 /// Latency histograms of completed transfers, `[transport][read | write]`: one lane's, or
@@ -173,19 +173,30 @@ pub struct LatencyCounters {
 impl LatencyCounters {
     /// Counts `n` transfers over `transport` by `op` that each took `ns` nanoseconds.
     pub fn record(&self, transport: TransportKind, op: Opcode, ns: u64, n: u64) {
+        self.record_as(transport, op, ns, n, Writer::SHARED);
+    }
+
+    /// `record`, by `writer` (`tally.rs`: no atomic add where one thread writes alone).
+    pub(crate) fn record_as(
+        &self,
+        transport: TransportKind,
+        op: Opcode,
+        ns: u64,
+        n: u64,
+        writer: Writer,
+    ) {
         let h = &self.by[transport.index()][op_index(op)];
-        h.buckets[bucket_of(ns)].fetch_add(n, Ordering::Relaxed);
-        h.sum_ns.fetch_add(ns.saturating_mul(n), Ordering::Relaxed);
+        h.buckets[bucket_of(ns)].add(n, writer);
+        h.sum_ns.add(ns.saturating_mul(n), writer);
     }
 
     /// Adds every count of `other` to this one's.
     pub fn add(&self, other: &LatencyCounters) {
         for (mine, theirs) in self.by.iter().flatten().zip(other.by.iter().flatten()) {
             for (m, t) in mine.buckets.iter().zip(&theirs.buckets) {
-                m.fetch_add(t.load(Ordering::Relaxed), Ordering::Relaxed);
+                m.add(t.get(), Writer::SHARED);
             }
-            mine.sum_ns
-                .fetch_add(theirs.sum_ns.load(Ordering::Relaxed), Ordering::Relaxed);
+            mine.sum_ns.add(theirs.sum_ns.get(), Writer::SHARED);
         }
     }
 
@@ -195,8 +206,8 @@ impl LatencyCounters {
         LatencyHistogram {
             transport,
             op,
-            buckets: std::array::from_fn(|i| h.buckets[i].load(Ordering::Relaxed)),
-            sum_ns: h.sum_ns.load(Ordering::Relaxed),
+            buckets: std::array::from_fn(|i| h.buckets[i].get()),
+            sum_ns: h.sum_ns.get(),
         }
     }
 }
@@ -217,7 +228,7 @@ impl DoneInCall {
 
     /// Records them in `into`, each as taking the call's duration. Reads no clock when the
     /// call completed nothing during it.
-    pub(crate) fn record(&self, into: &LatencyCounters, timer: CallTimer) {
+    pub(crate) fn record(&self, (into, writer): (&LatencyCounters, Writer), timer: CallTimer) {
         if self.counts.iter().flatten().all(|&c| c == 0) {
             return;
         }
@@ -225,7 +236,7 @@ impl DoneInCall {
         for (t, ops) in crate::kind::BY_INDEX.iter().zip(&self.counts) {
             for (op, &n) in [Opcode::Read, Opcode::Write].iter().zip(ops) {
                 if n > 0 {
-                    into.record(*t, *op, ns, u64::from(n));
+                    into.record_as(*t, *op, ns, u64::from(n), writer);
                 }
             }
         }
@@ -282,7 +293,7 @@ mod tests {
         b.record(TransportKind::Shm, Opcode::Write, 5_000, 1);
         let mut call = DoneInCall::default();
         call.add(TransportKind::Tcp, Opcode::Read);
-        call.record(&b, CallTimer::Estimated(70));
+        call.record((&b, Writer::SHARED), CallTimer::Estimated(70));
         let total = LatencyCounters::default();
         total.add(&a);
         total.add(&b);
@@ -296,9 +307,11 @@ mod tests {
     }
 
     /// What recording costs a same-host 4 KiB copy done during its call, as submission
-    /// records it (the call's tally, a bucket and a sum, the peer's two counts), against the
-    /// copy alone: every call stamped twice, and small lone calls sampled
-    /// ([`CallTimer::lone`]). Interleaved rounds, medians.
+    /// records it (the call's tally, a bucket and a sum), against the copy alone: every
+    /// call stamped twice with atomic adds (as before sampling), small lone calls sampled
+    /// ([`CallTimer::lone`]) with atomic adds, and sampled in the thread's own slot
+    /// (`at_once`: no atomic add while it holds its lane alone). Interleaved rounds,
+    /// paired medians.
     /// `cargo test --release -p ferry-core --lib -- --ignored --nocapture recording_cost`
     #[test]
     #[ignore = "a measurement: prints figures"]
@@ -306,15 +319,16 @@ mod tests {
         use std::hint::black_box;
         use std::time::Instant;
         ticks::prepare();
-        let hist = LatencyCounters::default();
-        let peer = crate::peer_series::PeerSeries::default();
+        let shared = LatencyCounters::default();
+        let owned = crate::at_once::AtOnce::default();
+        let tasks = crate::metrics::TaskCounters::default();
         let src = vec![1u8; 4096];
         let mut dst = vec![0u8; 4096];
         let ops = 20_000u32;
-        let mut runs: [Vec<f64>; 3] = Default::default();
+        let mut runs: [Vec<f64>; 4] = Default::default();
         for round in 0..200 {
-            for i in 0..3 {
-                let mode = (i + round) % 3;
+            for i in 0..4 {
+                let mode = (i + round) % 4;
                 let t = Instant::now();
                 for _ in 0..ops {
                     let timer = match mode {
@@ -326,8 +340,15 @@ mod tests {
                     if let Some(timer) = timer {
                         let mut call = DoneInCall::default();
                         call.add(TransportKind::Shm, Opcode::Write);
-                        peer.completed(1, 4096);
-                        call.record(&hist, timer);
+                        if mode == 3 {
+                            owned.completed(TransportKind::Shm, Opcode::Write, 4096);
+                            call.record(owned.latency_local(), timer);
+                        } else {
+                            // What counting it took before: a count and its bytes.
+                            tasks.completed_n(1);
+                            tasks.moved(TransportKind::Shm, Opcode::Write, 4096);
+                            call.record((&shared, Writer::SHARED), timer);
+                        }
                     }
                     black_box(&mut dst);
                 }
@@ -349,10 +370,12 @@ mod tests {
             )
         };
         println!(
-            "4 KiB copy {:.1} ns; recording, every call stamped +{:.1} ns, small lone calls sampled +{:.1} ns a transfer (paired medians)",
+            "4 KiB copy {:.1} ns; recording a transfer: every call stamped, atomic adds +{:.1} ns; sampled, atomic adds +{:.1} ns; sampled, own slot +{:.1} ns (paired medians; held lane alone: {})",
             median(&runs[0]),
             paired(1),
-            paired(2)
+            paired(2),
+            paired(3),
+            crate::lanes::held().1
         );
     }
 
@@ -363,7 +386,7 @@ mod tests {
         std::thread::spawn(|| {
             let timer = CallTimer::lone(4096);
             assert!(matches!(timer, CallTimer::Timed { small: true, .. }));
-            DoneInCall::default().record(&LatencyCounters::default(), timer);
+            DoneInCall::default().record((&LatencyCounters::default(), Writer::SHARED), timer);
             assert_eq!(SMALL_CALLS.with(Cell::get).last_ns, None);
         })
         .join()
@@ -406,7 +429,7 @@ mod tests {
                 stamped += u32::from(matches!(timer, CallTimer::Timed { .. }));
                 let mut call = DoneInCall::default();
                 call.add(TransportKind::Shm, Opcode::Write);
-                call.record(&hist, timer);
+                call.record((&hist, Writer::SHARED), timer);
             }
             assert_eq!(stamped, 4, "the first, then one in {SAMPLE_EVERY}");
             let h = hist.read(TransportKind::Shm, Opcode::Write);

@@ -29,6 +29,7 @@
 
 mod admission;
 mod assembly;
+mod at_once;
 mod attempt;
 pub mod auth;
 pub mod batch;
@@ -82,6 +83,7 @@ mod server;
 pub mod status;
 mod submit;
 mod sync;
+mod tally;
 pub mod task;
 mod task_slots;
 pub mod ticks;

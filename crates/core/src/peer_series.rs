@@ -4,14 +4,14 @@
 //! later name shares one series labelled `other`, so a cluster that churns through names
 //! keeps the exposition (and Prometheus's index) bounded. A series outlives its peer's
 //! close and is found again by name when the peer is opened again, so its counters only
-//! grow. Each series is striped by lane (`lanes.rs`): threads transferring to the same peer
-//! write no cache line in common.
+//! grow. Each series has a slot per lane (`tally.rs`): threads transferring to the same
+//! peer write no cache line in common, and a thread holding its lane alone adds without
+//! atomics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::lanes::Striped;
 use crate::status::TransferStatus;
+use crate::tally::{Owned, Tally};
 
 /// Peer names with a series of their own, per engine; the rest count as `other`.
 pub const PEER_SERIES_CAP: usize = 64;
@@ -21,43 +21,38 @@ pub const OTHER_PEERS: &str = "other";
 /// One lane's counts for one peer.
 #[derive(Debug, Default)]
 struct PeerCounts {
-    completed: AtomicU64,
-    failed: AtomicU64,
-    bytes: AtomicU64,
+    completed: Tally,
+    failed: Tally,
+    bytes: Tally,
 }
 
 /// The counters of one peer (or of every peer past the cap).
 #[derive(Debug, Default)]
 pub struct PeerSeries {
-    lanes: Striped<PeerCounts>,
+    lanes: Owned<PeerCounts>,
 }
 
 impl PeerSeries {
     /// Counts a transfer to this peer that ended with `status` (its bytes if it completed).
     pub fn ended(&self, status: TransferStatus, bytes: u64) {
-        let c = self.lanes.local();
+        let (c, w) = self.lanes.local();
         if status == TransferStatus::Completed {
-            c.completed.fetch_add(1, Ordering::Relaxed);
-            c.bytes.fetch_add(bytes, Ordering::Relaxed);
+            c.completed.add(1, w);
+            c.bytes.add(bytes, w);
         } else {
-            c.failed.fetch_add(1, Ordering::Relaxed);
+            c.failed.add(1, w);
         }
     }
 
     /// Counts `n` completed transfers of `bytes` in all.
     pub fn completed(&self, n: u64, bytes: u64) {
-        let c = self.lanes.local();
-        c.completed.fetch_add(n, Ordering::Relaxed);
-        c.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let (c, w) = self.lanes.local();
+        c.completed.add(n, w);
+        c.bytes.add(bytes, w);
     }
 
     fn read(&self, peer: &str) -> PeerFigures {
-        let sum = |f: fn(&PeerCounts) -> &AtomicU64| {
-            self.lanes
-                .iter()
-                .map(|c| f(c).load(Ordering::Relaxed))
-                .sum()
-        };
+        let sum = |f: fn(&PeerCounts) -> &Tally| self.lanes.iter().map(|c| f(c).get()).sum();
         PeerFigures {
             peer: peer.to_string(),
             completed: sum(|c| &c.completed),

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
+use crate::at_once::AtOnce;
 pub use crate::attempt::AttemptState;
 use crate::deadlines::{AttemptDeadline, DeadlineKey, Deadlines};
 use crate::error::Error;
@@ -13,6 +14,7 @@ use crate::kind::{Kinds, TransportKind};
 use crate::lanes::Striped;
 use crate::request::ValidatedRequest;
 use crate::status::TransferStatus;
+use crate::tally::Writer;
 use crate::task_slots::Spares;
 use crate::ticks::Stamp;
 use crate::wake::Wake;
@@ -76,10 +78,6 @@ pub struct Told {
 #[derive(Debug, Default)]
 struct LaneCounts {
     submitted: AtomicU64,
-    /// Requests completed at submission (no task made): each counts as a task submitted
-    /// and completed, added in when read; their bytes are in `tasks`. One counter written
-    /// for both, not two.
-    done_at_submit: AtomicU64,
     /// Ended tasks by status, bytes by transport and op. The totals (completed, failed,
     /// bytes) are sums of these, made when read: a task that ends writes two counters,
     /// not four more.
@@ -123,6 +121,7 @@ struct Link {
 /// summed when read.
 pub struct Counters {
     lanes: Striped<Arc<Lane>>,
+    at_once: AtOnce,
 }
 
 impl Default for Counters {
@@ -134,6 +133,7 @@ impl Default for Counters {
                     driver: OnceLock::new(),
                 })
             }),
+            at_once: AtOnce::default(),
         }
     }
 }
@@ -181,15 +181,13 @@ impl Counters {
         opcode: crate::kind::Opcode,
         length: u64,
     ) {
-        let counts = &self.lanes.local().counts;
-        counts.done_at_submit.fetch_add(1, Ordering::Relaxed);
-        counts.tasks.moved(transport, opcode, length);
+        self.at_once.completed(transport, opcode, length);
     }
 
-    /// The calling thread's lane of the latency histograms (the transfers a submission
-    /// call completed itself are recorded there).
-    pub(crate) fn latency_local(&self) -> &crate::latency::LatencyCounters {
-        &self.lanes.local().counts.latency
+    /// The calling thread's latency histograms of the transfers its submission calls
+    /// completed themselves, and how it writes them.
+    pub(crate) fn latency_local(&self) -> (&crate::latency::LatencyCounters, Writer) {
+        self.at_once.latency_local()
     }
 
     /// The latency histograms, summed over the lanes.
@@ -198,6 +196,7 @@ impl Counters {
         for lane in self.lanes.iter() {
             total.add(&lane.counts.latency);
         }
+        self.at_once.add_latency_to(&total);
         total
     }
 
@@ -205,11 +204,9 @@ impl Counters {
     pub fn submitted_total(&self) -> u64 {
         self.lanes
             .iter()
-            .map(|l| {
-                let c = &l.counts;
-                c.submitted.load(Ordering::Relaxed) + c.done_at_submit.load(Ordering::Relaxed)
-            })
-            .sum()
+            .map(|l| l.counts.submitted.load(Ordering::Relaxed))
+            .sum::<u64>()
+            + self.at_once.done()
     }
 
     /// Tasks that completed.
@@ -232,8 +229,8 @@ impl Counters {
         let total = crate::metrics::TaskCounters::default();
         for lane in self.lanes.iter() {
             total.add(&lane.counts.tasks);
-            total.completed_n(lane.counts.done_at_submit.load(Ordering::Relaxed));
         }
+        self.at_once.add_tasks_to(&total);
         total
     }
 }
