@@ -78,7 +78,17 @@ export async function startTarget(
   })
   lines.on('line', (line) => {
     const next = waiting.shift()
-    if (next) next(JSON.parse(line))
+    if (!next) return
+    // A target killed while it wrote a reply leaves a cut last line: that ask gets no
+    // answer (its timer says so) instead of an exception that would end the whole file.
+    // A waiter stays queued after its timer fired, so a late reply is still taken as its.
+    let value: Record<string, unknown>
+    try {
+      value = JSON.parse(line) as Record<string, unknown>
+    } catch {
+      return
+    }
+    next(value)
   })
   const hello = await first
   const exited = new Promise<void>((resolve) => {

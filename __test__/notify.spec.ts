@@ -9,6 +9,11 @@ import { type Note } from './fixtures/notes'
 
 test.after.always(killAll)
 
+// One test at a time: each starts a target and an engine or two whose threads move 1 MiB
+// blocks and hash them; fourteen side by side on a 2-core machine took over 20 s to answer
+// a target's `notes` (Node 24: 6 of 14 failed "no answer to notes", each passing alone in
+// under a second).
+
 const MiB = 1 << 20
 const sha256 = (b: Buffer) => createHash('sha256').update(b).digest('hex')
 
@@ -38,7 +43,7 @@ const setups: Record<TransportName, { target: Record<string, string>; sender: En
 
 for (const transport of ['tcp', 'shm', 'rdma'] as TransportName[]) {
   for (const mode of ['event', 'iterator']) {
-    test(`${transport}, ${mode}: the target's handler finds the data, from the sender's name, in order; once per transfer, batch and block list`, async (t) => {
+    test.serial(`${transport}, ${mode}: the target's handler finds the data, from the sender's name, in order; once per transfer, batch and block list`, async (t) => {
       t.timeout(60_000)
       const target = await notifyTarget({ ...setups[transport].target, FERRY_NOTIFY_MODE: mode })
       const engine = await Engine.create(setups[transport].sender)
@@ -103,7 +108,7 @@ for (const transport of ['tcp', 'shm', 'rdma'] as TransportName[]) {
 // before the kill planned its data for the old instance: the new one must never get its
 // notification.
 for (const transport of ['tcp', 'shm'] as TransportName[]) {
-  test(`${transport}: a target restarted mid-stream gets no notification for data its predecessor took; the sender's calls end OK or with a typed error`, async (t) => {
+  test.serial(`${transport}: a target restarted mid-stream gets no notification for data its predecessor took; the sender's calls end OK or with a typed error`, async (t) => {
     t.timeout(180_000)
     const env = { FERRY_PEER_TIMEOUT_MS: '1000' }
     let target = await notifyTarget(env)
@@ -169,7 +174,7 @@ for (const transport of ['tcp', 'shm'] as TransportName[]) {
   })
 }
 
-test('a call that fails without failover notifies nothing; one that fails over mid-way notifies exactly once', async (t) => {
+test.serial('a call that fails without failover notifies nothing; one that fails over mid-way notifies exactly once', async (t) => {
   t.timeout(60_000)
   const target = await notifyTarget()
   const failing = await Engine.create({ transports: ['tcp'], maxFailoverAttempts: 0, faults: [{ transport: 'tcp', submitFailureRate: 1, seed: 1 }] })
@@ -204,7 +209,7 @@ test('a call that fails without failover notifies nothing; one that fails over m
   }
 })
 
-test('a write whose target dies mid-way fails with its own error and sends no notification', async (t) => {
+test.serial('a write whose target dies mid-way fails with its own error and sends no notification', async (t) => {
   t.timeout(60_000)
   const target = await notifyTarget({ FERRY_PEER_TIMEOUT_MS: '1000' })
   // Request 1 is held before shm gets it for longer than the test may run: it cannot land
@@ -241,7 +246,7 @@ test('a write whose target dies mid-way fails with its own error and sends no no
   }
 })
 
-test('a sender that dies mid-way delivers no notification', async (t) => {
+test.serial('a sender that dies mid-way delivers no notification', async (t) => {
   t.timeout(60_000)
   const target = await notifyTarget()
   const proc = spawnNode(path.join(__dirname, 'fixtures', 'notify-sender.ts'), { FERRY_INIT_SEGMENT: target.segment, FERRY_INIT_BUFFER: String(target.buffer) })
@@ -279,7 +284,7 @@ test('a sender that dies mid-way delivers no notification', async (t) => {
   }
 })
 
-test('a flood past the queue is dropped and counted, reported once, and memory stays bounded', async (t) => {
+test.serial('a flood past the queue is dropped and counted, reported once, and memory stays bounded', async (t) => {
   t.timeout(60_000)
   const target = await notifyTarget({ FERRY_NOTIFY_QUEUE: '32', FERRY_NOTIFY_CONSUME: '0' })
   const engine = await Engine.create()
@@ -318,7 +323,7 @@ function header(op: number, opts: { requestId?: bigint; bufferId?: bigint; lengt
   return b
 }
 
-test('with a secret set, a notification without it is refused; the sender name is the one that proved it', async (t) => {
+test.serial('with a secret set, a notification without it is refused; the sender name is the one that proved it', async (t) => {
   t.timeout(60_000)
   const secret = randomBytes(32)
   const target = await notifyTarget({ FERRY_NOTIFY_SECRET: secret.toString('hex') })
@@ -355,7 +360,7 @@ test('with a secret set, a notification without it is refused; the sender name i
   }
 })
 
-test('bad notifications are refused with a typed error before anything moves', async (t) => {
+test.serial('bad notifications are refused with a typed error before anything moves', async (t) => {
   t.timeout(60_000)
   const target = await notifyTarget()
   const other = await Engine.create()
