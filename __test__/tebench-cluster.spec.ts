@@ -14,6 +14,8 @@ import { parseFlags, UsageError } from '../bench/options'
 import { parseConfig } from '../bench/tebench/config'
 import { OPTIONS } from '../bench/tebench/flags'
 import { stripeLength } from '../bench/tebench/stripes'
+import { handedOut } from '../bench/tebench/target'
+import { Engine } from '../index'
 import { enableAuth, makePki, startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
 import { delay, killAll, spawnNode } from './helpers'
 import { createNetwork, netnsUnavailable, sweep } from '../support/netns'
@@ -222,6 +224,27 @@ test('--notifi: every submission notifies; the initiator reports the rate per ca
   // initiator's count is the measured time's; those of the warm-up are reported apart.
   t.is(Number(received[0].count) + Number(received[0].lost), sent.reduce((a, s) => a + Number(s.count) + Number(s.warmup), 0))
   t.true(Number(received[0].count) > 0)
+})
+
+test('a stopping target counts the notifications still queued for its listener before it prints the count', async (t) => {
+  t.timeout(60_000)
+  const target = await Engine.create({ notifyQueueSize: 4096 })
+  const sender = await Engine.create()
+  t.teardown(() => Promise.all([sender.close(), target.close()]))
+  const remote = target.allocate(4096)
+  const local = sender.allocate(4096)
+  const peer = await sender.openSegment(target.segmentName)
+  // Acknowledged by the target's engine, queued there: no listener takes them yet.
+  const total = 2000
+  for (let i = 0; i < total; i++) await sender.write({ local, remote: peer, remoteBuffer: remote.id, length: 64, notify: 'n' })
+  t.is(target.metrics().notificationsReceived, total)
+  let received = 0
+  target.on('notification', () => received++)
+  // The stop came now: listeners are handed a bounded share per turn, so most still wait.
+  await new Promise((resolve) => process.nextTick(resolve))
+  t.true(received < total, `${received} handed out at once`)
+  await handedOut(target, () => received)
+  t.is(received, total)
 })
 
 test('--json: a case names the transport that served it, its share and failovers; a failure is a record', async (t) => {

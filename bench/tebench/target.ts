@@ -39,6 +39,22 @@ function initiatorFlags(cfg: Config, segment: string): string[] {
   return parts
 }
 
+/** How long a stopping target waits for queued notifications to reach its listener. */
+const HAND_OUT_MS = 5_000
+
+/**
+ * Resolves once every notification the engine queued was handed to the listener (counted by
+ * `taken`; those dropped for a full queue were never queued), or after `HAND_OUT_MS`.
+ */
+export async function handedOut(engine: Engine, taken: () => number): Promise<void> {
+  const deadline = Date.now() + HAND_OUT_MS
+  for (;;) {
+    const m = engine.metrics()
+    if (taken() >= m.notificationsReceived || Date.now() > deadline) return
+    await new Promise((resolve) => setImmediate(resolve))
+  }
+}
+
 /** Runs target mode; resolves with the exit code once stopped. */
 export async function runTarget(cfg: Config, out: Output, info: RunInfo, script: string): Promise<number> {
   // --notifi: room for bursts while JS counts them (a full queue drops, counted and printed).
@@ -78,6 +94,10 @@ export async function runTarget(cfg: Config, out: Output, info: RunInfo, script:
       }
     })
     progress.clear()
+    // Notifications the engine took in are handed to listeners a bounded share per turn of
+    // the event loop: those still queued when the stop came are counted before the count
+    // is printed (bounded), or the count misses the run's last burst.
+    await handedOut(engine, () => received)
     if (cfg.notifi || received > 0) {
       notes.notifications({ record: 'notifications', role: 'target', count: received, lost: engine.metrics().notificationsDropped, perSecond: null })
     }
