@@ -641,7 +641,16 @@ fn an_endpoint_reconnect_that_reaches_a_new_incarnation_moves_the_segment_to_it(
         let first = listen_via(&proxy, "127.0.0.1:0");
         proxy.forward_to(first.local_addr());
         let buffer = first.allocate(LEN).expect("buffer");
-        let initiator = engine_with(provider(EmulatedFaults::default()), |c, _| {
+        // Completions come 500 ms late, so that the first write to the new incarnation is
+        // still in flight when the reconnect that found it tries its slot again (200 ms
+        // after its first try): that try must leave an endpoint that is up alone. It
+        // replaced it once, and the write then waited, on a queue pair no longer polled,
+        // for its 10 s attempt deadline.
+        let slow = provider(EmulatedFaults {
+            delay: Duration::from_millis(500),
+            ..EmulatedFaults::default()
+        });
+        let initiator = engine_with(slow, |c, _| {
             c.transports = vec![TransportKind::Rdma];
             c.peer_timeout = peer_timeout;
         });

@@ -73,7 +73,12 @@ impl Shared {
         });
     }
 
-    /// Creates a queue pair, does the handshake and brings it to RTS.
+    /// Creates a queue pair, does the handshake and brings it to RTS, unless endpoint
+    /// `slot` is up already or being connected.
+    ///
+    /// Several paths ask for the same slot (the reconnect after a reset, and an attach when
+    /// that reconnect found a new incarnation of the peer); a second handshake for a slot
+    /// that is up would replace an endpoint that may carry slices.
     pub(super) async fn connect_endpoint(
         self: &Arc<Self>,
         link: &Arc<PeerLink>,
@@ -84,7 +89,7 @@ impl Shared {
             let Some(flag) = c.get_mut(slot as usize) else {
                 return Ok(());
             };
-            if *flag {
+            if *flag || link.slot_is_up(slot) {
                 return Ok(());
             }
             *flag = true;
@@ -171,14 +176,25 @@ impl Shared {
             cq,
             self.config.max_outstanding,
         ));
-        {
-            let mut eps = link.endpoints.write().unwrap_or_else(|p| p.into_inner());
-            eps.retain(|e| e.slot != slot);
-            eps.push(ep);
-        }
+        let replaced = link.install(ep);
         *link.down.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.wake_poller();
+        // A broken endpoint of the slot, normally; one still up only if a connect raced
+        // past the check above. Its slices would wait on a queue pair nobody polls any
+        // more: they fail now and are retried.
+        for old in replaced {
+            let _ = handshake::to_error(old.qp.as_ref());
+            for (task, attempt) in old.break_all("replaced by a new connection") {
+                task.attempt_failed(
+                    attempt,
+                    Error::Io(format!(
+                        "rdma: endpoint {slot} to {} was replaced",
+                        link.peer.name()
+                    )),
+                );
+            }
+        }
         tracing::debug!(
             peer = link.peer.name(),
             slot,

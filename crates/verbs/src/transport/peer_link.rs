@@ -54,6 +54,27 @@ impl PeerLink {
             .unwrap_or_else(|| "connecting".into())
     }
 
+    /// Whether endpoint `slot` is up.
+    pub(super) fn slot_is_up(&self, slot: u32) -> bool {
+        self.endpoints
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|e| e.slot == slot && !e.is_broken())
+    }
+
+    /// Puts `ep` in its slot; returns the endpoints it replaces there, for the caller to
+    /// break: dropped silently, their posted slices would never end.
+    pub(super) fn install(&self, ep: Arc<Endpoint>) -> Vec<Arc<Endpoint>> {
+        let mut eps = self.endpoints.write().unwrap_or_else(|p| p.into_inner());
+        let (replaced, kept) = std::mem::take(&mut *eps)
+            .into_iter()
+            .partition(|e| e.slot == ep.slot);
+        *eps = kept;
+        eps.push(ep);
+        replaced
+    }
+
     pub(super) fn remove(&self, ep: &Arc<Endpoint>) -> bool {
         let mut eps = self.endpoints.write().unwrap_or_else(|p| p.into_inner());
         let before = eps.len();
