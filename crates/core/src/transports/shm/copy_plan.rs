@@ -170,8 +170,8 @@ const MEMORY_BOUND_MIN: u64 = 4 << 20;
 /// streams about a quarter of a server socket's bandwidth or more.
 const SATURATING_COPIERS_UNKNOWN: usize = 4;
 
-/// A thread that copied a large block (one split) within this long is counted as keeping
-/// its core busy (`large_copiers`).
+/// A thread copying a large block (one split), or that ended one within this long, is
+/// counted as keeping its core busy (`large_copiers`).
 pub(super) const BUSY_WINDOW: Duration = Duration::from_millis(1);
 
 /// The copy policy of one machine.
@@ -240,7 +240,7 @@ impl CopyPolicy {
     }
 
     /// Whether `split` is copied inline after all, with `other_copiers` other threads that
-    /// copied a large block within [`BUSY_WINDOW`] and `awake` copy threads looking for
+    /// are copying a large block or ended one within [`BUSY_WINDOW`] and `awake` copy threads looking for
     /// work: where those and this one take every core, or fill the memory's bandwidth with
     /// a copy larger than the caches, a copy thread would only take turns with them; where
     /// every copy thread sleeps and the copy does not repay waking one, the submitting
