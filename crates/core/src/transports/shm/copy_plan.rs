@@ -240,8 +240,8 @@ impl CopyPolicy {
     }
 
     /// Whether `split` is copied inline after all, with `other_copiers` other threads that
-    /// are copying a large block or ended one within [`BUSY_WINDOW`] and `awake` copy threads looking for
-    /// work: where those and this one take every core, or fill the memory's bandwidth with
+    /// are copying a large block or ended one within [`BUSY_WINDOW`] and `awake` copy
+    /// threads looking for work: where those and this one take every core, or fill the memory's bandwidth with
     /// a copy larger than the caches, a copy thread would only take turns with them; where
     /// every copy thread sleeps and the copy does not repay waking one, the submitting
     /// thread would pay the wake-up and wait for a late helper. So a copy the submitting
