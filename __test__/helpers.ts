@@ -40,6 +40,28 @@ export function killAll(): void {
   live.clear()
 }
 
+/** How long `ended` waits, after the process exited, for its pipes to close. */
+const DRAIN_MS = 5_000
+
+/**
+ * Resolves with how `proc` ended once it exited and its stdout and stderr were read to
+ * their end (`close`). `exit` alone can come before the last output is read: a check of
+ * what it printed, made then, may miss it on a loaded machine. Bounded: `DRAIN_MS` after
+ * the exit if something else (a grandchild) still holds the pipes.
+ */
+export function ended(proc: ChildProcess): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  return new Promise((resolve) => {
+    let timer: NodeJS.Timeout | undefined
+    proc.once('exit', (code, signal) => {
+      timer = setTimeout(() => resolve({ code, signal }), DRAIN_MS)
+    })
+    proc.once('close', (code: number | null, signal: NodeJS.Signals | null) => {
+      clearTimeout(timer)
+      resolve({ code, signal })
+    })
+  })
+}
+
 /**
  * Starts tsx-run `script` with the repo's loader. `prefix` runs it through another command
  * that execs it (e.g. `ip netns exec NS`), so the pid is still the Node process's.

@@ -1,7 +1,7 @@
 /** examples/scheduler.ts end to end: it kills one of its workers and must recover. */
 import test from 'ava'
 import * as path from 'node:path'
-import { killAll, spawnNode } from './helpers'
+import { ended, killAll, spawnNode } from './helpers'
 
 test.after.always(killAll)
 
@@ -17,7 +17,8 @@ test('the scheduler example re-places a killed worker\'s blocks, verifies them a
       process.kill(proc.pid!, 'SIGKILL')
       resolve('timeout')
     }, 60_000)
-    proc.once('exit', (c, s) => {
+    // Once its output was read to the end: the summary is its last line.
+    void ended(proc).then(({ code: c, signal: s }) => {
       clearTimeout(timer)
       resolve(c ?? String(s))
     })

@@ -17,7 +17,7 @@ import { stripeLength } from '../bench/tebench/stripes'
 import { handedOut } from '../bench/tebench/target'
 import { Engine } from '../index'
 import { enableAuth, makePki, startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
-import { delay, killAll, spawnNode } from './helpers'
+import { delay, ended, killAll, spawnNode } from './helpers'
 import { createNetwork, netnsUnavailable, sweep } from '../support/netns'
 
 const TEBENCH = path.join(__dirname, '..', 'bench', 'tebench.ts')
@@ -54,9 +54,9 @@ function finish(proc: ChildProcess, limitMs: number): Promise<Finished> {
   proc.stderr?.on('data', (d) => (stderr += d))
   return new Promise((resolve) => {
     const timer = setTimeout(() => proc.pid && process.kill(proc.pid, 'SIGKILL'), limitMs)
-    proc.once('exit', (code) => {
+    void ended(proc).then(({ code }) => {
       clearTimeout(timer)
-      setTimeout(() => resolve({ code, stdout, stderr }), 50) // let the pipes drain
+      resolve({ code, stdout, stderr })
     })
   })
 }

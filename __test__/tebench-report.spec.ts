@@ -14,7 +14,7 @@ import { commandPrefix, initiatorCommand, shellQuote, whereFrom } from '../bench
 import { csvCell } from '../bench/tebench/output'
 import { Progress, progressText } from '../bench/tebench/progress'
 import { summarize, summaryText } from '../bench/tebench/summary'
-import { killAll, spawnNode } from './helpers'
+import { ended, killAll, spawnNode } from './helpers'
 
 const ROOT = path.join(__dirname, '..')
 const TEBENCH = path.join(ROOT, 'bench', 'tebench.ts')
@@ -38,9 +38,9 @@ function finish(proc: ChildProcess, limitMs = 90_000): Promise<Finished> {
   proc.stderr?.on('data', (d) => (stderr += d))
   return new Promise((resolve) => {
     const timer = setTimeout(() => proc.pid && process.kill(proc.pid, 'SIGKILL'), limitMs)
-    proc.once('exit', (code) => {
+    void ended(proc).then(({ code }) => {
       clearTimeout(timer)
-      setTimeout(() => resolve({ code, stdout, stderr }), 50) // let the pipes drain
+      resolve({ code, stdout, stderr })
     })
   })
 }

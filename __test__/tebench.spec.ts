@@ -4,7 +4,7 @@ import type { ChildProcess } from 'node:child_process'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
 import { startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
-import { delay, killAll, spawnNode } from './helpers'
+import { delay, ended, killAll, spawnNode } from './helpers'
 
 const TEBENCH = path.join(__dirname, '..', 'bench', 'tebench.ts')
 const COLUMNS = ['blockSize', 'batchSize', 'bwGbps', 'avgInstGbps', 'avgLatUs', 'avgTxUs', 'minTxUs', 'p50TxUs', 'p99TxUs', 'p999TxUs', 'maxTxUs']
@@ -24,10 +24,10 @@ function watch(proc: ChildProcess) {
   proc.stdout?.on('data', (d) => (stdout += d))
   proc.stderr?.on('data', (d) => (stderr += d))
   const done = new Promise<Finished>((resolve) => {
-    proc.once('exit', (code, signal) => {
-      // let the pipes drain
-      setTimeout(() => resolve({ code, signal, stdout, stderr, exitedAt: Date.now() }), 50)
-    })
+    // When it exited, not when its pipes closed after.
+    let exitedAt = 0
+    proc.once('exit', () => (exitedAt = Date.now()))
+    void ended(proc).then(({ code, signal }) => resolve({ code, signal, stdout, stderr, exitedAt }))
   })
   return { done, out: () => stdout, err: () => stderr }
 }
