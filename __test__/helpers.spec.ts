@@ -11,7 +11,7 @@ test('ended resolves once the output was read to its end, not when the process e
     const { spawn } = require('node:child_process')
     spawn(process.execPath, ['-e', 'setTimeout(() => process.stderr.write("last line\\\\n"), 300)'], { stdio: ['ignore', 'ignore', 'inherit'] }).unref()
     process.stderr.write('first line\\n')
-    process.exit(2)`
+    process.exitCode = 2`
   const proc = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
   let stderr = ''
   proc.stderr.on('data', (d) => (stderr += d))

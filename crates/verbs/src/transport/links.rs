@@ -183,18 +183,12 @@ impl Shared {
         // A broken endpoint of the slot, normally; one still up only if a connect raced
         // past the check above. Its slices would wait on a queue pair nobody polls any
         // more: they fail now and are retried.
-        for old in replaced {
-            let _ = handshake::to_error(old.qp.as_ref());
-            for (task, attempt) in old.break_all("replaced by a new connection") {
-                task.attempt_failed(
-                    attempt,
-                    Error::Io(format!(
-                        "rdma: endpoint {slot} to {} was replaced",
-                        link.peer.name()
-                    )),
-                );
-            }
-        }
+        break_endpoints(&replaced, "replaced by a new connection", || {
+            Error::Io(format!(
+                "rdma: endpoint {slot} to {} was replaced",
+                link.peer.name()
+            ))
+        });
         tracing::debug!(
             peer = link.peer.name(),
             slot,
@@ -269,17 +263,10 @@ impl Shared {
     pub(super) fn fail_link(&self, link: &PeerLink, why: &str, error: impl Fn() -> Error) {
         let eps = std::mem::take(&mut *link.endpoints.write().unwrap_or_else(|p| p.into_inner()));
         *link.down.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.to_string());
-        let mut failed = Vec::new();
-        for ep in &eps {
-            let _ = handshake::to_error(ep.qp.as_ref());
-            failed.extend(ep.break_all(why));
-        }
         if !eps.is_empty() {
             self.generation.fetch_add(1, Ordering::AcqRel);
         }
-        for (task, attempt) in failed {
-            task.attempt_failed(attempt, error());
-        }
+        break_endpoints(&eps, why, error);
     }
 
     /// Target side of the handshake.
@@ -311,5 +298,18 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .insert(req.engine_id, req.slot, PassiveQp { _qp: qp, _cq: cq });
         serde_json::to_vec(&local).map_err(|e| bad(format!("encode: {e}")))
+    }
+}
+
+/// Moves each of `eps` (already out of their link) to ERR, breaks it and fails every slice
+/// it held with `error()`, after all of them are broken.
+fn break_endpoints(eps: &[Arc<Endpoint>], why: &str, error: impl Fn() -> Error) {
+    let mut failed = Vec::new();
+    for ep in eps {
+        let _ = handshake::to_error(ep.qp.as_ref());
+        failed.extend(ep.break_all(why));
+    }
+    for (task, attempt) in failed {
+        task.attempt_failed(attempt, error());
     }
 }

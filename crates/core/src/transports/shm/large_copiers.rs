@@ -28,11 +28,7 @@ pub(super) struct Copying<'a> {
 
 impl Drop for Copying<'_> {
     fn drop(&mut self) {
-        let now = self.copiers.now();
-        self.copiers
-            .last
-            .lane(self.lane)
-            .store(now << 1, Ordering::Relaxed);
+        self.copiers.ended(self.lane, self.copiers.now());
     }
 }
 
@@ -88,8 +84,7 @@ impl LargeCopiers {
             .count()
     }
 
-    /// Lane `lane`'s copy ended at `now` (what dropping [`Copying`] does, at a given time).
-    #[cfg(test)]
+    /// Lane `lane`'s copy ended at `now`: it counts for [`BUSY_WINDOW`] more.
     fn ended(&self, lane: usize, now: u64) {
         self.last.lane(lane).store(now << 1, Ordering::Relaxed);
     }

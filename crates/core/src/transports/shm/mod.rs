@@ -404,20 +404,19 @@ impl ShmTransport {
                 }
                 return Ok(());
             }
-            // Held until this thread's part of the copy ends: other threads count this one
-            // as copying meanwhile.
-            let mut _copying = None;
-            let split = match self.policy.plan(&copy_request(req, a.more_follow, caller)) {
-                Plan::Inline => None,
-                Plan::Split(split) => {
-                    // Every split copy counts as a large one, whether or not it stays inline.
-                    let (others, copying) = self.large_copiers.others_copying();
-                    _copying = Some(copying);
-                    let awake = self.copy_threads.awake();
-                    (!self.split_policy().inline_after_all(&split, others, awake))
-                        .then_some((split, others, awake))
-                }
-            };
+            // `_copying` is held until this thread's part of the copy ends: other threads
+            // count this one as copying meanwhile.
+            let (split, _copying) =
+                match self.policy.plan(&copy_request(req, a.more_follow, caller)) {
+                    Plan::Inline => (None, None),
+                    Plan::Split(split) => {
+                        // Every split copy counts as a large one, whether or not it stays inline.
+                        let (others, copying) = self.large_copiers.others_copying();
+                        let awake = self.copy_threads.awake();
+                        let shared = !self.split_policy().inline_after_all(&split, others, awake);
+                        (shared.then_some((split, others, awake)), Some(copying))
+                    }
+                };
             let Some((split, others, awake)) = split else {
                 a.task.expect_slices(a.attempt, 1);
                 Copy {
@@ -604,18 +603,20 @@ impl Transport for ShmTransport {
             .policy
             .plan(&copy_request(request, more_follow, Caller::Polled));
         // Held until the copy ends: other threads count this one as copying meanwhile.
-        let mut _copying = None;
-        if let Plan::Split(split) = plan {
-            // A split copy that other copiers make inline after all is made here too, as
-            // the attempt would make it (and counted a large copy alike): through a task it
-            // would cost the task's bookkeeping beside the same memcpy.
-            let (others, copying) = self.large_copiers.others_copying();
-            let awake = self.copy_threads.awake();
-            if !self.split_policy().inline_after_all(&split, others, awake) {
-                return None;
+        let _copying = match plan {
+            Plan::Inline => None,
+            Plan::Split(split) => {
+                // A split copy that other copiers make inline after all is made here too, as
+                // the attempt would make it (and counted a large copy alike): through a task
+                // it would cost the task's bookkeeping beside the same memcpy.
+                let (others, copying) = self.large_copiers.others_copying();
+                let awake = self.copy_threads.awake();
+                if !self.split_policy().inline_after_all(&split, others, awake) {
+                    return None;
+                }
+                Some(copying)
             }
-            _copying = Some(copying);
-        }
+        };
         let copy = |peer: &Arc<ShmPeer>, mapping: &Arc<RemoteMapping>| {
             copy_spans(peer, mapping, request.local, request.opcode, request.spans)
         };
