@@ -8,7 +8,8 @@ import { Engine, FerryError, type PeerLostEvent, type PeerRecoveredEvent } from 
 import { delay, killAll, spawnNode, startTarget, type TargetProcess } from './helpers'
 import * as path from 'node:path'
 import * as readline from 'node:readline'
-import { createNetwork, netnsUnavailable, sweep, type Network } from '../support/netns'
+import { createNetwork, ip, netnsUnavailable, sweep, type Network } from '../support/netns'
+import { spawn, spawnSync } from 'node:child_process'
 import { startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
 import { createHash, randomBytes } from 'node:crypto'
 import * as fs from 'node:fs'
@@ -289,5 +290,35 @@ if (skip) {
     const recovered = await waitFor('recovered', 30_000)
     t.log(`writing again ${(recovered.recovered as number) - upAt} ms after link up`)
     t.is(await exited, 0, stderr)
+  })
+
+  test("the sweep removes what a killed run left (its pid is gone), keeps a live run's, and prints nothing", async (t) => {
+    t.timeout(60_000)
+    // A run killed before its sweep leaves its namespaces behind, and sometimes only their
+    // empty mount points, which `ip netns list` complains about on stderr.
+    const gone = spawnSync(process.execPath, ['-e', ''])
+    const deadPid = gone.pid!
+    const live = spawn('sleep', ['60'], { stdio: 'ignore' })
+    t.teardown(() => {
+      live.kill('SIGKILL')
+      for (const name of [`ferry-b-${live.pid}y`, `ferry-b-${deadPid}a`]) spawnSync('ip', ['netns', 'del', name], { stdio: 'ignore' })
+      fs.rmSync(`/run/netns/ferry-b-${deadPid}b`, { force: true })
+    })
+    ip(['netns', 'add', `ferry-b-${deadPid}a`])
+    fs.writeFileSync(`/run/netns/ferry-b-${deadPid}b`, '', { mode: 0 })
+    ip(['netns', 'add', `ferry-b-${live.pid}y`])
+    const listed = () => fs.readdirSync('/run/netns')
+    t.true(listed().includes(`ferry-b-${deadPid}b`))
+    // Run by another process, whose stderr is read whole.
+    const swept = spawnSync(process.execPath, ['--import=tsx', '-e', "require('./support/netns.ts').sweep()"], {
+      cwd: path.join(__dirname, '..'),
+      encoding: 'utf8',
+      timeout: 30_000,
+    })
+    t.is(swept.status, 0, swept.stderr)
+    t.is(swept.stderr, '')
+    t.false(listed().includes(`ferry-b-${deadPid}a`), listed().join(' '))
+    t.false(listed().includes(`ferry-b-${deadPid}b`), listed().join(' '))
+    t.true(listed().includes(`ferry-b-${live.pid}y`), "a live process's namespace is its own")
   })
 }

@@ -121,7 +121,8 @@ export function sweepClusters(pid = process.pid): void {
 export function clusterNamespaces(pid = process.pid): string[] {
   let list = ''
   try {
-    list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8', timeout: 10_000 })
+    // stderr read, not inherited: `ip` complains there about entries it cannot read.
+    list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 10_000 })
   } catch {
     return []
   }

@@ -63,7 +63,8 @@ let serial = 0
  * only processes started through `prefix(net.a)` live on host a).
  */
 export function createNetwork(options: { ownNamespaceForA?: boolean } = {}): Network {
-  const tag = `${process.pid % 100_000}${String.fromCharCode(97 + (serial++ % 26))}`
+  // The creator's whole pid: `sweep` tells a crashed run's leftovers by it.
+  const tag = `${process.pid}${String.fromCharCode(97 + (serial++ % 26))}`
   const ns = `ferry-b-${tag}`
   const nsA = options.ownNamespaceForA ? `ferry-b-${tag}-a` : undefined
   const ifa = `fra${tag}`.slice(0, 15)
@@ -123,16 +124,38 @@ export function createNetwork(options: { ownNamespaceForA?: boolean } = {}): Net
   }
 }
 
-/** Removes every namespace this process made and did not remove (a last-resort sweep). */
-export function sweep(): void {
-  let list = ''
+/** The names `ip netns list` gives; its complaints about entries it cannot read (a crashed
+ * run's leftover, "Peer netns reference is invalid") are kept off this process's stderr. */
+function namespaces(): string[] {
   try {
-    list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8', timeout: 10_000 })
+    const list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 10_000 })
+    return list.split('\n').map((l) => l.split(' ')[0]).filter(Boolean)
   } catch {
-    return
+    return []
   }
-  for (const name of list.split('\n').map((l) => l.split(' ')[0])) {
-    if (!new RegExp(`^ferry-b-${process.pid % 100_000}[a-z](-a)?$`).test(name)) continue
+}
+
+/** Whether process `pid` exists (signal 0 checks without sending anything). */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM'
+  }
+}
+
+/**
+ * Removes every namespace this process made and did not remove (a last-resort sweep), and
+ * those of runs whose process is gone (killed before its own sweep ran): their names carry
+ * the creator's pid. A live process's namespaces are left to it.
+ */
+export function sweep(): void {
+  for (const name of namespaces()) {
+    const creator = /^ferry-b-(\d+)[a-z](-a)?$/.exec(name)?.[1]
+    if (creator === undefined) continue
+    const pid = Number(creator)
+    if (pid !== process.pid && alive(pid)) continue
     try {
       execFileSync('ip', ['netns', 'del', name], { stdio: 'ignore', timeout: 10_000 })
     } catch {
