@@ -9,6 +9,7 @@ import { delay, killAll, spawnNode, startTarget, type TargetProcess } from './he
 import * as path from 'node:path'
 import * as readline from 'node:readline'
 import { createNetwork, ip, netnsUnavailable, sweep, type Network } from '../support/netns'
+import { clusterNamespaces, sweepClusters } from '../support/netns-cluster'
 import { spawn, spawnSync } from 'node:child_process'
 import { startEtcd, stopAllEtcd, testWithEtcd } from './etcd'
 import { createHash, randomBytes } from 'node:crypto'
@@ -320,5 +321,29 @@ if (skip) {
     t.false(listed().includes(`ferry-b-${deadPid}a`), listed().join(' '))
     t.false(listed().includes(`ferry-b-${deadPid}b`), listed().join(' '))
     t.true(listed().includes(`ferry-b-${live.pid}y`), "a live process's namespace is its own")
+  })
+
+  test("the cluster sweep removes a killed soak's hub, hosts and uplink, and keeps a live run's", (t) => {
+    t.timeout(60_000)
+    const gone = spawnSync(process.execPath, ['-e', ''])
+    const deadPid = gone.pid!
+    const live = spawn('sleep', ['60'], { stdio: 'ignore' })
+    const dead = [`ferry-c-${deadPid}a-hub`, `ferry-c-${deadPid}a-h0`]
+    const kept = `ferry-c-${live.pid}b-hub`
+    const uplink = `fc${deadPid}a`
+    t.teardown(() => {
+      live.kill('SIGKILL')
+      for (const name of [...dead, kept]) spawnSync('ip', ['netns', 'del', name], { stdio: 'ignore' })
+      spawnSync('ip', ['link', 'del', uplink], { stdio: 'ignore' })
+    })
+    for (const name of [...dead, kept]) ip(['netns', 'add', name])
+    // As createCluster links this namespace to the hub.
+    ip(['link', 'add', uplink, 'type', 'veth', 'peer', 'name', 'up0', 'netns', dead[0]])
+    sweepClusters()
+    const listed = fs.readdirSync('/run/netns')
+    for (const name of dead) t.false(listed.includes(name), name)
+    t.true(listed.includes(kept), "a live process's cluster is its own")
+    t.false(ip(['-o', 'link', 'show']).includes(`: ${uplink}@`), 'the uplink is removed')
+    t.deepEqual(clusterNamespaces(live.pid), [kept])
   })
 }

@@ -15,7 +15,7 @@
  * one's end of the link, and no sysctl of the machine is touched.
  */
 import { execFileSync } from 'node:child_process'
-import { ip, type Host } from './netns'
+import { ip, listNamespaces, sweepable, type Host } from './netns'
 
 export interface Cluster {
   /** The hosts, each in a namespace of its own. */
@@ -33,14 +33,16 @@ export const MAX_CLUSTER_HOSTS = 250
 
 let serial = 0
 
-const namePrefix = (pid = process.pid) => `ferry-c-${pid % 100_000}`
+/** The creator's whole pid: a sweep tells a killed run's leftovers by it. */
+const namePrefix = (pid = process.pid) => `ferry-c-${pid}`
+const uplinkName = (pid: number, letter: string) => `fc${pid}${letter}`.slice(0, 15)
 
 /** Builds the hub, `n` host namespaces and the link to this namespace. */
 export function createCluster(n: number): Cluster {
   if (!Number.isInteger(n) || n < 1 || n > MAX_CLUSTER_HOSTS) throw new Error(`createCluster: 1..${MAX_CLUSTER_HOSTS} hosts, got ${n}`)
   const tag = `${namePrefix()}${String.fromCharCode(97 + (serial++ % 26))}`
   const hub = `${tag}-hub`
-  const uplink = `fc${process.pid % 100_000}${tag.slice(-1)}`.slice(0, 15)
+  const uplink = uplinkName(process.pid, tag.slice(-1))
   const used = ip(['-4', '-o', 'addr', 'show'])
   let subnet = -1
   for (let k = 0; k < 250; k++) {
@@ -99,12 +101,23 @@ function quietly(args: string[]): void {
   }
 }
 
+/** A cluster namespace's name: its creator's pid, the cluster's letter, hub or host. */
+const CLUSTER_NAME = /^ferry-c-(\d+)([a-z])-(hub|h\d+)$/
+
 /**
  * Removes every cluster namespace and link that process `pid` (this one by default) made and
- * did not remove: a last-resort sweep, also for a test after its child died.
+ * did not remove: a last-resort sweep, also for a test after its child died. Namespaces and
+ * links of runs whose process is gone (killed before their own sweep) go too.
  */
 export function sweepClusters(pid = process.pid): void {
-  for (const name of clusterNamespaces(pid)) quietly(['netns', 'del', name])
+  for (const name of listNamespaces()) {
+    const [, creator, letter, role] = CLUSTER_NAME.exec(name) ?? []
+    if (creator === undefined || (Number(creator) !== pid && !sweepable(Number(creator)))) continue
+    // This end of the link first: a namespace's own interfaces go only once the kernel
+    // has finished deleting it, later.
+    if (role === 'hub') quietly(['link', 'del', uplinkName(Number(creator), letter)])
+    quietly(['netns', 'del', name])
+  }
   let links = ''
   try {
     links = execFileSync('ip', ['-o', 'link', 'show'], { encoding: 'utf8', timeout: 10_000 })
@@ -112,23 +125,12 @@ export function sweepClusters(pid = process.pid): void {
     return
   }
   for (const c of 'abcdefghijklmnopqrstuvwxyz') {
-    const name = `fc${pid % 100_000}${c}`.slice(0, 15)
+    const name = uplinkName(pid, c)
     if (links.includes(`: ${name}@`) || links.includes(`: ${name}:`)) quietly(['link', 'del', name])
   }
 }
 
 /** The cluster namespaces of process `pid` that exist now (none once it cleaned up). */
 export function clusterNamespaces(pid = process.pid): string[] {
-  let list = ''
-  try {
-    // stderr read, not inherited: `ip` complains there about entries it cannot read.
-    list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 10_000 })
-  } catch {
-    return []
-  }
-  const mine = new RegExp(`^${namePrefix(pid)}[a-z]-(hub|h\\d+)$`)
-  return list
-    .split('\n')
-    .map((l) => l.split(' ')[0])
-    .filter((name) => mine.test(name))
+  return listNamespaces().filter((name) => CLUSTER_NAME.exec(name)?.[1] === String(pid))
 }

@@ -126,7 +126,7 @@ export function createNetwork(options: { ownNamespaceForA?: boolean } = {}): Net
 
 /** The names `ip netns list` gives; its complaints about entries it cannot read (a crashed
  * run's leftover, "Peer netns reference is invalid") are kept off this process's stderr. */
-function namespaces(): string[] {
+export function listNamespaces(): string[] {
   try {
     const list = execFileSync('ip', ['netns', 'list'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 10_000 })
     return list.split('\n').map((l) => l.split(' ')[0]).filter(Boolean)
@@ -135,13 +135,17 @@ function namespaces(): string[] {
   }
 }
 
-/** Whether process `pid` exists (signal 0 checks without sending anything). */
-function alive(pid: number): boolean {
+/**
+ * Whether a sweep by this process removes a namespace named after process `creator`: its
+ * own, or one whose creator no longer exists (signal 0 checks without sending anything).
+ */
+export function sweepable(creator: number): boolean {
+  if (creator === process.pid) return true
   try {
-    process.kill(pid, 0)
-    return true
+    process.kill(creator, 0)
+    return false
   } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM'
+    return (err as NodeJS.ErrnoException).code !== 'EPERM'
   }
 }
 
@@ -151,11 +155,9 @@ function alive(pid: number): boolean {
  * the creator's pid. A live process's namespaces are left to it.
  */
 export function sweep(): void {
-  for (const name of namespaces()) {
+  for (const name of listNamespaces()) {
     const creator = /^ferry-b-(\d+)[a-z](-a)?$/.exec(name)?.[1]
-    if (creator === undefined) continue
-    const pid = Number(creator)
-    if (pid !== process.pid && alive(pid)) continue
+    if (creator === undefined || !sweepable(Number(creator))) continue
     try {
       execFileSync('ip', ['netns', 'del', name], { stdio: 'ignore', timeout: 10_000 })
     } catch {
