@@ -15,7 +15,7 @@
  * one's end of the link, and no sysctl of the machine is touched.
  */
 import { execFileSync } from 'node:child_process'
-import { ip, listNamespaces, sweepable, type Host } from './netns'
+import { ip, listNamespaces, quietly, sweepable, type Host } from './netns'
 
 export interface Cluster {
   /** The hosts, each in a namespace of its own. */
@@ -33,14 +33,13 @@ export const MAX_CLUSTER_HOSTS = 250
 
 let serial = 0
 
-/** The creator's whole pid: a sweep tells a killed run's leftovers by it. */
-const namePrefix = (pid = process.pid) => `ferry-c-${pid}`
 const uplinkName = (pid: number, letter: string) => `fc${pid}${letter}`.slice(0, 15)
 
 /** Builds the hub, `n` host namespaces and the link to this namespace. */
 export function createCluster(n: number): Cluster {
   if (!Number.isInteger(n) || n < 1 || n > MAX_CLUSTER_HOSTS) throw new Error(`createCluster: 1..${MAX_CLUSTER_HOSTS} hosts, got ${n}`)
-  const tag = `${namePrefix()}${String.fromCharCode(97 + (serial++ % 26))}`
+  // The creator's whole pid: a sweep tells a killed run's leftovers by it.
+  const tag = `ferry-c-${process.pid}${String.fromCharCode(97 + (serial++ % 26))}`
   const hub = `${tag}-hub`
   const uplink = uplinkName(process.pid, tag.slice(-1))
   const used = ip(['-4', '-o', 'addr', 'show'])
@@ -90,14 +89,6 @@ export function createCluster(n: number): Cluster {
     gateway: `10.214.${subnet}.1`,
     prefix: (host) => (host.ns ? ['ip', 'netns', 'exec', host.ns] : []),
     destroy,
-  }
-}
-
-function quietly(args: string[]): void {
-  try {
-    execFileSync('ip', args, { stdio: 'ignore', timeout: 10_000 })
-  } catch {
-    // gone already
   }
 }
 

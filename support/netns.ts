@@ -44,6 +44,15 @@ export function netnsUnavailable(): string | undefined {
   return undefined
 }
 
+/** Runs `ip ARGS` (bounded) for a removal, ignoring its failure: what it removes may be gone already. */
+export function quietly(args: string[]): void {
+  try {
+    execFileSync('ip', args, { stdio: 'ignore', timeout: 10_000 })
+  } catch {
+    // gone already
+  }
+}
+
 /** Runs `ip ARGS` (bounded); throws an Error naming the command and why it failed. */
 export function ip(args: string[]): string {
   try {
@@ -88,13 +97,7 @@ export function createNetwork(options: { ownNamespaceForA?: boolean } = {}): Net
     // Deleting the namespace deletes b's end, which deletes the pair.
     const steps = [['netns', 'del', ns], ['link', 'del', ifa]]
     if (nsA) steps.push(['netns', 'del', nsA])
-    for (const args of steps) {
-      try {
-        execFileSync('ip', args, { stdio: 'ignore', timeout: 10_000 })
-      } catch {
-        // already gone
-      }
-    }
+    for (const args of steps) quietly(args)
   }
   try {
     ip(['netns', 'add', ns])
@@ -157,11 +160,6 @@ export function sweepable(creator: number): boolean {
 export function sweep(): void {
   for (const name of listNamespaces()) {
     const creator = /^ferry-b-(\d+)[a-z](-a)?$/.exec(name)?.[1]
-    if (creator === undefined || !sweepable(Number(creator))) continue
-    try {
-      execFileSync('ip', ['netns', 'del', name], { stdio: 'ignore', timeout: 10_000 })
-    } catch {
-      // gone already
-    }
+    if (creator !== undefined && sweepable(Number(creator))) quietly(['netns', 'del', name])
   }
 }
